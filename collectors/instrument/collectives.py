@@ -1,0 +1,278 @@
+"""torch.distributed calls made from Python: op, group, per-group sequence
+number, bytes, user callsite, issue/return time, and for async work the wait
+call and the completion time.
+
+Sequence numbers are counted per process group, as Flight Recorder does: every
+member issues the same collectives on a group in the same order, so (group,
+seq) names one collective instance on all of its members. Point-to-point ops
+are numbered per (src, dst) pair, so the n-th send of a->b meets the n-th recv
+of b from a. isend/irecv are left alone (patching them breaks P2POp's identity
+check); batch_isend_irecv and blocking send/recv are recorded instead.
+"""
+import functools
+import inspect
+import sys
+
+from collectors import nvtx_ranges
+from collectors.callsite import user_callsite
+from collectors.clock import now_ns
+
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
+                  "reduce_scatter", "reduce_scatter_tensor", "broadcast", "reduce", "barrier",
+                  "monitored_barrier", "all_to_all", "all_to_all_single", "gather", "scatter",
+                  "broadcast_object_list", "gather_object", "scatter_object_list")
+MAX_PENDING_WORKS = 65536
+
+TRACKER = None  # the installed Tracker; the DDP instrumentor records through it
+
+
+def tensor_bytes(obj) -> int:
+    if hasattr(obj, "element_size") and hasattr(obj, "numel"):
+        return obj.element_size() * obj.numel()
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(x) for x in obj if hasattr(x, "numel"))
+    return 0
+
+
+class Tracker:
+    """Per-group counters, the group cache and the table of unwaited async work."""
+
+    def __init__(self, rec, dist):
+        self.rec = rec
+        self.dist = dist
+        self.seq: dict = {}
+        self.groups: dict = {}    # id(pg) -> (pg, name, ranks_str, is_gloo)
+        self.pending: dict = {}   # id(work) -> list of issue rows
+        self.depth = 0
+        self.blocked_in = None    # the blocking call the training thread is inside, if any
+
+    def in_flight(self) -> dict:
+        """For hang dumps: the blocking call in progress and async work not yet waited."""
+        def describe(row, state):
+            return {"op": row[1], "kind": row[0], "group": row[7], "group_ranks": row[8],
+                    "seq": row[9], "peer": row[10], "step": row[4], "callsite": row[13],
+                    "since_mono_ns": row[2], "state": state}
+        rows = [describe(self.blocked_in, "blocking")] if self.blocked_in else []
+        for pending in list(self.pending.values()):
+            rows.extend(describe(row, "issued, not waited") for row in pending)
+        return {"in_flight": rows}
+
+    def group_info(self, pg):
+        dist = self.dist
+        if pg is None:
+            pg = dist.distributed_c10d._get_default_group()
+        info = self.groups.get(id(pg))
+        if info is None or info[0] is not pg:
+            ranks = dist.get_process_group_ranks(pg)
+            name = getattr(pg, "group_name", None) or dist.distributed_c10d._get_process_group_name(pg)
+            try:
+                is_gloo = dist.get_backend(pg) == "gloo"
+            except Exception:
+                is_gloo = False
+            info = (pg, str(name), ",".join(map(str, ranks)), is_gloo)
+            self.groups[id(pg)] = info
+        return info
+
+    def next_seq(self, key: str) -> int:
+        n = self.seq.get(key, 0)
+        self.seq[key] = n + 1
+        return n
+
+    def issued(self, kind, name, group, ranks, seq, peer, nbytes, callsite, t0, t1, work,
+               track_done, detail=""):
+        st = self.rec.state
+        row = (kind, name, t0, t1, st.step, st.microbatch, st.stage, group, ranks, seq, peer,
+               nbytes, work is not None, callsite, detail)
+        self.rec.add(row)
+        if work is not None:
+            self.watch(work, row, track_done)
+
+    def watch(self, work, row, track_done):
+        if len(self.pending) > MAX_PENDING_WORKS:
+            self.pending.clear()  # never waited: forget rather than grow
+        self.pending.setdefault(id(work), []).append(row)
+        if track_done:
+            try:
+                work.get_future().then(functools.partial(self._done, row))
+            except Exception:
+                pass  # backend without futures for this op: no completion time
+
+    def _done(self, row, fut):
+        t = now_ns()
+        self.rec.add(("done", row[1], t, t, row[4], row[5], row[6], row[7], row[8], row[9],
+                      row[10], 0, True, "", row[14]))
+
+    def waited(self, work, t0, t1, callsite):
+        rows = self.pending.pop(id(work), None)
+        if rows:
+            for row in rows:
+                self.rec.add(("wait", row[1], t0, t1, row[4], row[5], row[6], row[7], row[8],
+                              row[9], row[10], 0, True, callsite, row[14]))
+
+
+def _param_index(fn, name):
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+    return params.index(name) if name in params else None
+
+
+def _arg(args, kwargs, index, name):
+    if name in kwargs:
+        return kwargs[name]
+    if index is not None and index < len(args):
+        return args[index]
+    return None
+
+
+def _wrap_collective(tracker, op, orig):
+    group_index = _param_index(orig, "group")
+    nvtx_name = op
+
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        if tracker.depth:  # e.g. all_gather_object calling all_gather: count the outer op only
+            return orig(*args, **kwargs)
+        try:
+            pg, group, ranks, is_gloo = tracker.group_info(_arg(args, kwargs, group_index, "group"))
+            seq = tracker.next_seq(group)
+            nbytes = max(tensor_bytes(args[0]) if args else 0,
+                         tensor_bytes(args[1]) if len(args) > 1 else 0)
+            callsite = user_callsite(2)
+        except Exception as exc:
+            tracker.rec.record_error("collectives", exc)
+            return orig(*args, **kwargs)
+        tracker.depth += 1
+        nvtx_ranges.push(nvtx_name, "collective")
+        t0 = now_ns()
+        st = tracker.rec.state
+        tracker.blocked_in = ("collective", op, t0, t0, st.step, st.microbatch, st.stage, group,
+                              ranks, seq, -1, nbytes, False, callsite, "")
+        try:
+            work = orig(*args, **kwargs)
+        finally:
+            t1 = now_ns()
+            tracker.blocked_in = None
+            nvtx_ranges.pop()
+            tracker.depth -= 1
+        is_work = work is not None and hasattr(work, "wait") and not isinstance(work, list)
+        tracker.issued("collective", op, group, ranks, seq, -1, nbytes, callsite, t0, t1,
+                       work if is_work else None, is_gloo)
+        return work
+
+    return wrapper
+
+
+def _wrap_send_recv(tracker, op, orig, dist):
+    peer_name = "dst" if op == "send" else "src"
+    peer_index = _param_index(orig, peer_name)
+    group_index = _param_index(orig, "group")
+
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        t0 = now_ns()
+        result = orig(*args, **kwargs)
+        t1 = now_ns()
+        try:
+            me = dist.get_rank()
+            other = _arg(args, kwargs, peer_index, peer_name)
+            if other is None and kwargs.get(f"group_{peer_name}") is not None:
+                other = dist.get_global_rank(_arg(args, kwargs, group_index, "group"),
+                                             kwargs[f"group_{peer_name}"])
+            if other is None:
+                other = result  # recv(src=None) returns the sender
+            src, dst = (me, other) if op == "send" else (other, me)
+            seq = tracker.next_seq(f"{src}->{dst}")
+            tracker.issued("p2p", op, f"{src}->{dst}", f"{src},{dst}", seq, other,
+                           tensor_bytes(args[0] if args else kwargs.get("tensor")),
+                           user_callsite(2), t0, t1, None, False)
+        except Exception as exc:
+            tracker.rec.record_error("collectives", exc)
+        return result
+
+    return wrapper
+
+
+def _wrap_batch_isend_irecv(tracker, orig, dist):
+    @functools.wraps(orig)
+    def wrapper(p2p_op_list):
+        t0 = now_ns()
+        works = orig(p2p_op_list)
+        t1 = now_ns()
+        try:
+            me = dist.get_rank()
+            callsite = user_callsite(2)
+            rows_per_op = []
+            for p2p in p2p_op_list:
+                op = "send" if p2p.op is dist.isend else "recv"
+                peer = p2p.peer
+                if peer is None:
+                    peer = dist.get_global_rank(p2p.group, p2p.group_peer)
+                src, dst = (me, peer) if op == "send" else (peer, me)
+                seq = tracker.next_seq(f"{src}->{dst}")
+                rows_per_op.append((op, peer, src, dst, seq, tensor_bytes(p2p.tensor)))
+            one_work_each = works is not None and len(works) == len(rows_per_op)
+            _, _, _, is_gloo = tracker.group_info(p2p_op_list[0].group if p2p_op_list else None)
+            for i, (op, peer, src, dst, seq, nbytes) in enumerate(rows_per_op):
+                work = (works[i] if one_work_each else (works[0] if works else None))
+                tracker.issued("p2p", op, f"{src}->{dst}", f"{src},{dst}", seq, peer, nbytes,
+                               callsite, t0, t1, work, is_gloo)
+        except Exception as exc:
+            tracker.rec.record_error("collectives", exc)
+        return works
+
+    return wrapper
+
+
+def _wrap_wait(tracker, orig):
+    @functools.wraps(orig)
+    def wait(self, *args, **kwargs):
+        if id(self) not in tracker.pending:
+            return orig(self, *args, **kwargs)
+        t0 = now_ns()
+        nvtx_ranges.push("wait", "collective")
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            t1 = now_ns()
+            nvtx_ranges.pop()
+            try:
+                tracker.waited(self, t0, t1, user_callsite(2))
+            except Exception as exc:
+                tracker.rec.record_error("collectives", exc)
+
+    return wait
+
+
+def _patch(modules, name, wrapper_factory):
+    orig = getattr(modules[0], name, None)
+    if orig is None:
+        return
+    wrapped = wrapper_factory(orig)
+    for mod in modules:
+        if getattr(mod, name, None) is orig:
+            setattr(mod, name, wrapped)
+
+
+def install(rec):
+    global TRACKER
+    import torch.distributed as dist
+    if not dist.is_available():
+        return
+    c10d = sys.modules["torch.distributed.distributed_c10d"]
+    tracker = TRACKER = Tracker(rec, dist)
+    rec.dump_providers.append(tracker.in_flight)
+    modules = (c10d, dist)
+    for op in COLLECTIVE_OPS:
+        _patch(modules, op, functools.partial(_wrap_collective, tracker, op))
+    for op in ("send", "recv"):
+        _patch(modules, op, lambda orig, op=op: _wrap_send_recv(tracker, op, orig, dist))
+    _patch(modules, "batch_isend_irecv", lambda orig: _wrap_batch_isend_irecv(tracker, orig, dist))
+    work_cls = torch_work_class()
+    work_cls.wait = _wrap_wait(tracker, work_cls.wait)
+
+
+def torch_work_class():
+    import torch
+    return torch._C._distributed_c10d.Work

@@ -1,0 +1,30 @@
+"""Data wait = time the training loop spends inside a DataLoader iterator's
+__next__ (single- and multi-process loaders share _BaseDataLoaderIter.__next__)."""
+import functools
+
+from collectors import nvtx_ranges
+from collectors.clock import now_ns
+
+
+def install(rec):
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+    st = rec.state
+    orig = _BaseDataLoaderIter.__next__
+
+    @functools.wraps(orig)
+    def __next__(self):
+        t0 = now_ns()
+        if st.step_start_ns is None:
+            st.step_start_ns = t0
+        nvtx_ranges.push("data_wait", "data")
+        try:
+            batch = orig(self)
+        finally:
+            nvtx_ranges.pop()
+        t1 = now_ns()
+        st.data_wait_ns += t1 - t0
+        rec.add(("data", "data_wait", t0, t1, st.step, st.microbatch, st.stage, "", "", -1,
+                 -1, 0, False, "", ""))
+        return batch
+
+    _BaseDataLoaderIter.__next__ = __next__

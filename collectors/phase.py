@@ -1,0 +1,74 @@
+"""Explicit ranges for code that knows its own structure:
+
+    with collectors.phase("forward", microbatch=i, stage=s):
+        ...
+
+    @collectors.phase("optimizer")
+    def step(): ...
+
+Inside a phase, every event the zero-code instrumentors record (collectives,
+syncs, module forwards) is stamped with the phase's micro-batch and stage, which
+is what lets the analyzer tell a collective inside the micro-batch loop from one
+outside it. Outside `diagnose run` a phase costs two attribute reads.
+"""
+import functools
+
+from collectors import nvtx_ranges
+from collectors.clock import now_ns
+from collectors.recorder import get_recorder
+
+
+class phase:
+    __slots__ = ("name", "microbatch", "stage", "_t0", "_saved")
+
+    def __init__(self, name: str, microbatch: int | None = None, stage: int | None = None):
+        self.name = name
+        self.microbatch = microbatch
+        self.stage = stage
+
+    def __enter__(self):
+        rec = get_recorder()
+        if not rec.active:
+            self._t0 = None
+            return self
+        st = rec.state
+        self._saved = (st.microbatch, st.stage)
+        if self.microbatch is not None:
+            st.microbatch = self.microbatch
+        if self.stage is not None:
+            st.stage = self.stage
+        nvtx_ranges.push(self.name, "phase")
+        self._t0 = now_ns()
+        if st.step_start_ns is None:
+            st.step_start_ns = self._t0
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self._t0 is None:
+            return False
+        t1 = now_ns()
+        nvtx_ranges.pop()
+        rec = get_recorder()
+        st = rec.state
+        rec.add(("phase", self.name, self._t0, t1, st.step, st.microbatch, st.stage, "", "", -1,
+                 -1, 0, False, "", ""))
+        st.microbatch, st.stage = self._saved
+        return False
+
+    def __call__(self, fn):
+        name, microbatch, stage = self.name, self.microbatch, self.stage
+
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            with phase(name, microbatch, stage):
+                return fn(*args, **kwargs)
+        return wrapped
+
+
+def mark(name: str, detail: str = "") -> None:
+    """An instant event (e.g. "checkpoint saved")."""
+    rec = get_recorder()
+    if rec.active:
+        t = now_ns()
+        rec.add(("mark", name, t, t, rec.state.step, rec.state.microbatch, rec.state.stage, "", "",
+                 -1, -1, 0, False, "", detail))

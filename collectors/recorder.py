@@ -1,0 +1,188 @@
+"""The per-rank recorder: a bounded in-memory buffer and a background writer.
+
+The hot path is one `list.append` of a tuple (no lock: appends are atomic under
+the GIL). A daemon thread swaps the list out every `flush_interval_s` (0.5 s, so
+a SIGKILL loses at most that much) and writes it as a Parquet part file. No
+signal handlers are installed: a Python SIGTERM handler would delay the death of
+a rank blocked in C++, which changes how the user's job tears down. When
+the buffer is full, new rows are counted as dropped rather than growing memory.
+"""
+import atexit
+import os
+import socket
+import sys
+import threading
+import time
+
+from collectors import clock
+from collectors.part_writer import PartWriter
+from collectors.schema import rank_dir_name
+
+DUMP_REQUEST = "dump-request"  # file in the run dir the launcher creates on a suspected hang
+
+
+class StepState:
+    """What every event is stamped with: the step in progress and the innermost
+    explicit phase's micro-batch and stage."""
+    __slots__ = ("step", "step_start_ns", "microbatch", "stage", "data_wait_ns")
+
+    def __init__(self):
+        self.step = 0
+        self.step_start_ns = None
+        self.microbatch = -1
+        self.stage = -1
+        self.data_wait_ns = 0  # data wait so far in this step, for live progress
+
+
+class Recorder:
+    def __init__(self, rank_dir: str | None, flush_interval_s: float = 0.5,
+                 max_buffered: int = 2_000_000):
+        self.rank_dir = rank_dir
+        self.flush_interval_s = flush_interval_s
+        self.max_buffered = max_buffered
+        self.events: list = []
+        self.samples: list = []
+        self.dropped = 0
+        self.state = StepState()
+        self.errors: list[dict] = []
+        self.meta: dict = {}
+        # Read by the launcher while the job runs: live progress, alerts, hang watchdog.
+        self.progress: dict = {"step": 0, "steps_done": 0, "last_step_ms": None, "events_total": 0,
+                               "recent_steps": []}
+        self.dump_providers: list = []  # callables -> dict, merged into a watchdog dump
+        self._writer = PartWriter(rank_dir) if rank_dir else None
+        self._flush_lock = threading.Lock()  # serialises writers, never taken on the hot path
+        self._stop = threading.Event()
+        self._thread = None
+
+    @property
+    def active(self) -> bool:
+        return self._writer is not None
+
+    # -- hot path ---------------------------------------------------------
+    def add(self, row: tuple) -> None:
+        if len(self.events) < self.max_buffered:
+            self.events.append(row)
+        else:
+            self.dropped += 1
+
+    def add_sample(self, ts_ns: int, metric: str, value: float) -> None:
+        if len(self.samples) < self.max_buffered:
+            self.samples.append((ts_ns, metric, float(value)))
+
+    # -- failures ---------------------------------------------------------
+    def record_error(self, collector: str, exc: BaseException) -> None:
+        """A collector failed: note it once per collector and carry on."""
+        if any(e["collector"] == collector for e in self.errors):
+            return
+        text = f"{type(exc).__name__}: {exc}"
+        self.errors.append({"collector": collector, "error": text, "wall_ns": time.time_ns()})
+        t = clock.now_ns()
+        self.add(("error", collector, t, t, self.state.step, -1, -1, "", "", -1, -1, 0, False,
+                  "", text))
+
+    # -- lifecycle --------------------------------------------------------
+    def start(self, meta: dict) -> None:
+        self.meta = {
+            "rank": int(os.environ.get("RANK", 0)),
+            "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
+            "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "argv": list(sys.argv),
+            "cwd": os.getcwd(),
+            "clock": {**clock.anchors(), "offset_to_rank0_ns": None, "offset_error_ns": None,
+                      "offset_method": None},
+            "start_wall_ns": time.time_ns(),
+            **meta,
+        }
+        self.write_meta()
+        self._thread = threading.Thread(target=self._run, name="diagnose-writer", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+        os.register_at_fork(after_in_child=self._disable_in_child)
+
+    def _disable_in_child(self) -> None:
+        # A forked DataLoader worker inherits the buffer but not the writer thread.
+        self._writer = None
+        self.max_buffered = 0
+        self.events, self.samples = [], []
+
+    def _run(self) -> None:
+        dump_request = os.path.join(os.path.dirname(os.path.dirname(self.rank_dir)), DUMP_REQUEST)
+        dumped = False
+        while not self._stop.wait(self.flush_interval_s):
+            self.flush()
+            if not dumped and os.path.exists(dump_request):
+                # The launcher saw no progress: say where every thread is. This
+                # thread does it because the main one may be stuck inside C++.
+                dumped = True
+                self.dump()
+
+    def dump(self) -> None:
+        from collectors.stacks import thread_stacks
+        report = {"rank": self.meta.get("rank"), "pid": os.getpid(), "wall_ns": time.time_ns(),
+                  "step": self.state.step, "mono_ns": clock.now_ns(), "threads": thread_stacks()}
+        for provider in self.dump_providers:
+            try:
+                report.update(provider())
+            except Exception as exc:
+                self.record_error("watchdog", exc)
+        try:
+            self._writer.write_json(f"watchdog-{os.getpid()}.json", report)
+        except Exception as exc:
+            self.record_error("watchdog", exc)
+
+    def flush(self) -> None:
+        if self._writer is None:
+            return
+        with self._flush_lock:
+            events, self.events = self.events, []
+            samples, self.samples = self.samples, []
+            self.progress["events_total"] += len(events)
+            try:
+                self._writer.write_events(events)
+                self._writer.write_samples(samples)
+                self._writer.write_json("progress.json", {
+                    **self.progress, "wall_ns": time.time_ns(), "dropped": self.dropped,
+                    "errors": len(self.errors)})
+            except Exception as exc:  # a full disk must not kill the job
+                self.record_error("writer", exc)
+
+    def write_meta(self) -> None:
+        if self._writer is None:
+            return
+        self.meta["collector_errors"] = self.errors
+        self.meta["dropped_events"] = self.dropped
+        try:
+            self._writer.write_meta(self.meta)
+        except Exception as exc:
+            self.record_error("meta", exc)
+
+    def close(self, exit_status: str = "exit") -> None:
+        if self._writer is None:
+            return
+        self._stop.set()
+        self.flush()
+        self.meta["end_wall_ns"] = time.time_ns()
+        self.meta["exit"] = exit_status
+        self.write_meta()
+
+
+_RECORDER = Recorder(None)
+
+
+def get_recorder() -> Recorder:
+    return _RECORDER
+
+
+def start_recorder(run_dir: str, meta: dict | None = None) -> Recorder:
+    """Turn recording on for this process: traces go to <run_dir>/traces/rank-NNNNN."""
+    global _RECORDER
+    rank = int(os.environ.get("RANK", 0))
+    interval = float(os.environ.get("DIAGNOSE_FLUSH_INTERVAL_S", "0.5"))
+    rec = Recorder(os.path.join(run_dir, "traces", rank_dir_name(rank)), flush_interval_s=interval)
+    rec.state = _RECORDER.state
+    _RECORDER = rec
+    rec.start(meta or {})
+    return rec

@@ -1,0 +1,69 @@
+"""The on-disk event and sample schema shared by writers (collectors, importers) and the loader.
+
+One row per recorded thing. Times are the rank's own monotonic clock in ns; the
+loader aligns them to rank 0 with the offsets in meta.json. Integer "absent"
+values are -1, string ones "". Strings are dictionary-encoded by Parquet, so a
+repeated callsite costs a few bits per row.
+"""
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+# Event kinds. A "collective"/"p2p" row is the call (issue -> return); for async
+# work, a "wait" row (the Work.wait call) and a "done" row (completion seen by a
+# future callback, start_ns == end_ns) follow with the same group and seq.
+KINDS = ("step", "forward", "backward", "optimizer", "data", "collective", "p2p",
+         "wait", "done", "sync", "phase", "kernel", "error", "mark")
+
+EVENT_FIELDS = (
+    ("kind", pa.string()),
+    ("name", pa.string()),
+    ("start_ns", pa.int64()),
+    ("end_ns", pa.int64()),
+    ("step", pa.int32()),
+    ("microbatch", pa.int32()),
+    ("stage", pa.int32()),
+    ("group", pa.string()),        # process-group name, or "SRC->DST" for p2p
+    ("group_ranks", pa.string()),  # "0,1,2,3": global ranks of the group
+    ("seq", pa.int64()),           # per-group sequence number (Flight Recorder style)
+    ("peer", pa.int32()),          # p2p peer global rank
+    ("bytes", pa.int64()),
+    ("async_op", pa.bool_()),
+    ("callsite", pa.string()),     # "path/to/file.py:LINE" of the first user frame
+    ("detail", pa.string()),       # free-form: device of a sync, "ddp" for bucket hooks, error text
+)
+EVENT_SCHEMA = pa.schema(EVENT_FIELDS)
+EVENT_COLUMNS = tuple(name for name, _ in EVENT_FIELDS)
+
+SAMPLE_FIELDS = (
+    ("ts_ns", pa.int64()),
+    ("metric", pa.string()),
+    ("value", pa.float64()),
+)
+SAMPLE_SCHEMA = pa.schema(SAMPLE_FIELDS)
+
+EVENT_PART_GLOB = "events-*.parquet"
+SAMPLE_PART_GLOB = "samples-*.parquet"
+
+
+def rank_dir_name(rank: int) -> str:
+    return f"rank-{rank:05d}"
+
+
+def event_row(kind, name, start_ns, end_ns, step=-1, microbatch=-1, stage=-1, group="",
+              group_ranks="", seq=-1, peer=-1, nbytes=0, async_op=False, callsite="", detail=""):
+    """Build one event tuple in EVENT_COLUMNS order (for code off the hot path)."""
+    return (kind, name, start_ns, end_ns, step, microbatch, stage, group, group_ranks, seq,
+            peer, nbytes, async_op, callsite, detail)
+
+
+def events_table(rows) -> pa.Table:
+    columns = list(zip(*rows)) if rows else [[] for _ in EVENT_FIELDS]
+    return pa.table([pa.array(col, type=typ) for col, (_, typ) in zip(columns, EVENT_FIELDS)],
+                    schema=EVENT_SCHEMA)
+
+
+def samples_table(rows) -> pa.Table:
+    columns = list(zip(*rows)) if rows else [[] for _ in SAMPLE_FIELDS]
+    return pa.table([pa.array(col, type=typ) for col, (_, typ) in zip(columns, SAMPLE_FIELDS)],
+                    schema=SAMPLE_SCHEMA)

@@ -1,0 +1,59 @@
+"""Run every detector over a loaded run; write analysis/*.parquet and findings.json."""
+import importlib
+import os
+
+from collectors.part_writer import atomic_write_json
+from diagnose import rundir
+from diagnose.detectors import DETECTORS
+from diagnose.findings import sort_findings, with_severity
+
+
+class Context:
+    """What detectors read: the run and its steady-state tables, computed once."""
+
+    def __init__(self, run):
+        self.run = run
+        self.steps = run.steps()
+        self.steady = run.steady_steps()
+        breakdown = run.breakdown()
+        self.breakdown = breakdown[breakdown["step"].isin(self.steady)] if len(breakdown) else breakdown
+        self.step_ms = float(self.breakdown["step_ms"].median()) if len(self.breakdown) else 0.0
+
+    def relpath(self, callsite: str) -> str:
+        if not callsite:
+            return callsite
+        path, _, line = callsite.rpartition(":")
+        try:
+            rel = os.path.relpath(path, self.run.cwd())
+        except ValueError:
+            rel = path
+        return f"{path if rel.startswith('..') else rel}:{line}"
+
+
+def detect(run) -> list[dict]:
+    ctx = Context(run)
+    findings = []
+    for name in DETECTORS:
+        module = importlib.import_module(f"diagnose.detectors.{name}")
+        try:
+            found = module.detect(ctx)
+        except Exception as exc:  # one broken detector must not hide the others
+            run.warn(f"detector {name} failed: {type(exc).__name__}: {exc}")
+            continue
+        findings.extend(with_severity(f, ctx.step_ms).to_dict() for f in found)
+    return sort_findings(findings)
+
+
+def write_analysis(run) -> list[dict]:
+    out = os.path.join(run.root, rundir.ANALYSIS)
+    os.makedirs(out, exist_ok=True)
+    tables = {"steps": run.steps(), "breakdown": run.breakdown(), "collectives": run.collectives(),
+              "arrivals": run.arrivals()}
+    for name, table in tables.items():
+        try:
+            table.to_parquet(os.path.join(out, f"{name}.parquet"), index=False)
+        except Exception as exc:
+            run.warn(f"analysis/{name}.parquet not written: {type(exc).__name__}: {exc}")
+    findings = detect(run)
+    atomic_write_json(os.path.join(run.root, rundir.FINDINGS), findings)
+    return findings

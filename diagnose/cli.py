@@ -1,0 +1,127 @@
+"""The `diagnose` command line (typer). Misuse is one line on stderr and exit 2."""
+import json
+import os
+import sys
+from typing import List, Optional
+
+import click
+import typer
+
+from diagnose.errors import UserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,
+                  help="Profile and diagnose distributed PyTorch training jobs.")
+PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def _finish(run_dir: str, status: int, analyze: bool) -> int:
+    from diagnose.pipeline import analyze_run
+    from diagnose.present import print_findings
+    if analyze:
+        run, findings = analyze_run([run_dir])
+        print_findings(findings)
+    print(f"diagnose: run directory {run_dir}")
+    if analyze:
+        for name in ("analysis/findings.json", "trace.json.gz", "report.html"):
+            if os.path.exists(os.path.join(run_dir, name)):
+                print(f"diagnose:   {name}")
+    if status:
+        print(f"diagnose: the job exited with status {status}")
+    return status
+
+
+@app.command(context_settings=PASSTHROUGH)
+def run(ctx: typer.Context,
+        out: Optional[str] = typer.Option(None, "--out", help="run directory (default runs/<timestamp>)"),
+        name: Optional[str] = typer.Option(None, "--name", help="a name for the run"),
+        no_analyze: bool = typer.Option(False, "--no-analyze", help="skip analysis at the end"),
+        force: bool = typer.Option(False, "--force", help="reuse a non-empty --out"),
+        hang_timeout: float = typer.Option(1800.0, "--hang-timeout",
+                                           help="seconds without progress before the job is ended as hung")):
+    """Run COMMAND (after `--`) with every rank instrumented, then analyze it."""
+    from diagnose.launcher import RunOptions, launch
+    command = list(ctx.args)
+    unknown = [a for a in command[:1] if a.startswith("-")]
+    if unknown:
+        raise UserError(f"unknown option {unknown[0]!r} (put the job after `--`)")
+    run_dir, status = launch(RunOptions(command=command, out_dir=out, name=name,
+                                        analyze=not no_analyze, force=force,
+                                        hang_timeout_s=hang_timeout))
+    return _finish(run_dir, status, not no_analyze)
+
+
+@app.command()
+def analyze(runs: List[str] = typer.Argument(..., help="run directory (several: one per node)"),
+            as_json: bool = typer.Option(False, "--json", help="print findings as JSON"),
+            quiet: bool = typer.Option(False, "--quiet", help="findings only, no breakdown")):
+    """Analyze a run directory: breakdown per rank and findings."""
+    from diagnose.pipeline import analyze_run
+    from diagnose.present import print_breakdown, print_findings
+    run, findings = analyze_run(runs, outputs=not as_json)
+    if as_json:
+        print(json.dumps(findings, indent=1))
+        return 0
+    if not quiet:
+        print_breakdown(run)
+    print_findings(findings)
+    return 0
+
+
+@app.command()
+def export(run_dir: str = typer.Argument(..., help="run directory"),
+           format: str = typer.Option("chrome", "--format", help="chrome"),
+           out: Optional[str] = typer.Option(None, "--out", help="output path")):
+    """Export a run's merged trace (chrome: Perfetto / chrome://tracing)."""
+    from diagnose import rundir
+    from diagnose.load import load
+    if format != "chrome":
+        raise UserError(f"unknown export format {format!r} (known: chrome)")
+    from diagnose.export_chrome import write_chrome_trace
+    run = load(run_dir)
+    path = write_chrome_trace(run, out or os.path.join(run.root, rundir.CHROME_TRACE))
+    print(path)
+    return 0
+
+
+@app.command()
+def merge(runs: List[str] = typer.Argument(..., help="run directories, one per node"),
+          out: str = typer.Option(..., "--out", help="the merged run directory")):
+    """Merge per-node run directories of one multi-node job into one run."""
+    from diagnose.merge import merge_runs
+    merged = merge_runs(runs, out)
+    print(f"diagnose: merged {len(runs)} run directories into {merged}")
+    return 0
+
+
+@app.command()
+def demo(scenario: str = typer.Option("straggler", "--scenario", help="scenario name"),
+         out: Optional[str] = typer.Option(None, "--out", help="run directory"),
+         hang_timeout: float = typer.Option(20.0, "--hang-timeout")):
+    """Run the reference trainer under `diagnose run` with one injected problem."""
+    from diagnose.demo import demo_command
+    from diagnose.launcher import RunOptions, launch
+    command = demo_command(scenario)
+    print(f"diagnose: demo scenario {scenario!r}: {' '.join(command)}")
+    run_dir, status = launch(RunOptions(command=command, out_dir=out, name=f"demo-{scenario}",
+                                        hang_timeout_s=hang_timeout))
+    return _finish(run_dir, status, True)
+
+
+def main(argv=None) -> None:
+    try:
+        status = app(args=argv, standalone_mode=False, prog_name="diagnose")
+    except click.exceptions.UsageError as exc:
+        print(f"diagnose: error: {exc.format_message()}", file=sys.stderr)
+        sys.exit(2)
+    except UserError as exc:
+        print(f"diagnose: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        print("diagnose: interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(status if isinstance(status, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

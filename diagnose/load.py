@@ -1,0 +1,190 @@
+"""`diagnose.load(RUN)`: all ranks' traces merged onto one clock, as pandas tables.
+
+Times in every table are ns since the run's first event, on rank 0's clock
+(`Run.wall_t0_ns` converts back to wall time). Derived tables are computed on
+first use and cached.
+"""
+import functools
+import json
+import os
+import sys
+
+import pandas as pd
+import pyarrow as pa
+
+from diagnose import align, rundir, trace_reader
+from diagnose.errors import UserError
+
+STRING_COLUMNS = ("kind", "name", "group", "group_ranks", "callsite", "detail")
+
+
+class Run:
+    def __init__(self, run_dirs, warn=None):
+        if isinstance(run_dirs, (str, os.PathLike)):
+            run_dirs = [run_dirs]
+        self.run_dirs = [rundir.require_run_dir(str(d)) for d in run_dirs]
+        if not self.run_dirs:
+            raise UserError("no run directory given")
+        self.root = self.run_dirs[0]
+        self.warnings: list[str] = []
+        self._warn_sink = warn
+        self.manifest = rundir.read_manifest(self.root)
+        self.rank_meta: dict[int, dict] = {}
+        self.rank_dirs: dict[int, str] = {}
+        event_tables, sample_tables = [], []
+        for run_dir in self.run_dirs:
+            for rank_dir in rundir.rank_dirs(run_dir):
+                rank = trace_reader.rank_of_dir(rank_dir)
+                if rank is None:
+                    continue
+                if rank in self.rank_dirs:
+                    self.warn(f"{rank_dir}: rank {rank} already read from {self.rank_dirs[rank]}; ignored")
+                    continue
+                self.rank_dirs[rank] = rank_dir
+                self.rank_meta[rank] = trace_reader.read_meta(rank_dir, self.warn)
+                events = trace_reader.read_events(rank_dir, self.warn)
+                if events is None:
+                    self.warn(f"{rank_dir}: no readable events")
+                else:
+                    event_tables.append(_with_rank(events, rank))
+                samples = trace_reader.read_samples(rank_dir, lambda m: None)
+                if samples is not None:
+                    sample_tables.append(_with_rank(samples, rank))
+        self._events = _to_pandas(event_tables, _empty_events())
+        self._samples = _to_pandas(sample_tables, None)
+        self.offsets_ns, self.offset_errors_ns = align.measured_offsets(self.rank_meta)
+        self._shift(self._events, self.offsets_ns, ("start_ns", "end_ns"))
+        self.refinements_ns = align.refine_offsets(self._events, self.offset_errors_ns)
+        self._shift(self._events, self.refinements_ns, ("start_ns", "end_ns"))
+        for rank, extra in self.refinements_ns.items():
+            self.offsets_ns[rank] = self.offsets_ns.get(rank, 0) + extra
+        self.t0_ns = int(self._events["start_ns"].min()) if len(self._events) else 0
+        self._events["start_ns"] -= self.t0_ns
+        self._events["end_ns"] -= self.t0_ns
+        if self._samples is not None:
+            self._shift(self._samples, self.offsets_ns, ("ts_ns",))
+            self._samples["ts_ns"] -= self.t0_ns
+        self.wall_t0_ns = self._wall_of(self.t0_ns)
+
+    # -- plumbing -----------------------------------------------------------
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+        if self._warn_sink is not None:
+            self._warn_sink(message)
+
+    @staticmethod
+    def _shift(frame, offsets: dict, columns) -> None:
+        if frame is None or not offsets or frame.empty:
+            return
+        shift = frame["rank"].map(offsets).fillna(0).astype("int64")
+        for column in columns:
+            frame[column] -= shift
+
+    def _wall_of(self, t_ns: int) -> int | None:
+        for rank in sorted(self.rank_meta):
+            clock = self.rank_meta[rank].get("clock") or {}
+            try:
+                return int(clock["wall_anchor_ns"] + (t_ns + self.offsets_ns.get(rank, 0)
+                                                       - clock["mono_anchor_ns"]))
+            except (KeyError, TypeError):
+                continue
+        return None
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.rank_dirs)
+
+    @property
+    def world_size(self) -> int:
+        sizes = [m.get("world_size") for m in self.rank_meta.values() if isinstance(m.get("world_size"), int)]
+        return max(sizes + [len(self.rank_dirs), self.manifest.get("world_size") or 0])
+
+    def cwd(self) -> str:
+        for meta in self.rank_meta.values():
+            if isinstance(meta.get("cwd"), str):
+                return meta["cwd"]
+        return self.manifest.get("cwd", os.getcwd())
+
+    # -- tables -------------------------------------------------------------
+    def events(self) -> pd.DataFrame:
+        """Every recorded row, aligned."""
+        return self._events
+
+    def spans(self) -> pd.DataFrame:
+        """Ranges (not the wait/done bookkeeping rows), with duration."""
+        spans = self._events[~self._events["kind"].isin(["wait", "done"])].copy()
+        spans["dur_ms"] = (spans["end_ns"] - spans["start_ns"]) / 1e6
+        return spans
+
+    def samples(self) -> pd.DataFrame:
+        return self._samples if self._samples is not None else pd.DataFrame(
+            {"ts_ns": [], "metric": [], "value": [], "rank": []})
+
+    @functools.lru_cache(maxsize=None)
+    def steps(self) -> pd.DataFrame:
+        from diagnose.tables import steps_table
+        return steps_table(self._events)
+
+    @functools.lru_cache(maxsize=None)
+    def collectives(self) -> pd.DataFrame:
+        from diagnose.matching import collectives_table
+        return collectives_table(self._events)
+
+    @functools.lru_cache(maxsize=None)
+    def arrivals(self) -> pd.DataFrame:
+        from diagnose.matching import arrivals_table
+        return arrivals_table(self.collectives())
+
+    @functools.lru_cache(maxsize=None)
+    def breakdown(self) -> pd.DataFrame:
+        from diagnose.breakdown import step_breakdown
+        return step_breakdown(self._events, self.steps())
+
+    @functools.lru_cache(maxsize=None)
+    def steady_steps(self) -> list[int]:
+        from diagnose.tables import steady_state_steps
+        return steady_state_steps(self.steps())
+
+    @property
+    def findings(self) -> list[dict]:
+        path = os.path.join(self.root, rundir.FINDINGS)
+        try:
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            from diagnose.analyze import detect
+            return detect(self)
+
+    def __repr__(self) -> str:
+        return f"Run({self.root!r}, ranks={len(self.rank_dirs)}, events={len(self._events)})"
+
+
+def _with_rank(table: pa.Table, rank: int) -> pa.Table:
+    return table.append_column("rank", pa.array([rank] * table.num_rows, type=pa.int32()))
+
+
+def _empty_events() -> pd.DataFrame:
+    from collectors.schema import EVENT_SCHEMA
+    frame = EVENT_SCHEMA.empty_table().to_pandas()
+    frame["rank"] = pd.Series([], dtype="int32")
+    return frame
+
+
+def _to_pandas(tables, empty):
+    if not tables:
+        return empty
+    table = pa.concat_tables(tables, promote_options="none")
+    for name in STRING_COLUMNS:
+        if name in table.column_names:
+            index = table.column_names.index(name)
+            table = table.set_column(index, name, table.column(name).dictionary_encode())
+    table = table.unify_dictionaries()
+    return table.to_pandas()
+
+
+def load(*run_dirs, warn=None) -> Run:
+    """Load one run (or one per node of a multi-node run) for analysis."""
+    if warn is None:
+        def warn(message):
+            print(f"diagnose: warning: {message}", file=sys.stderr)
+    return Run(list(run_dirs), warn=warn)

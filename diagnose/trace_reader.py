@@ -1,0 +1,86 @@
+"""Read one rank's folder defensively: every part file that is readable is used,
+every one that is not yields one warning line and is skipped. Trace content is
+data: Parquet and JSON only, never pickle or eval."""
+import glob
+import json
+import os
+import re
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from collectors.schema import (EVENT_FIELDS, EVENT_PART_GLOB, SAMPLE_FIELDS, SAMPLE_PART_GLOB,
+                               SCHEMA_VERSION)
+
+_RANK_DIR = re.compile(r"^rank-(\d+)$")
+_EVENT_DEFAULTS = {"step": -1, "microbatch": -1, "stage": -1, "group": "", "group_ranks": "",
+                   "seq": -1, "peer": -1, "bytes": 0, "async_op": False, "callsite": "",
+                   "detail": ""}
+REQUIRED_EVENT_COLUMNS = ("kind", "name", "start_ns", "end_ns")
+
+
+def _safe_name(path: str) -> str:
+    return os.fsencode(path).decode("utf-8", "replace")
+
+
+def rank_of_dir(path: str) -> int | None:
+    m = _RANK_DIR.match(os.path.basename(path))
+    return int(m.group(1)) if m else None
+
+
+def read_meta(rank_dir: str, warn) -> dict:
+    path = os.path.join(rank_dir, "meta.json")
+    if not os.path.exists(path):
+        warn(f"{_safe_name(path)}: missing; clock offset taken as 0")
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        warn(f"{_safe_name(path)}: unreadable ({type(exc).__name__}); clock offset taken as 0")
+        return {}
+    version = meta.get("schema_version", SCHEMA_VERSION)
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        warn(f"{_safe_name(path)}: schema version {version} is newer than {SCHEMA_VERSION}; "
+             "reading the columns this version knows")
+    return meta
+
+
+def _conform(table: pa.Table, fields, defaults) -> pa.Table:
+    """Keep known columns in schema order, cast them, fill absent optional ones."""
+    columns = []
+    for name, typ in fields:
+        if name in table.column_names:
+            columns.append(table.column(name).cast(typ))
+        else:
+            columns.append(pa.array([defaults[name]] * table.num_rows, type=typ))
+    return pa.table(columns, names=[n for n, _ in fields])
+
+
+def read_parts(rank_dir: str, pattern: str, fields, required, defaults, warn) -> pa.Table | None:
+    tables = []
+    for path in sorted(glob.glob(os.path.join(glob.escape(rank_dir), pattern))):
+        try:
+            table = pq.read_table(path)
+            missing = [c for c in required if c not in table.column_names]
+            if missing:
+                raise ValueError(f"not a diagnose trace part (no {', '.join(missing)})")
+            tables.append(_conform(table, fields, defaults))
+        except Exception as exc:
+            reason = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+            warn(f"{_safe_name(path)}: skipped ({reason})")
+    if not tables:
+        return None
+    return pa.concat_tables(tables)
+
+
+def read_events(rank_dir: str, warn) -> pa.Table | None:
+    return read_parts(rank_dir, EVENT_PART_GLOB, EVENT_FIELDS, REQUIRED_EVENT_COLUMNS,
+                      _EVENT_DEFAULTS, warn)
+
+
+def read_samples(rank_dir: str, warn) -> pa.Table | None:
+    return read_parts(rank_dir, SAMPLE_PART_GLOB, SAMPLE_FIELDS, ("ts_ns", "metric", "value"),
+                      {}, warn)
