@@ -7,6 +7,15 @@ from typing import List, Optional
 import click
 import typer
 
+try:  # recent typer vendors its own click
+    from typer._click import exceptions as _typer_click
+    USAGE_ERRORS = (click.exceptions.UsageError, _typer_click.UsageError)
+    ABORTS = (click.exceptions.Abort, getattr(_typer_click, "Abort", KeyboardInterrupt),
+              KeyboardInterrupt)
+except ImportError:
+    USAGE_ERRORS = (click.exceptions.UsageError,)
+    ABORTS = (click.exceptions.Abort, KeyboardInterrupt)
+
 from diagnose.errors import UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -111,13 +120,16 @@ def demo(scenario: str = typer.Option("straggler", "--scenario", help="scenario 
 def main(argv=None) -> None:
     try:
         status = app(args=argv, standalone_mode=False, prog_name="diagnose")
-    except click.exceptions.UsageError as exc:
+    except USAGE_ERRORS as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:
+            print(exc.ctx.get_help())
+            sys.exit(0)
         print(f"diagnose: error: {exc.format_message()}", file=sys.stderr)
         sys.exit(2)
     except UserError as exc:
         print(f"diagnose: error: {exc}", file=sys.stderr)
         sys.exit(2)
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except ABORTS:
         print("diagnose: interrupted", file=sys.stderr)
         sys.exit(130)
     sys.exit(status if isinstance(status, int) else 0)

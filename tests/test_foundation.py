@@ -1,0 +1,136 @@
+"""Issue 2: `diagnose run` wraps an unmodified torchrun job and leaves crash-safe traces."""
+import gzip
+import json
+import re
+import subprocess
+
+import pyarrow.parquet as pq
+import pytest
+
+import diagnose
+from conftest import PYTHON, REPO, job_env, run_diagnose, torchrun
+
+
+def _lines_of(path, pattern):
+    return [i + 1 for i, line in enumerate(open(path).read().splitlines()) if re.search(pattern, line)]
+
+
+def test_traces_hold_steps_phases_collectives_with_callsites(ddp_run):
+    run = diagnose.load(ddp_run)
+    assert run.ranks == [0, 1]
+    events = run.events()
+    sample = str(REPO / "samples" / "ddp_mlp.py")
+    loss_all_reduce_line = _lines_of(sample, r"dist\.all_reduce\(loss_check\)")[0]
+    for rank in (0, 1):
+        mine = events[events["rank"] == rank]
+        kinds = set(mine["kind"].astype(str))
+        assert {"step", "forward", "backward", "optimizer", "data", "collective"} <= kinds
+        assert (mine["kind"] == "step").sum() == 12
+        ddp = mine[(mine["kind"] == "collective") & mine["detail"].astype(str).str.startswith("ddp bucket")]
+        assert len(ddp) >= 12, "one DDP bucket all-reduce per step at least"
+        own = mine[(mine["kind"] == "collective") & (mine["callsite"] == f"{sample}:{loss_all_reduce_line}")]
+        assert len(own) == 12, "the script's own loss all_reduce, at its line"
+        assert set(mine["step"]) >= set(range(12))
+    # every collective instance has both members, with consistent sequence numbers
+    arrivals = run.arrivals()
+    assert (arrivals["members"] == 2).all()
+
+
+def test_loss_is_bitwise_unchanged_by_diagnose(ddp_run, tmp_path):
+    wrapped = json.loads((ddp_run.parent / "result.json").read_text())
+    plain_result = tmp_path / "plain.json"
+    proc = subprocess.run(torchrun(2, "samples/ddp_mlp.py", "--steps", 12, "--result-json", plain_result),
+                          cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plain = json.loads(plain_result.read_text())
+    assert wrapped["loss"] == plain["loss"]
+    assert wrapped["param_sha256"] == plain["param_sha256"]
+
+
+def test_breakdown_parts_sum_to_step_time(ddp_run):
+    run = diagnose.load(ddp_run)
+    breakdown = run.breakdown()
+    parts = breakdown[[c for c in breakdown.columns if c.endswith("_ms") and c != "step_ms"]].sum(axis=1)
+    assert set(breakdown["rank"]) == {0, 1}
+    assert ((parts - breakdown["step_ms"]).abs() <= 0.02 * breakdown["step_ms"]).all()
+    assert (breakdown["forward_ms"] > 0).all() and (breakdown["backward_ms"] > 0).all()
+
+
+def test_analyze_writes_tables_and_findings_and_prints_breakdown(ddp_run):
+    proc = run_diagnose(["analyze", ddp_run])
+    assert "data_wait" in proc.stdout and "exposed_comm" in proc.stdout
+    findings = json.loads((ddp_run / "analysis" / "findings.json").read_text())
+    assert isinstance(findings, list)
+    for table in ("steps", "breakdown", "collectives", "arrivals"):
+        assert pq.read_table(ddp_run / "analysis" / f"{table}.parquet").num_rows > 0
+
+
+def test_chrome_export_has_one_process_per_rank(ddp_run, tmp_path):
+    out = tmp_path / "trace.json.gz"
+    run_diagnose(["export", ddp_run, "--format", "chrome", "--out", out])
+    trace = json.load(gzip.open(out, "rt"))["traceEvents"]
+    pids = {e["pid"] for e in trace if e["ph"] == "X"}
+    names = {e["name"] for e in trace if e["ph"] == "X"}
+    assert pids == {0, 1}
+    assert {"forward", "backward", "all_reduce", "optimizer", "step", "data_wait"} <= names
+
+
+def test_sigkilled_rank_leaves_readable_parts_up_to_one_second_before(tmp_path):
+    out, marker = tmp_path / "run", tmp_path / "killed_at"
+    proc = run_diagnose(["run", "--out", out, "--no-analyze", "--",
+                         *torchrun(2, "tests/scripts/kill_self.py", 40, marker)], check=False)
+    assert proc.returncode != 0
+    killed_at_ns = int(marker.read_text())
+    for rank_dir in sorted((out / "traces").iterdir()):
+        for part in rank_dir.glob("*.parquet"):
+            pq.read_table(part)  # every part on disk is whole
+    rank1 = out / "traces" / "rank-00001"
+    last_ns = max(pq.read_table(p).column("end_ns").to_pylist()[-1] for p in rank1.glob("events-*.parquet"))
+    assert last_ns >= killed_at_ns - 1_000_000_000
+
+
+def test_failing_collector_does_not_stop_the_job_and_is_recorded(tmp_path):
+    out = tmp_path / "run"
+    proc = run_diagnose(["run", "--out", out, "--no-analyze", "--",
+                         *torchrun(2, "samples/ddp_mlp.py", "--steps", 4)],
+                        env=job_env(DIAGNOSE_TEST_FAIL_COLLECTOR="host_sync"))
+    assert "final loss" in proc.stdout
+    meta = json.loads((out / "traces" / "rank-00000" / "meta.json").read_text())
+    assert [e["collector"] for e in meta["collector_errors"]] == ["host_sync"]
+    run = diagnose.load(out)
+    errors = run.events()[run.events()["kind"] == "error"]
+    assert set(errors["name"]) == {"host_sync"} and set(errors["rank"]) == {0, 1}
+    assert (run.events()["kind"] == "step").sum() == 8  # the job's own work was all recorded
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run"], "no command"),
+    (["run", "--bogus", "--", "true"], "unknown option"),
+    (["analyze", "--bogus", "x"], "no such option"),
+    (["analyze", "/nonexistent/run"], "does not exist"),
+    (["export", "README.md"], "not a directory"),
+    (["demo", "--scenario", "nope"], "unknown scenario"),
+])
+def test_misuse_is_one_line_and_exit_2(args, message):
+    proc = run_diagnose(args, check=False)
+    assert proc.returncode == 2, proc.stderr
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and message in lines[0].lower(), proc.stderr
+
+
+def test_out_dir_is_never_overwritten(tmp_path):
+    (tmp_path / "keep.txt").write_text("precious")
+    proc = run_diagnose(["run", "--out", tmp_path, "--", "true"], check=False)
+    assert proc.returncode == 2 and "not empty" in proc.stderr
+    assert (tmp_path / "keep.txt").read_text() == "precious"
+
+
+def test_bootstrap_chains_an_existing_sitecustomize(tmp_path):
+    other = tmp_path / "site"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import os\nos.environ['OTHER_SITE_RAN'] = '1'\n")
+    out = tmp_path / "run"
+    env = job_env(PYTHONPATH=str(other))
+    proc = run_diagnose(["run", "--out", out, "--no-analyze", "--", PYTHON, "-c",
+                         "import os; print('other', os.environ.get('OTHER_SITE_RAN'))"], env=env)
+    assert "other 1" in proc.stdout
