@@ -19,7 +19,7 @@ from collectors.recorder import get_recorder
 
 
 class phase:
-    __slots__ = ("name", "microbatch", "stage", "_t0", "_saved")
+    __slots__ = ("name", "microbatch", "stage", "_t0", "_step", "_saved")
 
     def __init__(self, name: str, microbatch: int | None = None, stage: int | None = None):
         self.name = name
@@ -39,6 +39,7 @@ class phase:
             st.stage = self.stage
         nvtx_ranges.push(self.name, "phase")
         self._t0 = now_ns()
+        self._step = st.step  # a phase around optimizer.step() belongs to the step it ends
         if st.step_start_ns is None:
             st.step_start_ns = self._t0
         return self
@@ -50,7 +51,7 @@ class phase:
         nvtx_ranges.pop()
         rec = get_recorder()
         st = rec.state
-        rec.add(("phase", self.name, self._t0, t1, st.step, st.microbatch, st.stage, "", "", -1,
+        rec.add(("phase", self.name, self._t0, t1, self._step, st.microbatch, st.stage, "", "", -1,
                  -1, 0, False, "", ""))
         st.microbatch, st.stage = self._saved
         return False

@@ -53,6 +53,7 @@ class Recorder:
         self._writer = PartWriter(rank_dir) if rank_dir else None
         self._flush_lock = threading.Lock()  # serialises writers, never taken on the hot path
         self._stop = threading.Event()
+        self._step_done = threading.Event()  # set by the step hook: publish progress now
         self._thread = None
 
     @property
@@ -111,7 +112,17 @@ class Recorder:
     def _run(self) -> None:
         dump_request = os.path.join(os.path.dirname(os.path.dirname(self.rank_dir)), DUMP_REQUEST)
         dumped = False
-        while not self._stop.wait(self.flush_interval_s):
+        next_flush = time.monotonic() + self.flush_interval_s
+        while not self._stop.is_set():
+            self._step_done.wait(max(next_flush - time.monotonic(), 0))
+            if self._step_done.is_set():
+                # a step ended: progress.json (tiny) now, so the launcher and a
+                # crash report see every step; events keep their own cadence
+                self._step_done.clear()
+                self.write_progress()
+            if time.monotonic() < next_flush:
+                continue
+            next_flush = time.monotonic() + self.flush_interval_s
             self.flush()
             if not dumped and os.path.exists(dump_request):
                 # The launcher saw no progress: say where every thread is. This
@@ -143,11 +154,22 @@ class Recorder:
             try:
                 self._writer.write_events(events)
                 self._writer.write_samples(samples)
-                self._writer.write_json("progress.json", {
-                    **self.progress, "wall_ns": time.time_ns(), "dropped": self.dropped,
-                    "errors": len(self.errors)})
             except Exception as exc:  # a full disk must not kill the job
                 self.record_error("writer", exc)
+        self.write_progress()
+
+    def notify_step(self) -> None:
+        self._step_done.set()
+
+    def write_progress(self) -> None:
+        if self._writer is None:
+            return
+        try:
+            self._writer.write_json("progress.json", {
+                **self.progress, "wall_ns": time.time_ns(), "dropped": self.dropped,
+                "errors": len(self.errors)})
+        except Exception as exc:
+            self.record_error("writer", exc)
 
     def write_meta(self) -> None:
         if self._writer is None:
@@ -163,6 +185,7 @@ class Recorder:
         if self._writer is None:
             return
         self._stop.set()
+        self._step_done.set()
         self.flush()
         self.meta["end_wall_ns"] = time.time_ns()
         self.meta["exit"] = exit_status

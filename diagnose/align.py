@@ -4,15 +4,18 @@
    error bound) are used as they are; a rank without one falls back to its
    wall-clock anchor (NTP-grade: milliseconds across hosts).
 2. Refinement: members of one synchronous collective return nearly together,
-   so each rank's median lead over the other members' median return time is
-   residual clock error. It is applied only where it exceeds the rank's own
-   error bound and 0.2 ms, so gloo's small systematic exit-order differences do
-   not move a well-measured clock.
+   so each rank's median lead over the instance's median return time is
+   residual clock error. Its precision is the standard error of that median
+   (from the spread of the leads: on a loaded host a process can be scheduled
+   milliseconds after its data arrived), never better than 0.2 ms. Whichever
+   estimate is tighter wins: a rank whose measured error bound is smaller keeps
+   its measured offset; otherwise a residual above the precision is applied.
 """
 import numpy as np
 import pandas as pd
 
-MIN_CORRECTION_NS = 200_000
+COLLECTIVE_PRECISION_NS = 200_000
+WALL_CLOCK_ERROR_NS = 10_000_000  # NTP across hosts: milliseconds
 
 
 def measured_offsets(rank_meta: dict) -> tuple[dict, dict]:
@@ -30,7 +33,7 @@ def measured_offsets(rank_meta: dict) -> tuple[dict, dict]:
             ref_clock = anchors[ref]
             offsets[rank] = int((clock["mono_anchor_ns"] - clock["wall_anchor_ns"])
                                 - (ref_clock["mono_anchor_ns"] - ref_clock["wall_anchor_ns"]))
-            errors[rank] = 0  # unknown (NTP: ms): let collective refinement correct it
+            errors[rank] = WALL_CLOCK_ERROR_NS
         except (KeyError, TypeError):
             offsets[rank], errors[rank] = 0, 10**12
     return offsets, errors
@@ -53,11 +56,15 @@ def refine_offsets(events: pd.DataFrame, errors: dict) -> dict:
     for _ in range(3):
         shifted = sync["end_ns"] - sync["rank"].map(corrections).fillna(0)
         lead = shifted - shifted.groupby(instance, observed=True).transform("median")
-        residual = lead.groupby(sync["rank"]).median()
+        by_rank = lead.groupby(sync["rank"])
+        residual = by_rank.median()
+        spread = by_rank.apply(lambda x: 1.4826 * np.median(np.abs(x - np.median(x))))
+        precision = np.maximum(1.25 * spread / np.sqrt(by_rank.size()), COLLECTIVE_PRECISION_NS)
         residual = residual - residual.get(reference_rank, 0.0)
         changed = False
         for rank, value in residual.items():
-            if np.isfinite(value) and abs(value) > max(2 * errors.get(rank, 0), MIN_CORRECTION_NS):
+            tighter = errors.get(rank, WALL_CLOCK_ERROR_NS) > precision[rank]
+            if tighter and np.isfinite(value) and abs(value) > precision[rank]:
                 corrections[rank] = corrections.get(rank, 0) + int(value)
                 changed = True
         if not changed:

@@ -2,11 +2,14 @@
 
 Every instant of a step is given to the highest-priority category active then:
 
-    data_wait > exposed_comm > host_sync > optimizer > backward > forward > other
+    data_wait > exposed_comm > pipeline_wait > host_sync > optimizer > backward > forward > other
 
 so a blocking all-reduce inside forward (tensor parallel) counts as exposed
 communication, not forward, and whatever no range covers is "other" (Python
-glue, logging, the user's own code). Communication that runs in the background
+glue, logging, the user's own code). pipeline_wait is time blocked in
+point-to-point sends/receives: in a pipeline that is mostly waiting for the
+neighbouring stage (the bubble), not the cost of moving bytes, so it is kept
+apart from collective communication. Communication that runs in the background
 and is hidden behind compute does not appear; exposed_comm is the time the
 training thread is blocked in communication: blocking calls, Work.wait, and
 DDP's tail (from the last bucket's issue to the end of backward, while the
@@ -15,11 +18,12 @@ reducer waits for buckets still in flight).
 import numpy as np
 import pandas as pd
 
-CATEGORIES = ("data_wait", "exposed_comm", "host_sync", "optimizer", "backward", "forward")
+CATEGORIES = ("data_wait", "exposed_comm", "pipeline_wait", "host_sync", "optimizer", "backward",
+              "forward")
 PART_COLUMNS = tuple(f"{c}_ms" for c in CATEGORIES) + ("other_ms",)
 _PHASE_CATEGORY = {"forward": "forward", "backward": "backward", "optimizer": "optimizer",
-                   "data": "data_wait", "data_wait": "data_wait", "send": "exposed_comm",
-                   "recv": "exposed_comm", "p2p": "exposed_comm", "grad_sync": "exposed_comm"}
+                   "data": "data_wait", "data_wait": "data_wait", "send": "pipeline_wait",
+                   "recv": "pipeline_wait", "p2p": "pipeline_wait", "grad_sync": "exposed_comm"}
 _KIND_CATEGORY = {"data": "data_wait", "wait": "exposed_comm", "sync": "host_sync",
                   "optimizer": "optimizer", "backward": "backward", "forward": "forward"}
 
@@ -29,8 +33,10 @@ def categorize(events: pd.DataFrame) -> pd.Series:
     category = kind.map(_KIND_CATEGORY)
     is_phase = kind == "phase"
     category[is_phase] = events.loc[is_phase, "name"].astype(str).map(_PHASE_CATEGORY)
-    blocking_call = kind.isin(["collective", "p2p"]) & ~events["detail"].astype(str).str.startswith("ddp")
+    blocking_call = (kind == "collective") & ~events["detail"].astype(str).str.startswith("ddp")
     category[blocking_call] = "exposed_comm"
+    is_p2p = (kind == "p2p") | ((kind == "wait") & events["group"].astype(str).str.contains("->", regex=False))
+    category[is_p2p] = "pipeline_wait"
     return category
 
 

@@ -13,4 +13,4 @@ def demo_command(scenario: str) -> list:
         raise UserError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
     spec = SCENARIOS[scenario]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", str(spec["nproc"]), "-m", "reference_trainer", *spec["argv"]]
+            "--nproc-per-node", str(spec.nproc), "-m", "reference_trainer", *spec.argv]

@@ -27,7 +27,7 @@ class Finding:
     title: str
     recommendation: str
     impact_ms_per_step: float = 0.0
-    severity: str = "info"
+    severity: str | None = None  # None: derived from impact by with_severity
     ranks: list = field(default_factory=list)
     stage: int | None = None
     callsite: str | None = None
@@ -52,12 +52,15 @@ def _number(value):
 
 def with_severity(finding: Finding, step_ms: float) -> Finding:
     """Set severity from impact unless the detector fixed it (hang, crash)."""
-    if finding.severity == "info" and step_ms > 0:
-        finding.severity = severity_for(finding.impact_ms_per_step / step_ms)
+    if finding.severity is None:
+        finding.severity = severity_for(finding.impact_ms_per_step / step_ms) if step_ms > 0 else "info"
     finding.metrics.setdefault("impact_ms_per_step", finding.impact_ms_per_step)
     return finding
 
 
 def sort_findings(findings: list[dict]) -> list[dict]:
+    """By severity, then by impact; a job that did not finish (hang, rank_failure)
+    leads, since nothing else matters until it does."""
     return sorted(findings, key=lambda f: (SEVERITY_ORDER.get(f["severity"], 3),
+                                           f["kind"] not in ("hang", "rank_failure"),
                                            -f.get("impact_ms_per_step", 0.0)))

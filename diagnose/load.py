@@ -5,6 +5,7 @@ Times in every table are ns since the run's first event, on rank 0's clock
 first use and cached.
 """
 import functools
+import glob
 import json
 import os
 import sys
@@ -144,6 +145,48 @@ class Run:
     def steady_steps(self) -> list[int]:
         from diagnose.tables import steady_state_steps
         return steady_state_steps(self.steps())
+
+    @functools.cached_property
+    def progress(self) -> dict[int, dict]:
+        """rank -> its last progress.json (steps done, recent step times)."""
+        from diagnose.monitor import read_progress
+        return {r: p for r, p in read_progress(self.root).items() if r in self.rank_dirs}
+
+    @functools.cached_property
+    def watchdog_dumps(self) -> dict[int, dict]:
+        """rank -> the hang dump its writer thread left (in-flight collectives, stacks)."""
+        dumps = {}
+        for rank, rank_dir in self.rank_dirs.items():
+            for path in sorted(glob.glob(os.path.join(glob.escape(rank_dir), "watchdog-*.json"))):
+                try:
+                    with open(path, encoding="utf-8") as f:
+                        dump = json.load(f)
+                    if isinstance(dump, dict):
+                        dumps[rank] = dump
+                except (OSError, ValueError, UnicodeDecodeError):
+                    self.warn(f"{path}: unreadable watchdog dump; skipped")
+        return dumps
+
+    # GPU tables (imported Kineto / Nsight traces): definitions in diagnose/gpu_tables.py
+    @functools.lru_cache(maxsize=None)
+    def kernels(self) -> pd.DataFrame:
+        from diagnose.gpu_tables import kernels_table
+        return kernels_table(self._events)
+
+    @functools.lru_cache(maxsize=None)
+    def temporal_breakdown(self) -> pd.DataFrame:
+        from diagnose.gpu_tables import temporal_breakdown
+        return temporal_breakdown(self.kernels(), self.steps())
+
+    @functools.lru_cache(maxsize=None)
+    def comm_comp_overlap(self) -> pd.DataFrame:
+        from diagnose.gpu_tables import comm_comp_overlap
+        return comm_comp_overlap(self.kernels(), self.steps())
+
+    @functools.lru_cache(maxsize=None)
+    def input_wait(self) -> pd.DataFrame:
+        from diagnose.gpu_tables import input_wait
+        return input_wait(self.breakdown(), self.steps(), self._events, self.kernels())
 
     @property
     def findings(self) -> list[dict]:

@@ -52,3 +52,61 @@ class ProgressLine:
     def close(self) -> None:
         if self.tty and self.last_text:
             self.stream.write("\n")
+
+
+class RankLiveness:
+    """When each local rank's process died, polled every 20 ms in a thread. The
+    first rank to die is the one that failed; torchrun (which polls its workers
+    every 0.1 s) takes the others down after it. A killed rank stays a zombie
+    until torchrun reaps it, so death is read from /proc state, not kill(pid, 0)."""
+
+    POLL_S = 0.02
+
+    def __init__(self, run_dir: str):
+        import socket
+        import threading
+        self.run_dir = run_dir
+        self.host = socket.gethostname()
+        self.pids: dict[int, int] = {}
+        self.exited_wall_ns: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="diagnose-liveness", daemon=True)
+        self._thread.start()
+
+    def _discover(self) -> None:
+        for rank_dir in rundir.rank_dirs(self.run_dir):
+            try:
+                rank = int(os.path.basename(rank_dir).split("-", 1)[1])
+                if rank in self.pids:
+                    continue
+                with open(os.path.join(rank_dir, "meta.json"), encoding="utf-8") as f:
+                    meta = json.load(f)
+                if meta.get("host") == self.host and isinstance(meta.get("pid"), int):
+                    self.pids[rank] = meta["pid"]
+            except (OSError, ValueError, IndexError):
+                continue
+
+    @staticmethod
+    def _alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+            return state not in (b"Z", b"X")
+        except (OSError, IndexError):
+            return False
+
+    def _run(self) -> None:
+        ticks = 0
+        while not self._stop.wait(self.POLL_S):
+            if ticks % 25 == 0:
+                self._discover()
+            ticks += 1
+            for rank, pid in list(self.pids.items()):
+                if rank not in self.exited_wall_ns and not self._alive(pid):
+                    self.exited_wall_ns[rank] = time.time_ns()
+
+    def close(self) -> dict:
+        self._stop.set()
+        self._thread.join(timeout=1)
+        order = sorted(self.exited_wall_ns, key=self.exited_wall_ns.get)
+        return {"exit_order": order, "exited_wall_ns": {str(r): t for r, t in self.exited_wall_ns.items()}}

@@ -54,6 +54,7 @@ def install(rec):
                 if len(recent) > RECENT_STEPS:
                     del recent[0]
                 st.data_wait_ns = 0
+                rec.notify_step()
                 st.step += 1
                 prog["step"] = st.step
                 st.step_start_ns = t

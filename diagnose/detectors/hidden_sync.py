@@ -1,0 +1,86 @@
+"""hidden_sync: host-blocking points inside the step that are not part of the
+parallel pattern.
+
+Signal: (a) small collectives or barriers (<= 1 MiB) issued from user code,
+outside any forward/backward (so not tensor-parallel traffic) and not by DDP,
+repeated >= 2 times per step from one callsite: a logging all-reduce or a
+`.item()`-driven check inside the micro-batch loop; each one makes every rank
+wait for the slowest, every micro-batch. (b) device syncs (.item/.cpu/.tolist/
+.numpy on CUDA tensors, torch.cuda.synchronize) inside forward/backward.
+Impact: the time those calls block per step (median rank). Threshold: >= 3% of
+the step for a warning (severity from impact).
+"""
+import numpy as np
+
+from diagnose.findings import Finding
+
+SMALL_BYTES = 1 << 20
+MIN_PER_STEP = 2
+
+
+def _inside(times, starts, ends) -> np.ndarray:
+    idx = np.searchsorted(starts, times, side="right") - 1
+    ok = idx >= 0
+    return ok & (times <= ends[np.clip(idx, 0, None)])
+
+
+def _compute_windows(events):
+    spans = events[events["kind"].isin(["forward", "backward"])]
+    windows = {}
+    for rank, frame in spans.groupby("rank", observed=True):
+        frame = frame.sort_values("start_ns")
+        windows[rank] = (frame["start_ns"].to_numpy(), frame["end_ns"].to_numpy())
+    return windows
+
+
+def candidates(ctx):
+    events = ctx.run.events()
+    events = events[events["step"].isin(ctx.steady)]
+    kind = events["kind"].astype(str)
+    calls = events[(kind == "collective") & (events["bytes"] <= SMALL_BYTES)
+                   & (events["callsite"].astype(str) != "")
+                   & ~events["detail"].astype(str).str.startswith("ddp")]
+    syncs = events[(kind == "sync") & (events["detail"].astype(str) == "cuda")]
+    windows = _compute_windows(events)
+    keep_calls, keep_syncs = [], []
+    for rank, frame in calls.groupby("rank", observed=True):
+        starts, ends = windows.get(rank, (np.empty(0), np.empty(0)))
+        keep_calls.append(frame[~_inside(frame["start_ns"].to_numpy(), starts, ends)])
+    for rank, frame in syncs.groupby("rank", observed=True):
+        starts, ends = windows.get(rank, (np.empty(0), np.empty(0)))
+        keep_syncs.append(frame[_inside(frame["start_ns"].to_numpy(), starts, ends)])
+    import pandas as pd
+    found = pd.concat(keep_calls + keep_syncs) if keep_calls or keep_syncs else events.iloc[0:0]
+    found = found.assign(dur_ms=(found["end_ns"] - found["start_ns"]) / 1e6,
+                         callsite=found["callsite"].astype(str), name=found["name"].astype(str))
+    return found
+
+
+def detect(ctx):
+    found = candidates(ctx)
+    if found.empty or not ctx.steady:
+        return []
+    findings = []
+    n_steps = len(ctx.steady)
+    for callsite, at_site in found.groupby("callsite"):
+        per_rank_step = at_site.groupby(["rank", "step"]).agg(count=("dur_ms", "size"), ms=("dur_ms", "sum"))
+        count_per_step = float(per_rank_step["count"].median())
+        if count_per_step < MIN_PER_STEP:
+            continue
+        per_rank_ms = per_rank_step.groupby("rank")["ms"].sum() / n_steps
+        impact_ms = float(per_rank_ms.median())
+        op = at_site["name"].mode().iloc[0]
+        is_sync = (at_site["kind"].astype(str) == "sync").all()
+        where = ctx.relpath(callsite)
+        what = (f"a device sync ({op}) inside forward/backward" if is_sync
+                else f"calls {op} on a {int(at_site['bytes'].median())}-byte tensor")
+        findings.append(Finding(
+            kind="hidden_sync", callsite=where, ranks=sorted(int(r) for r in per_rank_ms.index),
+            impact_ms_per_step=impact_ms,
+            title=(f"{where} {what} {count_per_step:.0f}x per step: a hidden synchronization "
+                   f"costing {impact_ms:.1f} ms/step"),
+            recommendation=("Accumulate the value on the device and reduce/print it once per step "
+                            "(or every N steps), outside the micro-batch loop; avoid .item() in the loop."),
+            metrics={"calls_per_step": count_per_step, "blocking_ms_per_step": impact_ms,
+                     "bytes": float(at_site["bytes"].median())}))
+    return findings

@@ -1,0 +1,122 @@
+"""straggler: the rank whose late arrival at collectives makes the others wait.
+
+Signal: every collective instance is matched across its members; the last to
+arrive caused the others' waits (last arrival - own arrival). Per rank we sum
+the waiting it caused per steady step (the typical other member's wait, per
+instance it was last at). Only groups whose members run the same pipeline stage
+are used: across stages, arriving last is the schedule, not a straggler.
+
+Threshold: the top rank must cause >= 3x the median of what the other ranks
+cause plus 0.5 ms per step (jitter makes everyone last sometimes), be the top
+waiter-maker in >= 50% of steady steps ("persistent"; 20-50% "intermittent"),
+its busy time (step minus time blocked waiting on others) must be >= 1.1x the
+median rank's, and it must cost >= 3% of the step to be a warning (severity
+from impact). Evidence: busy and compute (forward+backward+optimizer) ratios to
+the median rank, and which part of its step is slow.
+"""
+import numpy as np
+
+from diagnose.detectors.common import rank_stages, steady
+from diagnose.findings import Finding
+
+CAUSED_RATIO = 3.0
+FLOOR_MS = 0.5
+PERSISTENT_FRAC = 0.5
+INTERMITTENT_FRAC = 0.2
+BUSY_RATIO = 1.1
+
+
+def _same_stage_groups(arrivals, stages):
+    if not stages:
+        return arrivals
+    member_stage = arrivals["rank"].map(stages)
+    n_stages = member_stage.groupby(arrivals["group"]).nunique(dropna=False)
+    return arrivals[arrivals["group"].isin(n_stages[n_stages <= 1].index)]
+
+
+def _union_ms(starts, ends) -> float:
+    order = np.argsort(starts)
+    total, cur_start, cur_end = 0, None, None
+    for s, e in zip(np.asarray(starts)[order], np.asarray(ends)[order]):
+        if cur_end is None or s > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = s, e
+        else:
+            cur_end = max(cur_end, e)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total / 1e6
+
+
+def waiting_caused(ctx):
+    """(rank x steady step) -> ms the other members spent waiting for this rank.
+
+    Waits of overlapping async collectives (DDP buckets) overlap in time, so a
+    member's waiting is the union of its [own arrival, last arrival] intervals,
+    not their sum; the typical (median) member's union is what the rank caused.
+    """
+    arrivals = ctx.run.arrivals()
+    if arrivals.empty:
+        return None
+    arrivals = steady(arrivals[arrivals["kind"] == "collective"], ctx.steady)
+    arrivals = arrivals[arrivals["members"] == arrivals["expected_members"]]
+    arrivals = _same_stage_groups(arrivals, rank_stages(ctx.run.events()))
+    others = arrivals[(arrivals["rank"] != arrivals["last_rank"]) & (arrivals["wait_ms"] > 0)]
+    if others.empty:
+        return None
+    per_member = others.groupby(["last_rank", "step", "rank"]).apply(
+        lambda g: _union_ms(g["arrival_ns"].to_numpy(), g["last_arrival_ns"].to_numpy()),
+        include_groups=False)
+    caused = per_member.groupby(["last_rank", "step"]).median()
+    caused = caused.unstack("step").reindex(columns=ctx.steady).fillna(0.0)
+    return caused.reindex(sorted(arrivals["rank"].unique())).fillna(0.0)
+
+
+def detect(ctx):
+    caused = waiting_caused(ctx)
+    if caused is None or caused.empty or len(caused) < 2:
+        return []
+    per_rank_ms = caused.mean(axis=1)
+    top = int(per_rank_ms.idxmax())
+    others_ms = per_rank_ms.drop(top)
+    baseline_ms = float(others_ms.median())
+    top_ms = float(per_rank_ms[top])
+    if top_ms < CAUSED_RATIO * baseline_ms + FLOOR_MS:
+        return []
+    top_in_steps = float((caused.idxmax(axis=0) == top).mean())
+    if top_in_steps < INTERMITTENT_FRAC:
+        return []
+    persistent = top_in_steps >= PERSISTENT_FRAC
+    breakdown = ctx.breakdown.groupby("rank").median(numeric_only=True)
+    stages = rank_stages(ctx.run.events())
+    if stages:  # compare with ranks doing the same work: the same pipeline stage
+        breakdown = breakdown[breakdown.index.map(lambda r: stages.get(r) == stages.get(top))]
+    if top not in breakdown.index or len(breakdown) < 2:
+        return []
+    waiting = breakdown["exposed_comm_ms"] + breakdown["pipeline_wait_ms"]
+    busy = breakdown["step_ms"] - waiting
+    busy_ratio = float(busy[top] / busy.drop(top).median())
+    if busy_ratio < BUSY_RATIO:
+        return []
+    compute = breakdown["forward_ms"] + breakdown["backward_ms"] + breakdown["optimizer_ms"]
+    compute_ratio = float(compute[top] / compute.drop(top).median())
+    parts = ["data_wait_ms", "forward_ms", "backward_ms", "optimizer_ms", "host_sync_ms", "other_ms"]
+    excess = {p: float(breakdown.loc[top, p] - breakdown[p].drop(top).median()) for p in parts}
+    slow_part = max(excess, key=excess.get)
+    impact_ms = top_ms - baseline_ms
+    where = slow_part.removesuffix("_ms").replace("_", " ")
+    title = (f"rank {top} is a {'persistent' if persistent else 'intermittent'} straggler: it works "
+             f"{busy_ratio:.2f}x as long per step as the median rank (most in {where}, "
+             f"+{excess[slow_part]:.1f} ms); the others wait {top_ms:.1f} ms/step for it in collectives")
+    advice = {"data wait": "its input pipeline is slower: check its data shard, disk and loader workers",
+              "other": "it spends more time outside the recorded phases: check for extra work "
+                       "(logging, checkpointing, Python overhead) on that rank"}.get(
+        where, "check that rank's host and device (thermal throttling, a noisy neighbour, "
+               "a slower GPU or CPU affinity) or rebalance its work")
+    return [Finding(
+        kind="straggler", title=title, ranks=[top], impact_ms_per_step=impact_ms,
+        recommendation=f"Rank {top} is slowest in {where}: {advice}.",
+        metrics={"waiting_caused_ms_per_step": top_ms, "others_caused_median_ms": baseline_ms,
+                 "compute_ratio_x": compute_ratio, "busy_ratio_x": busy_ratio, "last_in_steps_frac": top_in_steps,
+                 "persistent": float(persistent)})]

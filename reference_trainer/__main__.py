@@ -1,0 +1,4 @@
+from reference_trainer.train import main
+
+if __name__ == "__main__":
+    main()

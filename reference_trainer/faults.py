@@ -1,0 +1,130 @@
+"""Injected faults: the problems `diagnose` must find, produced with ordinary
+training-code mistakes and accidents so they show up in a trace the way the
+real ones do (longer phases, extra collectives, a missing rank).
+
+    straggler:rank=R,factor=F      rank R's forward/backward take F times as long
+    slow_stage:stage=S,factor=F    every rank of pipeline stage S computes F times slower
+    slow_input:ms=M                each sample takes M ms to load (Dataset.__getitem__)
+    hidden_sync:every=microbatch   loss all_reduce + .item() inside the micro-batch loop
+    blocking_p2p                   pipeline sends/receives issued one at a time and waited at once
+    hang:rank=R,step=K             rank R stops for good right before its first collective of step K
+    crash:rank=R,step=K            rank R SIGKILLs itself at the same point
+    comm_bound[:mb=N,repeat=K]     K extra N-MB all-reduces per step make communication dominate
+"""
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+# name -> {key: (type, default)}; a default of None means the key is required
+_SCHEMA: dict[str, dict[str, tuple]] = {
+    "straggler": {"rank": (int, None), "factor": (float, 2.0)},
+    "slow_stage": {"stage": (int, None), "factor": (float, 2.0)},
+    "slow_input": {"ms": (float, None)},
+    "hidden_sync": {"every": (str, "microbatch")},
+    "blocking_p2p": {},
+    "hang": {"rank": (int, None), "step": (int, None)},
+    "crash": {"rank": (int, None), "step": (int, None)},
+    "comm_bound": {"mb": (float, 32.0), "repeat": (int, 1)},
+}
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    name: str
+    params: dict = field(default_factory=dict)
+
+
+def parse_fault(text: str) -> FaultSpec:
+    name, _, rest = text.partition(":")
+    name = name.strip()
+    if name not in _SCHEMA:
+        raise ValueError(f"unknown fault {name!r}; known: {', '.join(_SCHEMA)}")
+    schema, given = _SCHEMA[name], {}
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or key not in schema:
+            raise ValueError(f"fault {name}: bad parameter {item!r}; expected {list(schema) or 'none'}")
+        given[key] = schema[key][0](value)
+    params = {}
+    for key, (_, default) in schema.items():
+        if key not in given and default is None:
+            raise ValueError(f"fault {name} needs {key}=...")
+        params[key] = given.get(key, default)
+    if name == "hidden_sync" and params["every"] != "microbatch":
+        raise ValueError("hidden_sync supports every=microbatch only")
+    return FaultSpec(name, params)
+
+
+class Faults:
+    """What the faults of this run mean for this rank."""
+
+    def __init__(self, specs: list[FaultSpec], rank: int, stage: int, device: torch.device):
+        self.rank, self.device = rank, device
+        self.step = -1
+        self.compute_factor = 1.0
+        self.slow_input_ms = 0.0
+        self.hidden_sync_every_microbatch = False
+        self.blocking_p2p = False
+        self.stop: tuple[str, int] | None = None  # ("hang" | "crash", step) for this rank
+        self.extra_allreduce_numel = 0
+        self.extra_allreduce_repeat = 0
+        self._extra_buf = None
+        for f in specs:
+            p = f.params
+            if f.name == "straggler" and p["rank"] == rank:
+                self.compute_factor *= p["factor"]
+            elif f.name == "slow_stage" and p["stage"] == stage:
+                self.compute_factor *= p["factor"]
+            elif f.name == "slow_input":
+                self.slow_input_ms += p["ms"]
+            elif f.name == "hidden_sync":
+                self.hidden_sync_every_microbatch = True
+            elif f.name == "blocking_p2p":
+                self.blocking_p2p = True
+            elif f.name in ("hang", "crash") and p["rank"] == rank:
+                self.stop = (f.name, p["step"])
+            elif f.name == "comm_bound":
+                self.extra_allreduce_numel = int(p["mb"] * 2**20 / 4)
+                self.extra_allreduce_repeat = p["repeat"]
+
+    def slow_down(self, compute_s: float) -> None:
+        """Called inside a forward/backward phase with its measured compute time, so the
+        phase itself grows F-fold, as it would on a slower GPU or a throttled host."""
+        if self.compute_factor > 1.0:
+            time.sleep((self.compute_factor - 1.0) * compute_s)
+
+    def after_microbatch(self, loss_or_activation: torch.Tensor, group) -> None:
+        """The classic logging mistake: reduce the micro-batch loss and read it on the host,
+        which synchronises every rank (and the GPU) once per micro-batch."""
+        if not self.hidden_sync_every_microbatch:
+            return
+        value = loss_or_activation.detach().float().mean().reshape(1)
+        dist.all_reduce(value, group=group)
+        value.item()
+
+    def before_collective(self) -> None:
+        """Right before this rank's first gradient collective of a step (or at the step's
+        start when it has none): the others are left waiting inside that collective."""
+        if self.stop is None or self.stop[1] != self.step:
+            return
+        kind = self.stop[0]
+        print(f"[reference_trainer] fault {kind}: rank {self.rank} at step {self.step}",
+              file=sys.stderr, flush=True)
+        if kind == "crash":
+            os.kill(os.getpid(), signal.SIGKILL)
+        while True:  # hang: alive but never reaches the collective
+            time.sleep(3600)
+
+    def extra_comm(self, group) -> None:
+        """comm_bound: gradient traffic far larger than the compute it follows."""
+        if not self.extra_allreduce_repeat:
+            return
+        if self._extra_buf is None:
+            self._extra_buf = torch.zeros(self.extra_allreduce_numel, device=self.device)
+        for _ in range(self.extra_allreduce_repeat):
+            dist.all_reduce(self._extra_buf, group=group)

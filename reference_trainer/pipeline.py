@@ -1,0 +1,134 @@
+"""Pipeline schedules, written as the papers' pseudo-code over a StageRunner
+(one micro-batch forward or backward on this stage) and PipelineP2P.
+
+AFAB (GPipe): all m forwards, then all m backwards; stage 0 keeps the
+activations of all m micro-batches alive. 1F1B (PipeDream-Flush): stage s runs
+pp-s-1 warm-up forwards, then alternates one forward with one backward, so at
+most pp micro-batches are alive on stage 0 and the bubble is the same.
+Both run backwards in micro-batch order, so gradients accumulate in the same
+order and the two schedules give bitwise-equal updates.
+"""
+import contextlib
+import time
+
+import torch
+
+from reference_trainer._phase import phase
+from reference_trainer.p2p import PipelineP2P
+
+
+class StageRunner:
+    """Forward and backward of one micro-batch on this stage, with its phases and faults."""
+
+    def __init__(self, model, *, stage: int, first: bool, last: bool, microbatches: int, buckets,
+                 faults, dp_group, autocast_dtype: torch.dtype | None, device: torch.device):
+        self.model, self.stage, self.first, self.last = model, stage, first, last
+        self.microbatches = microbatches
+        self.buckets, self.faults, self.dp_group = buckets, faults, dp_group
+        self.autocast_dtype, self.device = autocast_dtype, device
+        self.batches: list = []
+        self.loss_sum = torch.zeros((), device=device)
+        self.max_inflight = 0
+        self.compute_s = 0.0  # forward + backward wall time this step, for per-rank stats
+
+    def start_step(self, batches: list) -> None:
+        self.batches = batches
+        self.loss_sum = torch.zeros((), device=self.device)
+        self.max_inflight = 0
+        self.compute_s = 0.0
+
+    def note_inflight(self, n_alive: int) -> None:
+        self.max_inflight = max(self.max_inflight, n_alive)
+
+    def _sync_device(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # only to time the compute a straggler scales
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def forward(self, x: torch.Tensor | None, mb: int) -> torch.Tensor:
+        with phase("forward", microbatch=mb, stage=self.stage):
+            t0 = time.perf_counter()
+            tokens, targets = self.batches[mb] if self.batches else (None, None)
+            with self._autocast():
+                y = self.model(tokens if self.first else x, targets if self.last else None)
+            if self.last:
+                self.loss_sum += y.detach()
+                # grads accumulate over micro-batches: scale so they sum to the batch mean
+                y = y / self.microbatches
+            if self.faults.compute_factor > 1.0:
+                self._sync_device()
+                self.faults.slow_down(time.perf_counter() - t0)
+            self.compute_s += time.perf_counter() - t0
+            self.faults.after_microbatch(y, self.dp_group)
+        return y
+
+    def backward(self, x: torch.Tensor | None, y: torch.Tensor, dy: torch.Tensor | None,
+                 mb: int) -> torch.Tensor | None:
+        # the data-parallel all-reduce is launched from grad hooks during the last backward
+        self.buckets.sync_enabled = mb == self.microbatches - 1
+        with phase("backward", microbatch=mb, stage=self.stage):
+            t0 = time.perf_counter()
+            torch.autograd.backward(y, grad_tensors=None if self.last else dy)
+            if self.faults.compute_factor > 1.0:
+                self._sync_device()
+                self.faults.slow_down(time.perf_counter() - t0)
+            self.compute_s += time.perf_counter() - t0
+        return None if x is None else x.grad
+
+
+def afab(run: StageRunner, p2p: PipelineP2P, m: int) -> None:
+    inputs, outputs = [], []
+    for i in range(m):
+        x = p2p.recv_forward(i)
+        y = run.forward(x, i)
+        p2p.send_forward(y, i)
+        inputs.append(x)
+        outputs.append(y)
+        run.note_inflight(len(outputs))
+    for i in range(m):
+        dy = p2p.recv_backward(i)
+        dx = run.backward(inputs.pop(0), outputs.pop(0), dy, i)
+        p2p.send_backward(dx, i)
+    p2p.wait_sends()
+
+
+def one_f_one_b(run: StageRunner, p2p: PipelineP2P, m: int, pp: int, stage: int) -> None:
+    warmup = min(pp - stage - 1, m)
+    steady = m - warmup
+    inputs, outputs = [], []
+    for i in range(warmup):
+        x = p2p.recv_forward(i)
+        y = run.forward(x, i)
+        p2p.send_forward(y, i)
+        inputs.append(x)
+        outputs.append(y)
+        run.note_inflight(len(outputs))
+    x = p2p.recv_forward(warmup) if steady > 0 else None
+    for i in range(steady):
+        fwd_mb = warmup + i
+        y = run.forward(x, fwd_mb)
+        inputs.append(x)
+        outputs.append(y)
+        run.note_inflight(len(outputs))
+        dy = p2p.send_forward_recv_backward(y, fwd_mb)
+        dx = run.backward(inputs.pop(0), outputs.pop(0), dy, i)
+        if i == steady - 1:
+            p2p.send_backward(dx, i)
+        else:
+            x = p2p.send_backward_recv_forward(dx, i)
+    for i in range(steady, m):
+        dy = p2p.recv_backward(i)
+        dx = run.backward(inputs.pop(0), outputs.pop(0), dy, i)
+        p2p.send_backward(dx, i)
+    p2p.wait_sends()
+
+
+def run_schedule(name: str, run: StageRunner, p2p: PipelineP2P, m: int, pp: int, stage: int) -> None:
+    if name == "afab":
+        afab(run, p2p, m)
+    else:
+        one_f_one_b(run, p2p, m, pp, stage)

@@ -1,0 +1,61 @@
+"""The `diagnose demo` scenarios: a launch of the reference trainer per problem,
+with the finding the analyzer is expected to report.
+
+Layouts use 4 ranks (a 2-core CPU machine runs them in seconds); each run is long
+enough that the first WARMUP_STEPS steps can be dropped. `argv` is the trainer's
+own command line (after `torchrun ... -m reference_trainer`).
+"""
+from dataclasses import dataclass
+
+WARMUP_STEPS = 2
+_MODEL = ["--d-model", "64", "--heads", "4", "--seq-len", "64", "--micro-batch-size", "2",
+          "--layers", "8"]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    nproc: int
+    argv: list[str]
+    expected_kind: str | None  # a findings.json kind; None: nothing above "info"
+    expected_ranks: tuple[int, ...] = ()
+    expected_stage: int | None = None
+    description: str = ""
+
+
+def _run(layout: list[str], steps: int = 16, faults: tuple[str, ...] = ()) -> list[str]:
+    argv = layout + ["--steps", str(steps), "--seed", "0"] + _MODEL
+    for fault in faults:
+        argv += ["--fault", fault]
+    return argv
+
+
+_DP2_PP2 = ["--dp", "2", "--pp", "2", "--schedule", "1f1b", "--microbatches", "8"]
+_DP4 = ["--dp", "4", "--microbatches", "2"]
+_PP4 = ["--pp", "4", "--schedule", "1f1b", "--microbatches", "8"]
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
+    Scenario("clean", 4, _run(_DP2_PP2), None,
+             description="dp2 x pp2, 1F1B with 8 micro-batches: no problem worth a warning"),
+    Scenario("straggler", 4, _run(_DP4, faults=("straggler:rank=2,factor=3",)), "straggler", (2,),
+             description="rank 2 computes 3x slower; ranks 0, 1, 3 wait in the DP all-reduce"),
+    Scenario("slow_stage", 4, _run(_PP4, faults=("slow_stage:stage=2,factor=3",)), "stage_imbalance",
+             (2,), 2, description="pipeline stage 2 computes 3x slower than the others"),
+    Scenario("slow_input", 4, _run(_DP4, faults=("slow_input:ms=15",)), "input_stall", (0, 1, 2, 3),
+             description="every sample takes 15 ms to load with num_workers=0"),
+    Scenario("hidden_sync", 4,
+             _run(["--dp", "4", "--microbatches", "4"], faults=("hidden_sync:every=microbatch",)),
+             "hidden_sync", (0, 1, 2, 3),
+             description="loss all_reduce + .item() inside the micro-batch loop"),
+    Scenario("blocking_p2p", 4, _run(_PP4, faults=("blocking_p2p",)), "blocking_async", (0, 1, 2, 3),
+             description="pipeline sends waited at once instead of overlapped with compute"),
+    Scenario("hang", 4, _run(_DP2_PP2, faults=("hang:rank=1,step=6",)), "hang", (1,), 1,
+             description="rank 1 (stage 1) stops before its gradient all-reduce at step 6"),
+    Scenario("crash", 4, _run(_DP2_PP2, faults=("crash:rank=3,step=6",)), "rank_failure", (3,), 1,
+             description="rank 3 (stage 1) is SIGKILLed at step 6"),
+    Scenario("comm_bound", 4, _run(_DP4, faults=("comm_bound:mb=32",)), "exposed_comm", (0, 1, 2, 3),
+             description="an extra 32 MB all-reduce per step: communication dominates the step"),
+    Scenario("bubble", 4, _run(["--pp", "4", "--schedule", "afab", "--microbatches", "2"]),
+             "pipeline_bubble", (0, 1, 2, 3),
+             description="pp4 with only 2 micro-batches: stages idle most of the step"),
+]}
