@@ -35,6 +35,8 @@ def _finish(run_dir: str, status: int, analyze: bool) -> int:
         for name in ("analysis/findings.json", "trace.json.gz", "report.html"):
             if os.path.exists(os.path.join(run_dir, name)):
                 print(f"diagnose:   {name}")
+    if os.path.exists(os.path.join(run_dir, "mlflow_run_id")):
+        print(f"diagnose:   tracked in MLflow: diagnose ui --runs-root {os.path.dirname(run_dir)}")
     if status:
         print(f"diagnose: the job exited with status {status}")
     return status
@@ -47,7 +49,11 @@ def run(ctx: typer.Context,
         no_analyze: bool = typer.Option(False, "--no-analyze", help="skip analysis at the end"),
         force: bool = typer.Option(False, "--force", help="reuse a non-empty --out"),
         hang_timeout: float = typer.Option(1800.0, "--hang-timeout",
-                                           help="seconds without progress before the job is ended as hung")):
+                                           help="seconds without progress before the job is ended as hung"),
+        nsys: bool = typer.Option(False, "--nsys", help="run each rank under `nsys profile` (if on PATH)"),
+        torch_profiler: Optional[str] = typer.Option(
+            None, "--torch-profiler", metavar="STEPS",
+            help="record steps FIRST-LAST with the PyTorch profiler and import its kernels")):
     """Run COMMAND (after `--`) with every rank instrumented, then analyze it."""
     from diagnose.launcher import RunOptions, launch
     command = list(ctx.args)
@@ -56,7 +62,8 @@ def run(ctx: typer.Context,
         raise UserError(f"unknown option {unknown[0]!r} (put the job after `--`)")
     run_dir, status = launch(RunOptions(command=command, out_dir=out, name=name,
                                         analyze=not no_analyze, force=force,
-                                        hang_timeout_s=hang_timeout))
+                                        hang_timeout_s=hang_timeout, nsys=nsys,
+                                        torch_profiler=_steps_option(torch_profiler)))
     return _finish(run_dir, status, not no_analyze)
 
 
@@ -79,13 +86,17 @@ def analyze(runs: List[str] = typer.Argument(..., help="run directory (several: 
 
 @app.command()
 def export(run_dir: str = typer.Argument(..., help="run directory"),
-           format: str = typer.Option("chrome", "--format", help="chrome"),
+           format: str = typer.Option("chrome", "--format", help="chrome | nvtxt | nsys-rep"),
            out: Optional[str] = typer.Option(None, "--out", help="output path")):
-    """Export a run's merged trace (chrome: Perfetto / chrome://tracing)."""
+    """Export a run's merged trace (chrome: Perfetto / chrome://tracing; nvtxt:
+    Nsight's ImportNvtxt, one file per rank; nsys-rep: Nsight Systems report)."""
     from diagnose import rundir
     from diagnose.load import load
+    if format in ("nvtxt", "nsys-rep"):
+        from diagnose.cli_interop import export_interop
+        return export_interop(run_dir, format, out)
     if format != "chrome":
-        raise UserError(f"unknown export format {format!r} (known: chrome)")
+        raise UserError(f"unknown export format {format!r} (known: chrome, nvtxt, nsys-rep)")
     from diagnose.export_chrome import write_chrome_trace
     run = load(run_dir)
     path = write_chrome_trace(run, out or os.path.join(run.root, rundir.CHROME_TRACE))
@@ -115,6 +126,49 @@ def demo(scenario: str = typer.Option("straggler", "--scenario", help="scenario 
     run_dir, status = launch(RunOptions(command=command, out_dir=out, name=f"demo-{scenario}",
                                         hang_timeout_s=hang_timeout))
     return _finish(run_dir, status, True)
+
+
+@app.command()
+def report(run_dir: str = typer.Argument(..., help="run directory"),
+           out: Optional[str] = typer.Option(None, "--out", help="output path (default <run>/report.html)"),
+           steps: Optional[str] = typer.Option(None, "--steps", help="timeline steps FIRST-LAST (default: a few steady steps)")):
+    """(Re)write a run's self-contained HTML report."""
+    from diagnose.reporting import report_command
+    print(report_command(run_dir, out, steps))
+    return 0
+
+
+@app.command()
+def compare(run_a: str = typer.Argument(..., help="run directory A (before)"),
+            run_b: str = typer.Argument(..., help="run directory B (after)"),
+            html: Optional[str] = typer.Option(None, "--html", help="also write the comparison as HTML here"),
+            as_json: bool = typer.Option(False, "--json", help="print the comparison as JSON")):
+    """Compare two runs: step time, breakdown per phase, findings gained and lost."""
+    from diagnose.reporting import compare_command
+    return compare_command(run_a, run_b, html, as_json)
+
+
+@app.command()
+def ui(port: int = typer.Option(5000, "--port", help="port on 127.0.0.1"),
+       runs_root: str = typer.Option("runs", "--runs-root", help="directory holding the run directories (and mlflow.db)")):
+    """Start the MLflow UI on 127.0.0.1 over the runs' tracking store."""
+    from diagnose.reporting import ui_command
+    return ui_command(runs_root, port)
+
+
+def _steps_option(spec):
+    if spec is None:
+        return None
+    from collectors.instrument.torch_profiler import parse_window
+    try:
+        first, last = parse_window(spec)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return f"{first}-{last}"
+
+
+from diagnose.cli_interop import import_app  # noqa: E402  (`diagnose import kineto|nsys`)
+app.add_typer(import_app, name="import")
 
 
 def main(argv=None) -> None:

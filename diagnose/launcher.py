@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from diagnose import rundir
 from diagnose.errors import UserError
-from diagnose.monitor import ProgressLine, read_progress
+from diagnose.monitor import ProgressLine, RankLiveness, read_progress
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                              "collectors", "bootstrap")
@@ -33,6 +33,8 @@ class RunOptions:
     force: bool = False
     hang_timeout_s: float = 1800.0
     extra_env: dict = field(default_factory=dict)
+    nsys: bool = False                 # --nsys: each rank under `nsys profile` (diagnose.interop_run)
+    torch_profiler: str | None = None  # --torch-profiler STEPS, e.g. "10-12"
 
 
 def _version(package: str) -> str | None:
@@ -86,7 +88,9 @@ def launch(opts: RunOptions) -> tuple[str, int]:
     rundir.write_manifest(run_dir, manifest)
     group_kwargs = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     try:
-        proc = subprocess.Popen(opts.command, env=job_env(run_dir, opts.extra_env), **group_kwargs)
+        from diagnose.interop_run import before_job
+        command, extra_env = before_job(opts, run_dir, manifest)
+        proc = subprocess.Popen(command, env=job_env(run_dir, extra_env), **group_kwargs)
     except (FileNotFoundError, PermissionError) as exc:
         raise UserError(f"cannot start {opts.command[0]!r}: {exc.strerror}") from None
 
@@ -100,20 +104,28 @@ def launch(opts: RunOptions) -> tuple[str, int]:
     progress = ProgressLine()
     from diagnose.watchdog import HangWatchdog
     watchdog = HangWatchdog(run_dir, proc, opts.hang_timeout_s)
+    liveness = RankLiveness(run_dir)
+    from diagnose.live import start as start_live
+    live = start_live(run_dir, manifest)  # alerts + MLflow metrics while the job runs; never raises
     try:
         while proc.poll() is None:
             time.sleep(0.25)
             snapshot = read_progress(run_dir)
             progress.tick(snapshot)
             watchdog.tick(snapshot)
+            live.tick(snapshot)
             if interrupted_at and time.monotonic() - interrupted_at[0] > INTERRUPT_GRACE_S:
                 _signal_group(proc, signal.SIGKILL)
     finally:
         signal.signal(signal.SIGINT, previous)
         progress.close()
+        live.close(proc.returncode)
     status = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
     manifest.update(end_wall_ns=time.time_ns(), exit_status=status,
-                    interrupted=bool(interrupted_at), hang=watchdog.report)
+                    interrupted=bool(interrupted_at), hang=watchdog.report,
+                    rank_exits=liveness.close())
+    from diagnose.interop_run import after_job
+    after_job(opts, run_dir, manifest)
     metas = read_progress(run_dir)
     manifest["world_size"] = len(rundir.rank_dirs(run_dir)) or None
     manifest["ranks_seen"] = sorted(metas)

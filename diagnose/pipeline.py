@@ -7,10 +7,10 @@ from diagnose.export_chrome import write_chrome_trace
 from diagnose.load import load
 
 
-def analyze_run(run_dirs, outputs: bool = True):
+def analyze_run(run_dirs, outputs: bool = True, warn=None):
     """Analyze and write findings.json and the tables; with `outputs`, also the
     merged trace, report.html and the MLflow run. Returns (run, findings)."""
-    run = load(*run_dirs)
+    run = load(*run_dirs, warn=warn)
     findings = write_analysis(run)
     if outputs:
         write_chrome_trace(run, os.path.join(run.root, rundir.CHROME_TRACE))

@@ -24,20 +24,24 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 
 class SyntheticRegression(Dataset):
+    """n_samples long, backed by at most 4096 distinct rows (memory stays small)."""
+
     def __init__(self, n_samples, dim, seed, delay_ms):
         gen = torch.Generator().manual_seed(seed)
-        self.x = torch.randn(n_samples, dim, generator=gen)
+        distinct = min(n_samples, 4096)
+        self.x = torch.randn(distinct, dim, generator=gen)
         w = torch.randn(dim, 1, generator=gen)
-        self.y = torch.tanh(self.x @ w) + 0.05 * torch.randn(n_samples, 1, generator=gen)
+        self.y = torch.tanh(self.x @ w) + 0.05 * torch.randn(distinct, 1, generator=gen)
+        self.n_samples = n_samples
         self.delay_s = delay_ms / 1000
 
     def __len__(self):
-        return len(self.x)
+        return self.n_samples
 
     def __getitem__(self, i):
         if self.delay_s:
             time.sleep(self.delay_s)
-        return self.x[i], self.y[i]
+        return self.x[i % len(self.x)], self.y[i % len(self.y)]
 
 
 def parse_args():

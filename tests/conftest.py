@@ -44,3 +44,55 @@ def ddp_run(tmp_path_factory) -> Path:
     run_diagnose(["run", "--out", out, "--", *torchrun(2, "samples/ddp_mlp.py", "--steps", 12,
                                                        "--result-json", result)])
     return out
+
+
+# -- reports, tracking, live (issue 6) -----------------------------------------
+ARTIFACTS = REPO / "test-artifacts"  # screenshots kept for a person to look at (gitignored)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Headless Debian chromium over the DevTools protocol (tests/cdp.py)."""
+    from cdp import Browser, chromium_available
+    if not chromium_available():
+        pytest.fail("chromium is missing: `make setup` installs it (apt-get install chromium)")
+    with Browser(["--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"]) as b:
+        yield b
+
+
+@pytest.fixture(scope="session")
+def straggler_run(ddp_run) -> dict:
+    """samples/ddp_mlp.py with rank 1 slowed down from step 10, under `diagnose run`,
+    in the same runs root as ddp_run (an existing MLflow store, as a user has),
+    while this process polls the store. Returns the run dir, the output, and
+    the live step metrics seen in the store while the job ran."""
+    import time
+
+    from mlflow.tracking import MlflowClient  # imported before the job starts: polls begin at once
+    out = ddp_run.parent / "straggler"
+    db = out.parent / "mlflow.db"
+    proc = subprocess.Popen([*DIAGNOSE, "run", "--out", str(out), "--",
+                             *torchrun(2, "samples/ddp_mlp.py", "--steps", 22, "--slow-rank", 1,
+                                       "--slow-ms", 300, "--slow-from-step", 10)],
+                            cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    polls, client, run_id = [], None, None
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+        manifest = out / "manifest.json"
+        if "end_wall_ns" in (manifest.read_text() if manifest.exists() else ""):
+            break  # the job ended; the launcher now analyses
+        id_file = out / "mlflow_run_id"
+        if run_id is None and id_file.exists() and db.exists():
+            run_id = id_file.read_text().strip()
+            client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+        if client is not None:
+            try:
+                history = client.get_metric_history(run_id, "live/step_time_p50_ms")
+            except Exception:
+                continue  # the store is being written
+            polls.append({"wall_ns": time.time_ns(), "steps": sorted(m.step for m in history)})
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, f"{stdout}\n{stderr}"
+    return {"dir": out, "stdout": stdout, "stderr": stderr, "polls": polls, "run_id": run_id}

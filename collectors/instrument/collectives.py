@@ -17,8 +17,9 @@ from collectors import nvtx_ranges
 from collectors.callsite import user_callsite
 from collectors.clock import now_ns
 
-COLLECTIVE_OPS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
-                  "reduce_scatter", "reduce_scatter_tensor", "broadcast", "reduce", "barrier",
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
+                  "all_gather_object", "reduce_scatter", "reduce_scatter_tensor",
+                  "reduce_scatter_single", "broadcast", "reduce", "barrier",
                   "monitored_barrier", "all_to_all", "all_to_all_single", "gather", "scatter",
                   "broadcast_object_list", "gather_object", "scatter_object_list")
 MAX_PENDING_WORKS = 65536
@@ -45,6 +46,7 @@ class Tracker:
         self.pending: dict = {}   # id(work) -> list of issue rows
         self.depth = 0
         self.blocked_in = None    # the blocking call the training thread is inside, if any
+        self.waiting_on = None    # the pending rows of the Work being waited on, if any
 
     def in_flight(self) -> dict:
         """For hang dumps: the blocking call in progress and async work not yet waited."""
@@ -53,8 +55,10 @@ class Tracker:
                     "seq": row[9], "peer": row[10], "step": row[4], "callsite": row[13],
                     "since_mono_ns": row[2], "state": state}
         rows = [describe(self.blocked_in, "blocking")] if self.blocked_in else []
+        waited = self.waiting_on
         for pending in list(self.pending.values()):
-            rows.extend(describe(row, "issued, not waited") for row in pending)
+            state = "blocking" if pending is waited else "issued, not waited"
+            rows.extend(describe(row, state) for row in pending)
         return {"in_flight": rows}
 
     def group_info(self, pg):
@@ -228,14 +232,17 @@ def _wrap_batch_isend_irecv(tracker, orig, dist):
 def _wrap_wait(tracker, orig):
     @functools.wraps(orig)
     def wait(self, *args, **kwargs):
-        if id(self) not in tracker.pending:
+        rows = tracker.pending.get(id(self))
+        if rows is None:
             return orig(self, *args, **kwargs)
         t0 = now_ns()
         nvtx_ranges.push("wait", "collective")
+        tracker.waiting_on = rows
         try:
             return orig(self, *args, **kwargs)
         finally:
             t1 = now_ns()
+            tracker.waiting_on = None
             nvtx_ranges.pop()
             try:
                 tracker.waited(self, t0, t1, user_callsite(2))

@@ -1,0 +1,208 @@
+"""GPU-side timing with CUDA events: when the GPU actually ran each step, the
+outermost forward and backward, and each blocking collective on a CUDA tensor.
+
+Why: the host returns from a CUDA call long before the GPU finishes, so CPU
+spans say when work was queued, not when it ran. A "gpu:step" much longer than
+the CPU step means the host is ahead and the GPU is the bottleneck; a short one
+with long CPU steps means the GPU starves.
+
+How, without synchronizing the training thread: events are recorded on the
+current stream at the start and end of each span (a cheap enqueue), and a
+poller thread checks `event.query()` every DIAGNOSE_CUDA_EVENTS_POLL_S
+(0.25 s), turning completed pairs into rows. GPU times become host times
+through an anchor: an event recorded on an otherwise idle side stream and
+waited for right away (it runs at once, so the user's queue is never waited on),
+paired with the host clock read when it completes; the poller renews it every
+60 s against drift. Rows: kind "phase", name "gpu:<span>" (gpu:step,
+gpu:forward, gpu:backward, gpu:all_reduce...), detail "cuda_event"; the
+breakdown ignores them, so nothing is counted twice.
+
+Everything is switched on at the first forward or optimizer step, when the
+script has chosen its device; on a machine without CUDA it stays off (one
+info line). DIAGNOSE_CUDA_EVENTS=0 turns it off.
+"""
+import functools
+import os
+import sys
+import threading
+
+from collectors.callsite import user_callsite
+from collectors.clock import now_ns
+from collectors.instrument.gpu_common import cuda_ready, gpu_unavailable
+
+MAX_PENDING = 100_000
+REANCHOR_S = 60.0
+TIMED_COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast",
+                     "all_gather", "reduce_scatter", "all_to_all_single", "reduce")
+
+
+class CudaEventTimer:
+    """Pairs of events -> rows, resolved by `poll()` off the training thread.
+
+    make_event() -> an object with record(stream=None), query(), elapsed_time(other)
+    and synchronize(); side_stream is where anchors are recorded."""
+
+    def __init__(self, make_event, side_stream=None, clock=now_ns):
+        self.make_event = make_event
+        self.side_stream = side_stream
+        self.clock = clock
+        self.pending = []       # [row_template, start_event, end_event]
+        self.anchor = None      # (event, host_ns)
+        self.anchor_at = 0
+        self.dropped = 0
+        self._lock = threading.Lock()
+
+    def set_anchor(self) -> None:
+        ev = self.make_event()
+        ev.record(self.side_stream)
+        ev.synchronize()        # idle side stream: completes at once
+        self.anchor = (ev, self.clock())
+        self.anchor_at = self.anchor[1]
+
+    def start(self):
+        ev = self.make_event()
+        ev.record()
+        return ev
+
+    def finish(self, start_event, row_template) -> None:
+        """row_template: the event row with start/end left as None."""
+        ev = self.make_event()
+        ev.record()
+        with self._lock:
+            if len(self.pending) >= MAX_PENDING:
+                self.dropped += 1
+                return
+            self.pending.append((row_template, start_event, ev))
+
+    def _host_ns(self, ev) -> int:
+        anchor_ev, anchor_ns = self.anchor
+        return anchor_ns + int(round(anchor_ev.elapsed_time(ev) * 1e6))
+
+    def poll(self) -> list:
+        """Rows for every pair the GPU has completed; the rest wait."""
+        if self.anchor is None or self.clock() - self.anchor_at > REANCHOR_S * 1e9:
+            self.set_anchor()
+        with self._lock:
+            pending, self.pending = self.pending, []
+        rows, waiting = [], []
+        for item in pending:
+            row, start_ev, end_ev = item
+            if not end_ev.query():
+                waiting.append(item)
+                continue
+            t0, t1 = self._host_ns(start_ev), self._host_ns(end_ev)
+            rows.append(row[:2] + (t0, max(t1, t0)) + row[4:])
+        if waiting:
+            with self._lock:
+                self.pending[:0] = waiting
+        return rows
+
+
+def _row(name, st, group="", nbytes=0, callsite=""):
+    return ("phase", f"gpu:{name}", None, None, st.step, st.microbatch, st.stage, group, "", -1, -1,
+            nbytes, False, callsite, "cuda_event")
+
+
+def install(rec):
+    if os.environ.get("DIAGNOSE_CUDA_EVENTS", "1") == "0":
+        return
+    import torch
+    if not torch.backends.cuda.is_built():
+        gpu_unavailable(rec, "cuda_events", "CPU-only torch build")
+        return
+    from torch.nn.modules.module import (register_module_forward_hook,
+                                         register_module_forward_pre_hook)
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    st = rec.state
+    state = {"on": None, "depth": 0, "fwd": None, "step_ev": None, "primary": None}
+    timer = CudaEventTimer(lambda: torch.cuda.Event(enable_timing=True))
+
+    def ready() -> bool:
+        if state["on"] is None:
+            ok, reason = cuda_ready(torch)
+            state["on"] = ok
+            if not ok:
+                gpu_unavailable(rec, "cuda_events", reason)
+            else:
+                timer.side_stream = torch.cuda.Stream()
+                threading.Thread(target=poller, name="diagnose-cuda-events", daemon=True).start()
+        return state["on"]
+
+    def poller():
+        interval = float(os.environ.get("DIAGNOSE_CUDA_EVENTS_POLL_S", "0.25"))
+        while not rec._stop.wait(interval):
+            try:
+                for row in timer.poll():
+                    rec.add(row)
+            except Exception as exc:
+                rec.record_error("cuda_events", exc)
+                return
+
+    def pre(module, args):
+        state["depth"] += 1
+        if state["depth"] == 1 and ready():
+            state["fwd"] = timer.start()
+            if state["step_ev"] is None:
+                state["step_ev"] = (state["fwd"], st.step)
+
+    def post(module, args, output):
+        state["depth"] = max(state["depth"] - 1, 0)
+        if state["depth"] == 0 and state["fwd"] is not None:
+            timer.finish(state["fwd"], _row("forward", st))
+            state["fwd"] = None
+
+    def step_post(optimizer, args, kwargs):
+        if state["primary"] is None:
+            state["primary"] = id(optimizer)
+        if id(optimizer) != state["primary"] or not ready():
+            return
+        ev = timer.start()
+        if state["step_ev"] is not None:
+            start_ev, step = state["step_ev"]
+            row = _row("step", st)
+            timer.finish(start_ev, row[:4] + (step,) + row[5:])
+        state["step_ev"] = (ev, st.step)
+
+    register_module_forward_pre_hook(pre)
+    register_module_forward_hook(post, always_call=True)
+    register_optimizer_step_post_hook(step_post)
+    torch.Tensor.backward = _timed(torch.Tensor.backward, "backward", timer, ready, st, lambda a, k: True)
+    torch.autograd.backward = _timed(torch.autograd.backward, "backward", timer, ready, st,
+                                     lambda a, k: True)
+    import torch.distributed as dist
+    if dist.is_available():
+        c10d = sys.modules["torch.distributed.distributed_c10d"]
+        for op in TIMED_COLLECTIVES:
+            orig = getattr(dist, op, None)
+            if orig is None:
+                continue
+            wrapped = _timed(orig, op, timer, ready, st, _blocking_on_cuda)
+            for mod in (dist, c10d):
+                if getattr(mod, op, None) is orig:
+                    setattr(mod, op, wrapped)
+
+
+def _blocking_on_cuda(args, kwargs) -> bool:
+    tensor = args[0] if args else kwargs.get("tensor")
+    if isinstance(tensor, (list, tuple)):
+        tensor = tensor[0] if tensor else None
+    return (not kwargs.get("async_op", False) and getattr(tensor, "is_cuda", False))
+
+
+def _timed(orig, name, timer, ready, st, applies):
+    depth = [0]
+
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        if depth[0] or not applies(args, kwargs) or not ready():
+            return orig(*args, **kwargs)
+        depth[0] += 1
+        try:
+            start = timer.start()
+            result = orig(*args, **kwargs)
+            timer.finish(start, _row(name, st, callsite=user_callsite(2)))
+            return result
+        finally:
+            depth[0] -= 1
+
+    return wrapper

@@ -1,0 +1,264 @@
+"""Import Nsight Systems SQLite exports (`nsys export --type sqlite`) into a run dir.
+
+Read, per profiled process (one process = one rank):
+
+    CUPTI_ACTIVITY_KIND_KERNEL / _MEMCPY / _MEMSET -> "kernel" rows (classes as in
+        diagnose.importers.common; names from StringIds via demangledName/shortName)
+    NCCL kernels (ncclDevKernel_*, ncclKernel_*)   -> also "collective" + "done" rows,
+        group "nccl:stream<id>", seq = order on that stream (an export has no
+        process-group metadata; one PG per NCCL stream, as torch creates them)
+    CUPTI_ACTIVITY_KIND_RUNTIME                    -> launch times (the step a kernel
+        belongs to) and host syncs (cudaDeviceSynchronize & co.) as "sync" rows
+    NVTX_EVENTS push/pop and start/end ranges      -> our kinds: ranges from the
+        collectors' own domain "diagnose" keep their category as the kind; other
+        ranges by name ("step 12" / "ProfilerStep#12" -> step 12, "forward",
+        "backward", "optimizer", "data_wait" / DataLoader __next__ -> data, the
+        rest "phase"); text from `text` or `textId` -> StringIds
+
+When no range names a step, steps are cut at the end of each "optimizer" range,
+as the native recorder does. globalTid/globalPid are decoded as
+pid = (id >> 24) & 0xFFFFFF, tid = id & 0xFFFFFF. Times are ns since the
+capture started; TARGET_INFO_SESSION_START_TIME.utcEpochNs anchors them to wall
+time, which is how ranks from separate reports are put on one clock.
+
+Ranks: a file whose name says `rank<N>` (what `diagnose run --nsys` writes) and
+holds one process is rank N; otherwise the processes with GPU kernels (else
+with NVTX ranges) get the next free ranks, ordered by GPU then pid.
+"""
+import os
+import pathlib
+import re
+import sqlite3
+
+import numpy as np
+
+from collectors.schema import KINDS
+from diagnose.errors import UserError
+from diagnose.importers.common import (COMMUNICATION, MEMORY, RunDirWriter, assign_steps, clock_meta,
+                                       collective_op, kernel_class)
+
+NVTX_RANGE_TYPES = (59, 60)      # NvtxPushPopRange, NvtxStartEndRange
+NVTX_CATEGORY, NVTX_DOMAIN = 33, 75
+_SYNC_CALLS = {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+               "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize"}
+_MEMCPY_NAMES = {1: "HtoD", 2: "DtoH", 8: "DtoD", 9: "HtoH", 10: "PtoP"}
+_STEP_RE = re.compile(r"^(?:ProfilerStep\s*#\s*|(?:train[_ ])?step[ _:#-]*)(\d+)$", re.IGNORECASE)
+_DATA_RE = re.compile(r"^(data_wait|data|enumerate\(DataLoader\)#.*__next__)$")
+_RANK_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_PHASES = {"forward": "forward", "backward": "backward", "optimizer": "optimizer"}
+MASK24 = 0xFFFFFF
+
+
+def decode_global_id(gid: int) -> tuple[int, int]:
+    """Nsight's serialized globalTid/globalPid -> (pid, tid)."""
+    return (gid >> 24) & MASK24, gid & MASK24
+
+
+def _display(path: str) -> str:
+    return os.fsencode(path).decode("utf-8", "replace")
+
+
+def open_export(path: str) -> sqlite3.Connection:
+    name = _display(path)
+    if not os.path.isfile(path):
+        raise UserError(f"{name}: no such file")
+    try:
+        con = sqlite3.connect(pathlib.Path(os.path.abspath(path)).as_uri() + "?mode=ro", uri=True)
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.DatabaseError:
+        raise UserError(f"{name}: not an SQLite database (export a report with "
+                        "`nsys export --type sqlite`)") from None
+    if not tables & {"CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS"}:
+        con.close()
+        raise UserError(f"{name}: an SQLite file without Nsight Systems kernel or NVTX tables")
+    return con
+
+
+def _columns(con, table) -> set:
+    return {r[1] for r in con.execute(f'PRAGMA table_info("{table}")')}
+
+
+def _select(con, table, wanted, where="") -> list:
+    """Rows of the wanted columns; columns this export lacks come back as None."""
+    have = _columns(con, table)
+    if not have:
+        return []
+    exprs = [f'"{c}"' if c in have else "NULL" for c in wanted]
+    return con.execute(f'SELECT {", ".join(exprs)} FROM "{table}" {where}').fetchall()
+
+
+class Export:
+    """One SQLite export, read into per-process lists."""
+
+    def __init__(self, path: str):
+        self.path = path
+        con = open_export(path)
+        try:
+            self.strings = dict(con.execute("SELECT id, value FROM StringIds")) \
+                if _columns(con, "StringIds") else {}
+            start = _select(con, "TARGET_INFO_SESSION_START_TIME", ["utcEpochNs"])
+            self.session_start_ns = int(start[0][0]) if start and start[0][0] is not None else 0
+            self.gpu = _select(con, "CUPTI_ACTIVITY_KIND_KERNEL",
+                               ["start", "end", "deviceId", "streamId", "correlationId", "globalPid",
+                                "demangledName", "shortName"])
+            memcpy = _select(con, "CUPTI_ACTIVITY_KIND_MEMCPY",
+                             ["start", "end", "deviceId", "streamId", "correlationId", "globalPid",
+                              "bytes", "copyKind"])
+            memset = _select(con, "CUPTI_ACTIVITY_KIND_MEMSET",
+                             ["start", "end", "deviceId", "streamId", "correlationId", "globalPid",
+                              "bytes"])
+            self.runtime = _select(con, "CUPTI_ACTIVITY_KIND_RUNTIME",
+                                   ["start", "end", "globalTid", "correlationId", "nameId"])
+            self.nvtx = _select(con, "NVTX_EVENTS",
+                                ["start", "end", "eventType", "text", "textId", "globalTid",
+                                 "category", "domainId"])
+        except sqlite3.DatabaseError as exc:
+            raise UserError(f"{_display(path)}: unreadable Nsight export ({exc})") from None
+        finally:
+            con.close()
+        self.gpu = [(s, e, d, st, c, gp, self._str(dn) or self._str(sn), 0)
+                    for s, e, d, st, c, gp, dn, sn in self.gpu]
+        self.gpu += [(s, e, d, st, c, gp, f"Memcpy {_MEMCPY_NAMES.get(k, 'copy')}", b or 0)
+                     for s, e, d, st, c, gp, b, k in memcpy]
+        self.gpu += [(s, e, d, st, c, gp, "Memset", b or 0) for s, e, d, st, c, gp, b in memset]
+        self.domains = {r[7]: self._text(r) for r in self.nvtx if r[2] == NVTX_DOMAIN}
+        self.categories = {(r[7], r[6]): self._text(r) for r in self.nvtx if r[2] == NVTX_CATEGORY}
+
+    def _str(self, string_id) -> str:
+        return self.strings.get(string_id, "") if string_id is not None else ""
+
+    def _text(self, row) -> str:
+        return row[3] if row[3] is not None else self._str(row[4])
+
+    def processes(self) -> list[int]:
+        """pids that are ranks: with GPU work, else with NVTX ranges; by (GPU, pid)."""
+        with_gpu = {}
+        for row in self.gpu:
+            if row[5] is not None:
+                pid = decode_global_id(row[5])[0]
+                with_gpu[pid] = min(with_gpu.get(pid, 1 << 30), row[2] if row[2] is not None else 0)
+        if with_gpu:
+            return sorted(with_gpu, key=lambda p: (with_gpu[p], p))
+        pids = {decode_global_id(r[5])[0] for r in self.nvtx
+                if r[2] in NVTX_RANGE_TYPES and r[5] is not None}
+        if not pids and self.gpu:
+            return [0]  # an older export without globalPid: the whole file is one process
+        return sorted(pids)
+
+    def rows_for(self, pid: int, single: bool) -> list:
+        def mine(gid):
+            return single or (gid is not None and decode_global_id(gid)[0] == pid)
+        cpu = []
+        launches = {}
+        for s, e, gtid, corr, name_id in self.runtime:
+            if not mine(gtid) or s is None:
+                continue
+            if corr is not None:
+                launches[corr] = s
+            name = re.sub(r"_v\d+$", "", self._str(name_id))
+            if name in _SYNC_CALLS and e is not None:
+                cpu.append(("sync", name, s, e, "cuda"))
+        for row in self.nvtx:
+            if row[2] in NVTX_RANGE_TYPES and row[1] is not None and mine(row[5]):
+                kind, name = self._nvtx_kind(row)
+                cpu.append((kind, name, row[0], row[1], "nvtx"))
+        steps = _steps(cpu)
+        cpu = [c for c in cpu if c[0] != "step"]
+        numbers = np.array(sorted(steps), dtype=np.int64)
+        starts = np.array([steps[n][0] for n in numbers], dtype=np.int64)
+        rows = [("step", "step", steps[n][0], steps[n][1], int(n), -1, -1, "", "", -1, -1, 0, False,
+                 "", "") for n in numbers]
+        step_of = assign_steps(starts, numbers, np.array([c[2] for c in cpu], dtype=np.int64))
+        for (kind, name, s, e, detail), st in zip(cpu, step_of.tolist()):
+            rows.append((kind, name, s, e, st, -1, -1, "", "", -1, -1, 0, False, "", detail))
+        rows.extend(self._gpu_rows(pid, single, launches, starts, numbers))
+        rows.sort(key=lambda r: r[2])
+        return rows
+
+    def _nvtx_kind(self, row) -> tuple[str, str]:
+        text = (self._text(row) or "").strip()
+        domain = self.domains.get(row[7], "")
+        category = self.categories.get((row[7], row[6]), "")
+        if domain == "diagnose" and category in KINDS:
+            if category == "collective" and text == "wait":
+                return "wait", text
+            return category, text
+        m = _STEP_RE.match(text)
+        if m:
+            return "step", m.group(1)
+        if _DATA_RE.match(text):
+            return "data", "data_wait"
+        kind = _PHASES.get(text.strip("# ").lower())
+        if kind:
+            return kind, kind
+        return "phase", text
+
+    def _gpu_rows(self, pid, single, launches, step_starts, step_numbers) -> list:
+        gpu = [g for g in self.gpu if single or (g[5] is not None and decode_global_id(g[5])[0] == pid)]
+        gpu.sort(key=lambda g: g[0])
+        launch = np.array([launches.get(g[4], g[0]) for g in gpu], dtype=np.int64)
+        step_of = assign_steps(step_starts, step_numbers, launch).tolist()
+        rows, seqs = [], {}
+        for (s, e, _, stream, corr, _, name, nbytes), st in zip(gpu, step_of):
+            cls = MEMORY if name.startswith(("Memcpy", "Memset")) else kernel_class(name)
+            launched = corr if corr in launches else -1
+            rows.append(("kernel", name, s, e, st, -1, -1, str(stream), "", launched, -1,
+                         int(nbytes), False, "", cls))
+            if cls == COMMUNICATION:
+                group = f"nccl:stream{stream}"
+                seq = seqs.get(group, 0)
+                seqs[group] = seq + 1
+                op = collective_op(None, name)
+                rows.append(("collective", op, s, s, st, -1, -1, group, "", seq, -1, 0, True, "", "gpu"))
+                rows.append(("done", op, e, e, st, -1, -1, group, "", seq, -1, 0, True, "", "gpu"))
+        return rows
+
+
+def _steps(cpu: list) -> dict:
+    """step number -> (start, end): from step ranges, else cut at optimizer ends."""
+    named = {}
+    for kind, number, s, e, _ in cpu:
+        if kind == "step":
+            named.setdefault(int(number), (s, e))
+    if named:
+        return named
+    ends = sorted(e for kind, _, s, e, _ in cpu if kind == "optimizer")
+    if not ends:
+        return {}
+    first = min(s for _, _, s, _, _ in cpu)
+    starts = [first] + ends[:-1]
+    return {i: (s, e) for i, (s, e) in enumerate(zip(starts, ends))}
+
+
+def import_nsys(paths: list, out_dir: str) -> tuple[str, dict]:
+    if not paths:
+        raise UserError("no SQLite exports given")
+    exports = [Export(p) for p in paths]
+    planned, taken = [], set()   # (rank or None, export, pid, the file's only process)
+    for export in exports:
+        pids = export.processes()
+        if not pids:
+            raise UserError(f"{_display(export.path)}: no process with GPU kernels or NVTX ranges")
+        m = _RANK_RE.search(os.path.basename(export.path))
+        if m and len(pids) == 1 and int(m.group(1)) not in taken:
+            taken.add(int(m.group(1)))
+            planned.append((int(m.group(1)), export, pids[0], True))
+        else:
+            planned.extend((None, export, pid, len(pids) == 1) for pid in pids)
+    ranks, free = [], 0
+    for rank, export, pid, single in planned:
+        if rank is None:
+            while free in taken:
+                free += 1
+            rank = free
+            taken.add(rank)
+        ranks.append((rank, export, pid, single))
+    writer = RunDirWriter(out_dir, "nsys", paths)
+    for rank, export, pid, single in sorted(ranks, key=lambda x: x[0]):
+        rows = export.rows_for(pid, single)
+        writer.write_rank(rank, rows, {
+            "world_size": len(ranks), "pid": pid, "host": "",
+            "clock": clock_meta(wall_anchor_ns=export.session_start_ns),
+            "source": {"format": "nsys", "file": os.path.abspath(export.path)}})
+    run_dir = writer.finish()
+    return run_dir, {"ranks": writer.ranks, "events": writer.events_total}

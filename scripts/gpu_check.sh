@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# GPU checks for issue 7, on a machine with one NVIDIA GPU (run from the repo root):
+#   1. a single-rank NCCL run of the reference trainer under `diagnose run
+#      --torch-profiler 3-4`: profiler kernels imported, temporal breakdown,
+#      NVML samples, CUDA-event spans, sync-debug events;
+#   2. a 2-rank gloo run on CUDA tensors (both ranks on GPU 0): collectives
+#      matched, CUDA-event timing of the blocking all-reduces, NVML on both ranks;
+#   3. with nsys on PATH: `diagnose run --nsys`, export, import.
+# Prints one line per check and exits non-zero if any failed.
+set -u
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+DIAG=("$PY" -m diagnose)
+T=$(mktemp -d /tmp/gpu_check.XXXXXX)
+export OMP_NUM_THREADS=1 DIAGNOSE_NVML_INTERVAL_S=0.2
+fail=0
+echo "gpu_check: work dir $T"
+"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA'; print('gpu_check: device', torch.cuda.get_device_name(0), 'torch', torch.__version__)" || exit 1
+
+"${DIAG[@]}" run --out "$T/nccl" --torch-profiler 3-4 --no-analyze -- \
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 -m reference_trainer --steps 8 \
+    > "$T/nccl.log" 2>&1 || { echo "gpu_check: FAIL nccl run (see $T/nccl.log)"; fail=1; }
+
+cat > "$T/gloo_cuda.py" <<'PYEOF'
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+torch.cuda.set_device(0)
+model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 512)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+for step in range(8):
+    loss = model(torch.randn(64, 512, device="cuda")).square().mean()
+    loss.backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    opt.step(); opt.zero_grad()
+    print("loss", loss.item()) if dist.get_rank() == 0 else None
+dist.destroy_process_group()
+PYEOF
+"${DIAG[@]}" run --out "$T/gloo" --no-analyze -- \
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 "$T/gloo_cuda.py" \
+    > "$T/gloo.log" 2>&1 || { echo "gpu_check: FAIL gloo-on-CUDA run (see $T/gloo.log)"; fail=1; }
+
+"$PY" - "$T" <<'PYEOF' || fail=1
+import sys
+import diagnose
+T = sys.argv[1]
+failed = []
+def check(name, ok, detail=""):
+    print(f"gpu_check: {'ok  ' if ok else 'FAIL'} {name} {detail}")
+    ok or failed.append(name)
+try:
+    r = diagnose.load(f"{T}/nccl", warn=lambda m: None)
+    k = r.kernels()
+    check("nccl: profiler kernels imported", len(k) > 0, f"({len(k)} GPU activities, kinds {sorted(set(k['kind']))})")
+    check("nccl: kernels carry steps 3 and 4", {3, 4} <= set(k["step"]), str(sorted(set(k["step"]))))
+    tb = r.temporal_breakdown()
+    check("nccl: temporal breakdown", len(tb) == 1, tb.round(3).to_dict("records").__str__())
+    s = r.samples()
+    check("nccl: NVML samples", {"gpu_util_pct", "power_w", "sm_clock_mhz"} <= set(s["metric"]), str(sorted(set(s["metric"]))[:12]))
+    ev = r.events()
+    gpu = ev[ev["detail"].astype(str) == "cuda_event"]
+    check("nccl: CUDA-event spans", {"gpu:step", "gpu:forward"} <= set(gpu["name"].astype(str)), str(sorted(set(gpu["name"].astype(str)))))
+    sd = ev[ev["detail"].astype(str) == "sync_debug"]
+    check("nccl: sync-debug events (trainer syncs)", len(sd) > 0, f"({len(sd)}, e.g. {sd['callsite'].astype(str).head(1).tolist()})")
+except Exception as exc:
+    check("nccl: load", False, repr(exc))
+try:
+    g = diagnose.load(f"{T}/gloo", warn=lambda m: None)
+    a = g.arrivals()
+    check("gloo/CUDA: collectives matched on 2 ranks", len(a) > 0 and (a["members"] == 2).all(), f"({len(a)} arrivals)")
+    ev = g.events()
+    gpu = ev[(ev["detail"].astype(str) == "cuda_event") & (ev["name"].astype(str) == "gpu:all_reduce")]
+    check("gloo/CUDA: CUDA-event all_reduce spans", len(gpu) > 0 and (gpu["end_ns"] >= gpu["start_ns"]).all(), f"({len(gpu)})")
+    s = g.samples()
+    check("gloo/CUDA: NVML samples on both ranks", set(s[s["metric"] == "gpu_util_pct"]["rank"]) == {0, 1})
+except Exception as exc:
+    check("gloo: load", False, repr(exc))
+sys.exit(1 if failed else 0)
+PYEOF
+
+if command -v nsys >/dev/null; then
+    "${DIAG[@]}" run --out "$T/nsys" --nsys --no-analyze -- \
+        "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 -m reference_trainer --steps 4 \
+        > "$T/nsys.log" 2>&1 && nsys export --type sqlite -o "$T/rank0.sqlite" "$T/nsys/nsys/rank0.nsys-rep" >> "$T/nsys.log" 2>&1 \
+        && "${DIAG[@]}" import nsys "$T/rank0.sqlite" --out "$T/nsys_import" >> "$T/nsys.log" 2>&1 \
+        && echo "gpu_check: ok   nsys: profile, export, import" \
+        || { echo "gpu_check: FAIL nsys (see $T/nsys.log)"; fail=1; }
+else
+    echo "gpu_check: skip nsys: not on PATH"
+fi
+[ "$fail" = 0 ] && echo "gpu_check: all checks passed" || echo "gpu_check: some checks FAILED"
+exit "$fail"

@@ -1,0 +1,67 @@
+"""Issue 5: hangs, crashes, Ctrl-C and hostile input always end in a diagnosis."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+from conftest import DIAGNOSE, REPO, job_env, run_diagnose, torchrun
+
+import diagnose
+
+
+def _findings(out):
+    return json.loads((out / "analysis" / "findings.json").read_text())
+
+
+def test_hang_is_ended_by_the_watchdog_and_names_the_missing_rank(tmp_path):
+    out = tmp_path / "hang"
+    started = time.monotonic()
+    proc = run_diagnose(["demo", "--scenario", "hang", "--out", out, "--hang-timeout", 15],
+                        check=False, timeout=300)
+    elapsed = time.monotonic() - started
+    assert proc.returncode != 0
+    top = _findings(out)[0]
+    assert top["kind"] == "hang" and top["ranks"] == [1], top
+    assert "faults.py" in top["callsite"]           # where rank 1 is stuck
+    assert "#" in top["title"] and "group" in top["title"]
+    assert top["metrics"]["seq"] >= 0
+    # hang:rank=1,step=6 stops at ~2 s into the job; + 15 s timeout + dump/teardown
+    assert elapsed < 15 + 30 + 20, elapsed
+
+
+def test_crash_names_the_dead_rank_and_its_last_step(tmp_path):
+    out = tmp_path / "crash"
+    proc = run_diagnose(["demo", "--scenario", "crash", "--out", out], check=False, timeout=300)
+    assert proc.returncode != 0
+    top = _findings(out)[0]
+    assert top["kind"] == "rank_failure" and top["ranks"] == [3], top
+    assert top["metrics"]["last_step"] == 6
+    run = diagnose.load(out)
+    steps = run.steps()
+    assert set(steps["rank"]) == {0, 1, 2, 3}  # the other ranks' traces load
+
+
+def test_ctrl_c_leaves_an_analyzable_run(tmp_path):
+    out = tmp_path / "interrupted"
+    proc = subprocess.Popen([*DIAGNOSE, "run", "--out", str(out), "--",
+                             *torchrun(2, "samples/ddp_mlp.py", "--steps", 3000)],
+                            cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    progress = out / "traces" / "rank-00000" / "progress.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if json.loads(progress.read_text())["steps_done"] >= 5:
+                break
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGINT)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode != 0, output
+    assert (out / "analysis" / "findings.json").exists(), output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["interrupted"] is True
+    run = diagnose.load(out)
+    assert set(run.steps()["rank"]) == {0, 1} and len(run.steps()) >= 10

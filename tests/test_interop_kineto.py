@@ -1,0 +1,111 @@
+"""Issue 7: PyTorch-profiler (Kineto) import of the real fixtures in ../shared/data/kineto.
+
+HTA's numbers come from tests/data/hta_temporal_breakdown.json, written by
+bench/hta_reference.py with HolisticTraceAnalysis 0.5.0 in a throwaway venv
+(the command is in that script's docstring).
+"""
+import glob
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import diagnose
+from diagnose.errors import UserError
+from diagnose.importers.kineto import import_kineto
+
+REPO = Path(__file__).resolve().parents[1]
+KINETO = Path(__file__).resolve().parents[2] / "shared" / "data" / "kineto"
+HTA = json.loads((REPO / "tests" / "data" / "hta_temporal_breakdown.json").read_text())["sets"]
+TOLERANCE_PP = 1.0
+
+pytestmark = pytest.mark.skipif(not KINETO.is_dir(), reason="../shared/data/kineto not present")
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """Every fixture set (the Kineto files of one directory) imported once."""
+    runs = {}
+    for name, info in HTA.items():
+        files = [str(KINETO / name / f) for f in info["files"]]
+        out = tmp_path_factory.mktemp("kineto") / name.replace("/", "_")
+        runs[name] = import_kineto(files, str(out))[0]
+    return runs
+
+
+def test_every_file_imports_or_is_refused_in_one_line(imported, tmp_path):
+    files = sorted(glob.glob(str(KINETO / "**" / "*.json*"), recursive=True))
+    assert len(files) >= 15
+    in_sets = {str(KINETO / name / f) for name, info in HTA.items() for f in info["files"]}
+    imported_files = [p for p in files if p in in_sets]   # imported by the fixture, set by set
+    assert all(diagnose.load(run, warn=lambda m: None).ranks for run in imported.values())
+    refused = []
+    for i, path in enumerate(p for p in files if p not in in_sets):
+        with pytest.raises(UserError) as caught:
+            import_kineto([path], str(tmp_path / f"run{i}"))
+        message = str(caught.value)
+        assert "\n" not in message and os.path.basename(path) in message
+        refused.append(os.path.basename(path))
+    assert len(imported_files) >= 15
+    assert refused == ["benchmark_simple_add_et.json.gz"]   # an execution trace, not Kineto
+
+
+@pytest.mark.parametrize("name", [n for n, info in HTA.items() if "ranks" in info])
+def test_temporal_breakdown_agrees_with_hta(imported, name):
+    table = diagnose.load(imported[name], warn=lambda m: None).temporal_breakdown()
+    for rank, ref in HTA[name]["ranks"].items():
+        mine = table.loc[int(rank)]
+        for column in ("idle_frac", "compute_frac", "non_compute_frac"):
+            diff_pp = 100 * abs(mine[column] - ref[column])
+            assert diff_pp <= TOLERANCE_PP, f"{name} rank {rank} {column}: {mine[column]:.4f} vs HTA {ref[column]:.4f}"
+        assert mine["idle_frac"] + mine["compute_frac"] + mine["non_compute_frac"] == pytest.approx(1.0)
+
+
+def test_two_rank_set_matches_collectives_on_gpu_times(imported):
+    run = diagnose.load(imported["hta/trace_filter"], warn=lambda m: None)
+    assert run.ranks == [0, 1]
+    assert set(run.steps()["step"]) == {551, 552}
+    arrivals = run.arrivals()
+    assert len(arrivals) and (arrivals.groupby(["group", "seq"])["rank"].nunique() == 2).all()
+    kernels = run.kernels()
+    assert {"start_ns", "end_ns", "name", "kind", "rank", "stream"} <= set(kernels.columns)
+    assert set(kernels["kind"]) <= {"compute", "communication", "memory", "other"}
+    overlap = run.comm_comp_overlap()
+    assert ((overlap["overlap_frac"] >= 0) & (overlap["overlap_frac"] <= 1)).all()
+
+
+def test_nccl_metadata_becomes_collectives(imported):
+    run = diagnose.load(imported["hta/nccl_parser_config"], warn=lambda m: None)
+    calls = run.collectives()
+    assert set(calls["name"]) == {"all_reduce", "broadcast"}
+    assert set(calls["group"]) == {"0"} and set(calls["group_ranks"]) == {"0,1"}
+    assert calls["seq"].tolist() == list(range(len(calls)))
+    first = calls[calls["name"] == "all_reduce"].iloc[0]
+    assert first["bytes"] == 2049000 * 4 and first["async_op"]
+    assert (calls["exit_ns"] > calls["issue_ns"]).all()   # done = kernel end
+
+
+def test_resnet_input_stall_contrast(imported):
+    """num_workers=0 loads data in the training loop; num_workers=4 does not."""
+    w0 = diagnose.load(imported["tb_plugin_resnet50/resnet50_num_workers_0"], warn=lambda m: None)
+    w4 = diagnose.load(imported["tb_plugin_resnet50/resnet50_num_workers_4"], warn=lambda m: None)
+    b0, b4 = w0.breakdown(), w4.breakdown()
+    frac0 = b0["data_wait_ms"].sum() / b0["step_ms"].sum()
+    frac4 = b4["data_wait_ms"].sum() / b4["step_ms"].sum()
+    assert frac0 > 0.2 and frac4 < 0.05 and frac0 > 5 * frac4
+    i0, i4 = w0.input_wait().loc[0], w4.input_wait().loc[0]
+    assert i0["data_wait_frac"] == pytest.approx(frac0)
+    assert i0["gpu_idle_in_data_wait_frac"] > 0.1 > i4["gpu_idle_in_data_wait_frac"]
+    assert w0.temporal_breakdown().loc[0, "idle_frac"] > 2 * w4.temporal_breakdown().loc[0, "idle_frac"]
+
+
+def test_resnet_input_stall_finding(imported):
+    """The issue's acceptance: the same detectors as on a native run find the stall."""
+    from diagnose.analyze import detect
+    kinds = {}
+    for workers in (0, 4):
+        run = diagnose.load(imported[f"tb_plugin_resnet50/resnet50_num_workers_{workers}"],
+                            warn=lambda m: None)
+        kinds[workers] = {f["kind"] for f in detect(run)}
+    assert "input_stall" in kinds[0] and "input_stall" not in kinds[4]

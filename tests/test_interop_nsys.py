@@ -1,0 +1,151 @@
+"""Issue 7: Nsight Systems SQLite import: the real export in ../shared/data/nsys, and
+a 2-rank synthetic export built on the real file's own table definitions."""
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import diagnose
+from diagnose.importers.nsys import decode_global_id, import_nsys
+
+NSYS = Path(__file__).resolve().parents[2] / "shared" / "data" / "nsys"
+REAL = NSYS / "tc_report1.sqlite"
+pytestmark = pytest.mark.skipif(not REAL.is_file(), reason="../shared/data/nsys not present")
+
+# NVTX_EVENTS is not in the real export (it has no NVTX); its definition is the
+# one in Nsight Systems' SQLite export schema reference.
+NVTX_EVENTS_DDL = """CREATE TABLE NVTX_EVENTS (
+    start INTEGER NOT NULL, end INTEGER, eventType INTEGER NOT NULL, rangeId INTEGER,
+    category INTEGER, color INTEGER, text TEXT, globalTid INTEGER, endGlobalTid INTEGER,
+    textId INTEGER, domainId INTEGER, uint64Value INTEGER, int64Value INTEGER,
+    doubleValue REAL, uint32Value INTEGER, int32Value INTEGER, floatValue REAL,
+    jsonTextId INTEGER, jsonText TEXT, binaryData TEXT)"""
+COPIED = ("StringIds", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
+          "TARGET_INFO_SESSION_START_TIME")
+MS = 1_000_000
+
+
+def test_real_export_kernel_count_and_time_match_cupti_table(tmp_path):
+    with sqlite3.connect(f"file:{REAL}?mode=ro", uri=True) as con:
+        count, total_ns = con.execute(
+            'SELECT count(*), sum("end" - start) FROM CUPTI_ACTIVITY_KIND_KERNEL').fetchone()
+        memcpy = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY").fetchone()[0]
+        gpid = con.execute("SELECT globalPid FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 1").fetchone()[0]
+        pid = con.execute("SELECT pid FROM PROCESSES WHERE globalPid = ?", (gpid,)).fetchone()[0]
+    run_dir, _ = import_nsys([str(REAL)], str(tmp_path / "run"))
+    run = diagnose.load(run_dir, warn=lambda m: None)
+    kernels = run.kernels()
+    launched = kernels[kernels["kind"] != "memory"]
+    assert len(launched) == count
+    assert int((launched["end_ns"] - launched["start_ns"]).sum()) == total_ns
+    assert len(kernels) == count + memcpy
+    assert decode_global_id(gpid)[0] == pid == run.rank_meta[0]["pid"]
+    syncs = run.events()[run.events()["kind"] == "sync"]
+    assert list(syncs["name"].astype(str)) == ["cudaEventSynchronize"]
+
+
+def _synthetic(path: Path, pid: int, session_start_ns: int, steps: list) -> None:
+    """One rank's export: NVTX ranges from our domain, kernels launched inside them."""
+    with sqlite3.connect(f"file:{REAL}?mode=ro", uri=True) as real:
+        ddl = {n: sql for n, sql in real.execute("SELECT name, sql FROM sqlite_master WHERE type='table'")}
+    con = sqlite3.connect(path)
+    for table in COPIED:
+        con.execute(ddl[table])
+    con.execute(NVTX_EVENTS_DDL)
+    strings = {}
+
+    def sid(text):
+        if text not in strings:
+            strings[text] = len(strings) + 1
+            con.execute("INSERT INTO StringIds VALUES (?, ?)", (strings[text], text))
+        return strings[text]
+
+    gtid = (1 << 48) | (pid << 24) | pid
+    gpid = (1 << 48) | (pid << 24)
+    con.execute("INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (?, '', '', 0)", (session_start_ns,))
+    con.execute("INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid, domainId) "
+                "VALUES (0, 75, 'diagnose', ?, 1)", (gtid,))
+    categories = {kind: i + 1 for i, kind in enumerate(("forward", "backward", "optimizer", "data"))}
+    for kind, cat in categories.items():
+        con.execute("INSERT INTO NVTX_EVENTS (start, eventType, category, text, globalTid, domainId) "
+                    "VALUES (0, 33, ?, ?, ?, 1)", (cat, kind, gtid))
+    corr = [1000]
+
+    def nvtx(kind, name, start, end):
+        con.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, category, textId, globalTid, "
+                    "domainId) VALUES (?, ?, 59, ?, ?, ?, 1)", (start, end, categories[kind], sid(name), gtid))
+
+    def kernel(name, launch, start, end, stream):
+        corr[0] += 1
+        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid, "
+                    "correlationId, nameId, returnValue) VALUES (?, ?, 0, ?, ?, ?, 0)",
+                    (launch, launch + 5000, gtid, corr[0], sid("cudaLaunchKernel_v7000")))
+        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, contextId, streamId, "
+                    "correlationId, globalPid, demangledName, shortName, registersPerThread, gridX, "
+                    "gridY, gridZ, blockX, blockY, blockZ, staticSharedMemory, dynamicSharedMemory, "
+                    "localMemoryPerThread, localMemoryTotal, gridId) "
+                    "VALUES (?, ?, 0, 1, ?, ?, ?, ?, ?, 32, 1, 1, 1, 128, 1, 1, 0, 0, 0, 0, ?)",
+                    (start, end, stream, corr[0], gpid, sid(name), sid(name.split("(")[0]), corr[0]))
+
+    for s in steps:  # all times relative to this rank's session start
+        t = s["t"]
+        nvtx("data", "data_wait", t, t + s["data"])
+        t += s["data"]
+        nvtx("forward", "forward", t, t + 10 * MS)
+        kernel("void gemm_fwd(float*)", t + MS, t + 2 * MS, t + 9 * MS, 7)
+        t += 10 * MS
+        nvtx("backward", "backward", t, t + 20 * MS)
+        kernel("void gemm_bwd(float*)", t + MS, t + 2 * MS, t + 15 * MS, 7)
+        kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+               t + 2 * MS, s["nccl"], s["nccl_end"], 20)
+        t += 20 * MS
+        nvtx("optimizer", "optimizer", t, t + 5 * MS)
+    con.commit()
+    con.close()
+
+
+def test_synthetic_two_rank_export_matches_the_native_picture(tmp_path):
+    """Rank 1's session starts 7 ms after rank 0's; its data loading is 3 ms slower,
+    so its all-reduce starts 3 ms later on the GPU and rank 0's waits 3 ms."""
+    base, lag = 1_700_000_000_000_000_000, 7 * MS
+    step_ms = 50 * MS
+    plan = {0: [], 1: []}
+    for k in range(4):
+        start = k * step_ms + 1 * MS                     # wall offset from `base`
+        for rank, extra in ((0, 0), (1, 3 * MS)):
+            data = 4 * MS + extra
+            nccl = start + data + 10 * MS + 14 * MS      # after this rank's backward kernel
+            nccl_end = start + 4 * MS + 3 * MS + 10 * MS + 14 * MS + 2 * MS  # same instant on both
+            shift = -lag if rank == 1 else 0             # to this rank's session time
+            plan[rank].append({"t": start + shift, "data": data, "nccl": nccl + shift,
+                               "nccl_end": nccl_end + shift})
+    paths = []
+    for rank, pid, start in ((0, 4101, base), (1, 4102, base + lag)):
+        path = tmp_path / f"rank{rank}.sqlite"
+        _synthetic(path, pid, start, plan[rank])
+        paths.append(str(path))
+    run = diagnose.load(import_nsys(paths[::-1], str(tmp_path / "run"))[0], warn=lambda m: None)
+
+    assert run.ranks == [0, 1] and run.rank_meta[1]["pid"] == 4102
+    steps = run.steps()
+    assert sorted(steps.groupby("rank")["step"].count().tolist()) == [4, 4]
+    breakdown = run.breakdown().set_index(["rank", "step"])
+    for rank, data_ms in ((0, 4.0), (1, 7.0)):
+        rows = breakdown.loc[rank].loc[1:]               # step 0 starts at the first range
+        assert rows["forward_ms"].tolist() == pytest.approx([10.0] * 3)
+        assert rows["backward_ms"].tolist() == pytest.approx([20.0] * 3)
+        assert rows["optimizer_ms"].tolist() == pytest.approx([5.0] * 3)
+        assert rows["data_wait_ms"].tolist() == pytest.approx([data_ms] * 3)
+    arrivals = run.arrivals()
+    assert len(arrivals) == 8 and (arrivals["members"] == 2).all()
+    assert set(arrivals["name"]) == {"all_reduce"}
+    wait = arrivals.groupby("rank")["wait_ms"].median()
+    assert wait[0] == pytest.approx(3.0) and wait[1] == pytest.approx(0.0)
+    assert (arrivals["last_rank"] == 1).all()
+    assert arrivals["transfer_ms"].median() == pytest.approx(2.0)
+    kernels = run.kernels()
+    assert (kernels.groupby("rank")["kind"].value_counts().unstack()["communication"] == 4).all()
+    assert (kernels["correlation"] > 0).all() and set(kernels["stream"]) == {7, 20}
+    tb = run.temporal_breakdown()
+    assert (tb[["idle_frac", "compute_frac", "non_compute_frac"]].sum(axis=1)).tolist() == pytest.approx([1, 1])
+    assert run.findings is not None  # the detectors run on it

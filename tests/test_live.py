@@ -1,0 +1,128 @@
+"""Issue 6: while the job runs, alerts name the rank that departs from its own
+recent spread, and per-step metrics reach the MLflow run."""
+import io
+import json
+
+from mlflow.tracking import MlflowClient
+
+from diagnose.live import Baseline, LiveMonitor
+
+
+def test_live_alert_names_the_slowed_rank_during_the_run(straggler_run):
+    out = straggler_run["stdout"] + straggler_run["stderr"]
+    alerts = [line for line in out.splitlines() if "diagnose: ALERT" in line]
+    assert any(line.startswith("diagnose: ALERT rank 1:") or "ALERT rank 1:" in line for line in alerts), out
+    assert not any("ALERT rank 0:" in line for line in alerts), alerts
+    run_dir = straggler_run["dir"]
+    records = [json.loads(line) for line in (run_dir / "alerts.jsonl").read_text().splitlines()]
+    slow = [r for r in records if r["rank"] == 1]
+    assert slow and slow[0]["kind"] == "compute" and 10 <= slow[0]["step"] <= 14, records
+    # raised during the run: before rank 1 finished its last step
+    meta = json.loads((run_dir / "traces" / "rank-00001" / "meta.json").read_text())
+    assert slow[0]["wall_ns"] < meta["end_wall_ns"]
+    # ... and on the MLflow run
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir.parent / 'mlflow.db'}")
+    run = client.get_run((run_dir / "mlflow_run_id").read_text().strip())
+    assert run.data.tags["alerts.count"] == str(len(records))
+    assert "rank 1" in run.data.tags["alert.1"]
+    assert {"alerts.jsonl"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def test_step_metrics_reach_mlflow_while_the_job_runs(straggler_run):
+    polls = [p for p in straggler_run["polls"] if p["steps"]]
+    assert polls, "no live step metric was seen in the store while the job ran"
+    assert min(max(p["steps"]) for p in polls) < 21, "metrics only appeared at the end"
+    client = MlflowClient(tracking_uri=f"sqlite:///{straggler_run['dir'].parent / 'mlflow.db'}")
+    history = client.get_metric_history(straggler_run["run_id"], "live/step_time_max_ms")
+    assert sorted(m.step for m in history) == list(range(22))
+    by_step = {m.step: m.value for m in history}
+    assert min(by_step[s] for s in range(12, 22)) > max(by_step[s] for s in range(2, 10))
+
+
+# -- the detector on synthetic snapshots (no job) ------------------------------------
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+    def wall(self):
+        return int(self.t * 1e9)
+
+
+def monitor(tmp_path, clock):
+    stream = io.StringIO()
+    mon = LiveMonitor(str(tmp_path), manifest={}, stream=stream, track=False, read_events=False,
+                      now=clock, wall_ns=clock.wall)
+    return mon, stream
+
+
+def snapshot(steps_by_rank, totals, clock, data_wait=None):
+    data_wait = data_wait or {}
+    return {r: {"recent_steps": [[s, ms, data_wait.get((r, s), 1.0)] for s, ms in steps[-64:]],
+                "events_total": totals[r], "wall_ns": clock.wall()}
+            for r, steps in steps_by_rank.items()}
+
+
+def test_step_time_and_data_wait_departures_alert_once(tmp_path):
+    clock = Clock()
+    mon, stream = monitor(tmp_path, clock)
+    steps = {0: [], 1: []}
+    waits = {}
+    for s in range(30):
+        for r in (0, 1):
+            slow = r == 1 and s >= 15
+            steps[r].append((s, 100.0 + (s % 3) + (400.0 if slow else 0.0)))
+            if r == 0 and s >= 20:
+                waits[(r, s)] = 60.0
+        clock.t += 0.3
+        mon.tick(snapshot(steps, {0: s, 1: s}, clock, waits))
+    text = stream.getvalue()
+    lines = [l for l in text.splitlines() if "ALERT" in l]
+    assert sum("ALERT rank 1:" in l and "step 16 took" in l for l in lines) == 1, text
+    assert sum("ALERT rank 0:" in l and "data wait" in l for l in lines) == 1, text
+    assert len(lines) == 2, text
+    records = [json.loads(l) for l in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    assert [(r["rank"], r["kind"]) for r in records] == [(1, "step_time"), (0, "data_wait")]
+
+
+def test_a_rank_that_stops_recording_while_others_go_on_is_reported(tmp_path):
+    clock = Clock()
+    mon, stream = monitor(tmp_path, clock)
+    steps = {0: [], 1: []}
+    totals = {0: 0, 1: 0}
+    for i in range(80):
+        for r in (0, 1):
+            if r == 1 and i >= 40:
+                continue  # rank 1 is stuck from here on
+            steps[r].append((i, 200.0))
+            totals[r] += 10
+        clock.t += 0.25
+        mon.tick(snapshot(steps, totals, clock))
+    alerts = [l for l in stream.getvalue().splitlines() if "ALERT" in l]
+    assert len(alerts) == 1 and alerts[0].startswith("\rdiagnose: ALERT rank 1:") or \
+        "ALERT rank 1:" in alerts[0], alerts
+    assert "recorded nothing" in alerts[0]
+
+
+def test_the_monitor_never_raises(tmp_path):
+    clock = Clock()
+    mon, stream = monitor(tmp_path, clock)
+    for bad in ({0: {"recent_steps": "garbage"}}, {0: {"recent_steps": [[1, "x", None]]}},
+                {0: None}, {0: {"events_total": object()}}):
+        mon.tick(bad)
+    mon.close(0)
+    warnings = [l for l in stream.getvalue().splitlines() if "warning" in l]
+    assert len(warnings) <= 1
+
+
+def test_baseline_is_robust_and_floored():
+    base = Baseline(k=5.0, rel_floor=0.25, abs_floor=5.0)
+    for v in [100, 102, 98, 101, 99, 500, 100]:
+        assert base.update(v) is None  # one outlier is not an episode
+    assert base.update(400) is None and base.update(420) is not None
+    flat = Baseline(k=5.0, rel_floor=0.25, abs_floor=5.0)
+    for v in [10.0] * 10:
+        flat.update(v)
+    assert flat.threshold()[1] == 10.0 + 5 * 5.0  # the floor, not MAD = 0

@@ -1,0 +1,141 @@
+"""Issue 6: one MLflow run per diagnose run, in the embedded sqlite store next to
+the runs, and the MLflow UI (`diagnose ui`) that shows it, checked in a browser."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+import diagnose
+from conftest import ARTIFACTS, DIAGNOSE, REPO, job_env
+from diagnose import tracking
+
+
+def client_of(run_dir) -> MlflowClient:
+    return MlflowClient(tracking_uri=f"sqlite:///{run_dir.parent / 'mlflow.db'}")
+
+
+def test_wrapped_job_has_one_mlflow_run_with_params_metrics_tags_artifacts(ddp_run):
+    client = client_of(ddp_run)
+    experiment = client.get_experiment_by_name("diagnose")
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id])
+    run_id = (ddp_run / "mlflow_run_id").read_text().strip()
+    assert [r.info.run_id for r in runs if r.data.tags.get("diagnose.run_dir") == str(ddp_run)] == [run_id]
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "run"
+    params = run.data.params
+    assert params["world_size"] == "2"
+    assert "samples/ddp_mlp.py --steps 12" in params["command"]
+    assert "layout" in params
+    # per-step metrics from the analysis, and the live ones streamed while it ran
+    for key in ("step_time_p50_ms", "step_time_max_ms", "data_wait_frac", "exposed_comm_frac"):
+        history = client.get_metric_history(run_id, key)
+        assert sorted(m.step for m in history) == list(range(12)), key
+    p50 = {m.step: m.value for m in client.get_metric_history(run_id, "step_time_p50_ms")}
+    assert all(v > 0 for v in p50.values())
+    assert len(client.get_metric_history(run_id, "live/step_time_p50_ms")) >= 10
+    assert run.data.metrics["summary/step_time_median_ms"] > 0
+    # findings as tags
+    findings = json.loads((ddp_run / "analysis" / "findings.json").read_text())
+    tags = run.data.tags
+    assert tags["findings.count"] == str(len(findings))
+    for f in findings:
+        assert f"finding.{f['kind']}" in tags
+    # the three artifacts, byte for byte
+    artifacts = {a.path for a in client.list_artifacts(run_id)}
+    assert {"report.html", "findings.json", "trace.json.gz"} <= artifacts
+    local = client.download_artifacts(run_id, "findings.json", str(ddp_run.parent / "dl"))
+    assert json.loads(open(local).read()) == findings
+
+
+def test_analysing_again_updates_the_same_mlflow_run(ddp_run, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("DIAGNOSE_TRACKING", raising=False)
+    client = client_of(ddp_run)
+    run_id = (ddp_run / "mlflow_run_id").read_text().strip()
+    before = len(client.get_metric_history(run_id, "step_time_p50_ms"))
+    run = diagnose.load(ddp_run)
+    assert tracking.log_run(run, run.findings) == run_id
+    assert len(client.get_metric_history(run_id, "step_time_p50_ms")) == before
+    runs = client.search_runs([client.get_experiment_by_name("diagnose").experiment_id])
+    assert [r.info.run_id for r in runs if r.data.tags.get("diagnose.run_dir") == str(ddp_run)] == [run_id]
+
+
+def test_tracking_uri_honours_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking.tracking_uri(str(tmp_path / "runs" / "r1")) == \
+        f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
+    assert tracking.tracking_uri(str(tmp_path / "runs" / "r1")) == "http://127.0.0.1:1"
+    monkeypatch.setenv("DIAGNOSE_TRACKING", "off")
+    assert tracking.log_run(object(), []) is None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, timeout: float, proc) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"diagnose ui exited {proc.returncode}: {proc.stdout.read()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError(f"{url} did not come up in {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def mlflow_ui(ddp_run):
+    port = _free_port()
+    proc = subprocess.Popen([*DIAGNOSE, "ui", "--port", str(port), "--runs-root", str(ddp_run.parent)],
+                            cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/health", 120, proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def test_mlflow_ui_shows_the_run_and_its_report(ddp_run, mlflow_ui, browser):
+    run_id = (ddp_run / "mlflow_run_id").read_text().strip()
+    experiment_id = client_of(ddp_run).get_experiment_by_name("diagnose").experiment_id
+    page = browser.page()
+    try:
+        page.navigate(f"{mlflow_ui}/#/experiments/{experiment_id}/runs/{run_id}")
+        page.wait_for("document.body.innerText.includes('world_size')", timeout=90)
+        text = page.evaluate("document.body.innerText")
+        assert "run" in text and "step_time_p50_ms" in text and "findings.count" in text
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(str(ARTIFACTS / "mlflow-run.png"), full_page=False)
+        # the run's artifacts, as the UI lists and fetches them
+        listed = page.evaluate(f"""fetch('{mlflow_ui}/ajax-api/2.0/mlflow/artifacts/list?run_id={run_id}')
+            .then(r => r.json()).then(j => j.files.map(f => f.path))""")
+        assert {"report.html", "findings.json", "trace.json.gz"} <= set(listed)
+        report = page.evaluate(f"""fetch('{mlflow_ui}/get-artifact?path=report.html&run_uuid={run_id}')
+            .then(r => r.text())""")
+        assert report.startswith("<!DOCTYPE html>") and "diagnose report: run" in report
+        page.navigate(f"{mlflow_ui}/#/experiments/{experiment_id}/runs/{run_id}/artifacts/report.html")
+        page.wait_for("document.body.innerText.includes('report.html')", timeout=60)
+        page.screenshot(str(ARTIFACTS / "mlflow-artifact-report.png"), full_page=False)
+    finally:
+        page.close()
