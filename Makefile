@@ -4,9 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # CPU wheel by default (CI, laptops); GPU users: make setup TORCH_SPEC='torch'
 TORCH_SPEC ?= torch==2.13.0
-DEMO_SCENARIO ?= straggler
+DEMO_SCENARIO ?= showcase
 
-.PHONY: setup demo test bench clean
+.PHONY: setup browser demo test bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,13 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed browser
+
+# Headless Chromium for the report and MLflow UI tests (Debian's package; CI runs as root).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq && apt-get install -y -qq chromium) ; } || \
+	  echo "warning: chromium is not installed; the browser tests will fail (apt-get install chromium)"
 
 demo: setup
 	$(VENV)/bin/diagnose demo --scenario $(DEMO_SCENARIO)
@@ -25,6 +31,7 @@ test: setup
 
 bench: setup
 	$(PY) bench/overhead.py
+	$(PY) bench/report_size.py
 
 clean:
 	rm -rf $(VENV) runs

@@ -60,8 +60,7 @@ def run(ctx: typer.Context,
     unknown = [a for a in command[:1] if a.startswith("-")]
     if unknown:
         raise UserError(f"unknown option {unknown[0]!r} (put the job after `--`)")
-    run_dir, status = launch(RunOptions(command=command, out_dir=out, name=name,
-                                        analyze=not no_analyze, force=force,
+    run_dir, status = launch(RunOptions(command=command, out_dir=out, name=name, force=force,
                                         hang_timeout_s=hang_timeout, nsys=nsys,
                                         torch_profiler=_steps_option(torch_profiler)))
     return _finish(run_dir, status, not no_analyze)
@@ -115,7 +114,7 @@ def merge(runs: List[str] = typer.Argument(..., help="run directories, one per n
 
 
 @app.command()
-def demo(scenario: str = typer.Option("straggler", "--scenario", help="scenario name"),
+def demo(scenario: str = typer.Option("showcase", "--scenario", help="scenario name"),
          out: Optional[str] = typer.Option(None, "--out", help="run directory"),
          hang_timeout: float = typer.Option(20.0, "--hang-timeout")):
     """Run the reference trainer under `diagnose run` with one injected problem."""

@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 
 from diagnose import rundir
 from diagnose.errors import UserError
+from diagnose.interop_run import after_job, before_job
+from diagnose.live import start as start_live
 from diagnose.monitor import ProgressLine, RankLiveness, read_progress
+from diagnose.watchdog import HangWatchdog, kill_rank_processes
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                              "collectors", "bootstrap")
@@ -29,7 +32,6 @@ class RunOptions:
     command: list
     out_dir: str | None = None
     name: str | None = None
-    analyze: bool = True
     force: bool = False
     hang_timeout_s: float = 1800.0
     extra_env: dict = field(default_factory=dict)
@@ -88,7 +90,6 @@ def launch(opts: RunOptions) -> tuple[str, int]:
     rundir.write_manifest(run_dir, manifest)
     group_kwargs = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     try:
-        from diagnose.interop_run import before_job
         command, extra_env = before_job(opts, run_dir, manifest)
         proc = subprocess.Popen(command, env=job_env(run_dir, extra_env), **group_kwargs)
     except (FileNotFoundError, PermissionError) as exc:
@@ -102,10 +103,8 @@ def launch(opts: RunOptions) -> tuple[str, int]:
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     progress = ProgressLine()
-    from diagnose.watchdog import HangWatchdog
     watchdog = HangWatchdog(run_dir, proc, opts.hang_timeout_s)
     liveness = RankLiveness(run_dir)
-    from diagnose.live import start as start_live
     live = start_live(run_dir, manifest)  # alerts + MLflow metrics while the job runs; never raises
     try:
         while proc.poll() is None:
@@ -116,6 +115,7 @@ def launch(opts: RunOptions) -> tuple[str, int]:
             live.tick(snapshot)
             if interrupted_at and time.monotonic() - interrupted_at[0] > INTERRUPT_GRACE_S:
                 _signal_group(proc, signal.SIGKILL)
+                kill_rank_processes(run_dir)
     finally:
         signal.signal(signal.SIGINT, previous)
         progress.close()
@@ -124,7 +124,6 @@ def launch(opts: RunOptions) -> tuple[str, int]:
     manifest.update(end_wall_ns=time.time_ns(), exit_status=status,
                     interrupted=bool(interrupted_at), hang=watchdog.report,
                     rank_exits=liveness.close())
-    from diagnose.interop_run import after_job
     after_job(opts, run_dir, manifest)
     metas = read_progress(run_dir)
     manifest["world_size"] = len(rundir.rank_dirs(run_dir)) or None

@@ -7,14 +7,30 @@ in-flight collectives and all thread stacks, and end the job (SIGTERM, then
 SIGKILL) so the analysis can say which rank never arrived where.
 """
 import glob
+import json
 import os
 import signal
+import socket
 import time
 
 from collectors.recorder import DUMP_REQUEST
 
 DUMP_WAIT_S = 5.0
 TERM_GRACE_S = 5.0
+
+
+def kill_rank_processes(run_dir: str) -> None:
+    """torchrun starts each rank in a session of its own: a rank wedged in C++
+    survives the signals sent to the launcher's group, so end it by pid."""
+    host = socket.gethostname()
+    for meta_path in glob.glob(os.path.join(run_dir, "traces", "rank-*", "meta.json")):
+        try:
+            with open(meta_path, encoding="utf-8") as f:
+                meta = json.load(f)
+            if meta.get("host") == host and isinstance(meta.get("pid"), int):
+                os.kill(meta["pid"], signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
 
 
 class HangWatchdog:
@@ -57,22 +73,7 @@ class HangWatchdog:
             time.sleep(0.2)
         if self.proc.poll() is None:
             self._signal(signal.SIGKILL)
-        self._kill_ranks()
-
-    def _kill_ranks(self) -> None:
-        """torchrun starts each rank in a session of its own: a rank wedged in C++
-        survives the signals sent to the launcher's group, so end it by pid."""
-        import json
-        import socket
-        host = socket.gethostname()
-        for meta_path in glob.glob(os.path.join(self.run_dir, "traces", "rank-*", "meta.json")):
-            try:
-                with open(meta_path, encoding="utf-8") as f:
-                    meta = json.load(f)
-                if meta.get("host") == host and isinstance(meta.get("pid"), int):
-                    os.kill(meta["pid"], signal.SIGKILL)
-            except (OSError, ValueError):
-                continue
+        kill_rank_processes(self.run_dir)
 
     def _signal(self, sig) -> None:
         try:

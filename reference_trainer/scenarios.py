@@ -58,4 +58,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("bubble", 4, _run(["--pp", "4", "--schedule", "afab", "--microbatches", "2"]),
              "pipeline_bubble", (0, 1, 2, 3),
              description="pp4 with only 2 micro-batches: stages idle most of the step"),
+    Scenario("showcase", 4, _run(["--dp", "2", "--pp", "2", "--schedule", "1f1b", "--microbatches", "4"],
+                                 faults=("straggler:rank=2,factor=2.5", "slow_input:ms=4")),
+             "straggler", (2,), description="`make demo`: a straggler, a slow input pipeline and "
+                                            "too few micro-batches for the pipeline, at once"),
 ]}

@@ -60,6 +60,8 @@ def parse_args():
     p.add_argument("--log-every-microbatch", action="store_true")
     p.add_argument("--jitter-ms", type=float, default=0.0)
     p.add_argument("--result-json", default="")
+    p.add_argument("--log-step-times", default="", metavar="PATH",
+                   help="rank 0 writes each step's wall time (s), one per line (for bench/overhead.py)")
     return p.parse_args()
 
 
@@ -83,7 +85,9 @@ def main():
     batches = iter(loader)
 
     loss_value = float("nan")
+    step_times = []
     for step in range(args.steps):
+        t_step = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         for micro in range(args.microbatches):
             x, y = next(batches)
@@ -107,9 +111,13 @@ def main():
         loss_check = loss.detach().clone()
         dist.all_reduce(loss_check)
         loss_value = loss_check.item() / world
+        step_times.append(time.perf_counter() - t_step)
 
     if rank == 0:
         print(f"final loss {loss_value!r}")
+        if args.log_step_times:
+            with open(args.log_step_times, "w") as f:
+                f.writelines(f"{t:.6f}\n" for t in step_times)
         if args.result_json:
             params = torch.cat([p.detach().flatten() for p in model.parameters()])
             with open(args.result_json, "w") as f:

@@ -26,6 +26,11 @@ def test_hang_is_ended_by_the_watchdog_and_names_the_missing_rank(tmp_path):
     assert "faults.py" in top["callsite"]           # where rank 1 is stuck
     assert "#" in top["title"] and "group" in top["title"]
     assert top["metrics"]["seq"] >= 0
+    # in the trace: rank 1 never entered that collective; its peer did not finish it either
+    calls = diagnose.load(out).collectives()
+    group = top["title"].split(" of group ")[1].split(" ")[0]
+    in_group = calls[calls["group"] == group]
+    assert in_group[in_group["rank"] == 1]["seq"].max() < top["metrics"]["seq"]
     # hang:rank=1,step=6 stops at ~2 s into the job; + 15 s timeout + dump/teardown
     assert elapsed < 15 + 30 + 20, elapsed
 

@@ -3,8 +3,10 @@ naming the right rank, stage or callsite; clean yields nothing above info. One
 launch per scenario (4 ranks each); the summary table is printed."""
 import json
 
+import numpy as np
 import pytest
 
+import diagnose
 from conftest import run_diagnose
 from reference_trainer.scenarios import SCENARIOS
 
@@ -47,3 +49,37 @@ def test_demo_scenario_yields_expected_finding(name, tmp_path):
         assert serious == [], serious
     else:
         assert any(_matches(scenario, f) for f in serious), findings
+    check_fault_in_trace(name, diagnose.load(out))
+
+
+def _phase_ms(run, phase_name):
+    spans = run.spans()
+    spans = spans[(spans["kind"] == "phase") & (spans["name"] == phase_name) & spans["step"].isin(run.steady_steps())]
+    return spans.groupby("rank")["dur_ms"].median()
+
+
+def check_fault_in_trace(name, run):
+    """Issue 3: each fault shows its intended effect in the recorded trace."""
+    if name == "straggler":       # factor 3 on rank 2's compute
+        forward = _phase_ms(run, "forward")
+        assert forward[2] >= 2.5 * forward.drop(2).median(), forward
+    elif name == "slow_stage":    # factor 3 on stage 2
+        forward = _phase_ms(run, "forward")
+        assert forward[2] >= 2 * forward.drop(2).max(), forward
+    elif name == "slow_input":    # 15 ms per sample, 2 samples per micro-batch
+        data = run.breakdown()
+        assert data[data["step"].isin(run.steady_steps())]["data_wait_ms"].median() >= 2 * 2 * 15 * 0.9
+    elif name == "hidden_sync":   # one loss all_reduce per micro-batch (4)
+        calls = run.collectives()
+        calls = calls[calls["callsite"].str.contains("faults.py") & calls["step"].isin(run.steady_steps())]
+        assert set(calls.groupby(["rank", "step"]).size()) == {4}
+    elif name == "blocking_p2p":  # every send waited at once
+        calls = run.collectives()
+        sends = calls[(calls["name"] == "send") & calls["wait_start_ns"].notna()]
+        assert (sends["wait_start_ns"] - sends["return_ns"] < 500_000).mean() > 0.9
+    elif name == "comm_bound":    # an extra 32 MB all-reduce per step
+        calls = run.collectives()
+        assert (calls["bytes"] >= 32 * 2**20).any()
+    elif name == "bubble":        # AFAB with 2 micro-batches on 4 stages
+        assert run.breakdown()["pipeline_wait_ms"].median() > 0
+        assert np.isfinite(run.breakdown()["step_ms"]).all()

@@ -1,7 +1,8 @@
 """stage_imbalance: one pipeline stage computes more per micro-batch than the rest.
 
 Signal: forward+backward time per micro-batch, per rank (median over steady
-steps and micro-batches), averaged per stage. A pipeline runs at the pace of
+steps and micro-batches); a stage's cost is its fastest rank's, so that one
+straggling data-parallel replica reads as a straggler, not as a heavy stage. A pipeline runs at the pace of
 its slowest stage, so the cost is about (m + p - 1) x (max - mean) per step.
 Threshold: max/mean >= 1.2 (below that, run-to-run noise and the last stage's
 loss head dominate) and impact >= 3% of the step for a warning. When layer
@@ -58,7 +59,7 @@ def detect(ctx):
     per_rank = compute_per_microbatch(ctx)
     if per_rank.empty or per_rank["stage"].nunique() < 2:
         return []
-    stage_ms = per_rank.groupby("stage")["microbatch_ms"].mean()
+    stage_ms = per_rank.groupby("stage")["microbatch_ms"].min()
     mean_ms, max_ms = float(stage_ms.mean()), float(stage_ms.max())
     ratio = max_ms / mean_ms if mean_ms > 0 else 1.0
     if ratio < IMBALANCE_RATIO:
