@@ -80,15 +80,20 @@ class StageRunner:
         return None if x is None else x.grad
 
 
+def forward_step(run: StageRunner, p2p: PipelineP2P, i: int, inputs: list, outputs: list) -> None:
+    """recv activation, forward micro-batch i, send the result on; keep both for backward."""
+    x = p2p.recv_forward(i)
+    y = run.forward(x, i)
+    p2p.send_forward(y, i)
+    inputs.append(x)
+    outputs.append(y)
+    run.note_inflight(len(outputs))
+
+
 def afab(run: StageRunner, p2p: PipelineP2P, m: int) -> None:
     inputs, outputs = [], []
     for i in range(m):
-        x = p2p.recv_forward(i)
-        y = run.forward(x, i)
-        p2p.send_forward(y, i)
-        inputs.append(x)
-        outputs.append(y)
-        run.note_inflight(len(outputs))
+        forward_step(run, p2p, i, inputs, outputs)
     for i in range(m):
         dy = p2p.recv_backward(i)
         dx = run.backward(inputs.pop(0), outputs.pop(0), dy, i)
@@ -101,12 +106,7 @@ def one_f_one_b(run: StageRunner, p2p: PipelineP2P, m: int, pp: int, stage: int)
     steady = m - warmup
     inputs, outputs = [], []
     for i in range(warmup):
-        x = p2p.recv_forward(i)
-        y = run.forward(x, i)
-        p2p.send_forward(y, i)
-        inputs.append(x)
-        outputs.append(y)
-        run.note_inflight(len(outputs))
+        forward_step(run, p2p, i, inputs, outputs)
     x = p2p.recv_forward(warmup) if steady > 0 else None
     for i in range(steady):
         fwd_mb = warmup + i

@@ -1,7 +1,9 @@
 """exposed_comm: communication not hidden behind compute dominates the step.
 
 Signal: the breakdown's exposed_comm (time the training thread is blocked in
-communication) as a fraction of the step, on the rank that exposes the LEAST:
+communication) as a fraction of the step, less the small per-micro-batch
+collectives that hidden_sync reports (one cause, one finding), on the rank that
+exposes the LEAST:
 waiting for a straggler also shows up as blocked communication on the fast
 ranks, so the least-exposed rank (typically the straggler itself) is the pure
 transfer cost. Threshold: >= 35% of the step is a warning, >= 50% critical;
@@ -10,6 +12,7 @@ collective kind (nccl-tests formulas: busbw = algbw x 2(n-1)/n for all-reduce,
 (n-1)/n for all-gather/reduce-scatter/all-to-all, 1 for broadcast/reduce) and
 the groups with the most communication time.
 """
+from diagnose.detectors import hidden_sync
 from diagnose.findings import Finding
 
 INFO_FRAC, WARNING_FRAC, CRITICAL_FRAC = 0.10, 0.35, 0.50
@@ -39,6 +42,12 @@ def detect(ctx):
     if b.empty:
         return []
     per_rank = b.groupby("rank")[["exposed_comm_ms", "step_ms"]].median()
+    syncs = hidden_sync.candidates(ctx)
+    syncs = syncs[syncs["kind"].astype(str) == "collective"]
+    if len(syncs) and ctx.steady:
+        per_rank["exposed_comm_ms"] = (per_rank["exposed_comm_ms"]
+                                       - syncs.groupby("rank")["dur_ms"].sum().reindex(per_rank.index).fillna(0)
+                                       / len(ctx.steady)).clip(lower=0)
     frac = per_rank["exposed_comm_ms"] / per_rank["step_ms"]
     least = int(frac.idxmin())
     exposed = float(frac.min())
