@@ -85,8 +85,9 @@ def test_refinement_recovers_an_unmeasured_offset():
 
 def test_two_nodes_merge_into_the_single_node_result(tmp_path):
     """Two torchrun invocations (--nnodes 2, c10d rendezvous on 127.0.0.1), each
-    wrapped by its own `diagnose run`, one node's clocks skewed; merged, they
-    give the findings of one 4-rank run of the same job."""
+    wrapped by its own `diagnose run`, the second node's clocks (global ranks
+    2, 3) skewed by 40 ms; merged, they give the findings of one 4-rank run of
+    the same job."""
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -97,7 +98,9 @@ def test_two_nodes_merge_into_the_single_node_result(tmp_path):
         launcher = [PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
                     "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-id", "diag",
                     "--rdzv-endpoint", f"127.0.0.1:{port}", *map(str, job)]
-        env = job_env(DIAGNOSE_TEST_CLOCK_SKEW_NS="2:40000000,3:40000000") if node else job_env()
+        # c10d rendezvous may give either invocation global ranks 2,3: the skew is
+        # keyed by global rank, so both get the variable and whichever hosts 2,3 skews
+        env = job_env(DIAGNOSE_TEST_CLOCK_SKEW_NS="2:40000000,3:40000000")
         procs.append(subprocess.Popen([PYTHON, "-m", "diagnose", "run", "--no-analyze", "--out",
                                        str(tmp_path / f"node{node}"), "--", *launcher],
                                       cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

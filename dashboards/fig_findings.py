@@ -1,0 +1,77 @@
+"""The findings summary at the top of the report: one row per finding, most
+severe first, each linking to the figure that is its evidence."""
+from dashboards.common import SEVERITY_COLORS, esc
+
+# Which view proves which kind of finding (first one present wins).
+EVIDENCE = {
+    "straggler": ("heat-busy", "heat-wait-caused", "breakdown-ranks"),
+    "stage_imbalance": ("pipeline-stages", "pipeline", "breakdown-ranks"),
+    "pipeline_bubble": ("pipeline", "pipeline-stages", "breakdown-steps"),
+    "input_stall": ("data-wait", "breakdown-steps"),
+    "hidden_sync": ("timeline", "breakdown-ranks"),
+    "blocking_async": ("timeline", "breakdown-ranks"),
+    "exposed_comm": ("breakdown-ranks", "timeline"),
+    "hang": ("timeline", "collectives"),
+    "rank_failure": ("timeline",),
+    "memory_imbalance": ("samples", "breakdown-ranks"),
+}
+FALLBACK = ("breakdown-ranks", "timeline")
+
+
+def evidence_anchor(finding: dict, anchors) -> str | None:
+    for anchor in (*EVIDENCE.get(finding.get("kind"), ()), *FALLBACK):
+        if anchor in anchors:
+            return anchor
+    return None
+
+
+def _metric_text(metrics: dict) -> str:
+    parts = []
+    for key, value in (metrics or {}).items():
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        parts.append(f"{esc(key)}={esc(value)}")
+    return ", ".join(parts)
+
+
+def findings_html(findings: list, anchors, titles: dict) -> str:
+    if not findings:
+        return ('<p class="none">No findings: nothing above noise was detected. '
+                'The views below show the run as recorded.</p>')
+    rows = []
+    for i, f in enumerate(findings):
+        severity = str(f.get("severity", "info"))
+        anchor = evidence_anchor(f, anchors)
+        color = SEVERITY_COLORS.get(severity, "#999999")
+        ranks = ", ".join(esc(r) for r in (f.get("ranks") or [])) or "-"
+        stage = "-" if f.get("stage") is None else esc(f.get("stage"))
+        link = (f'<a class="evidence" href="#{anchor}">{esc(titles.get(anchor, anchor))} &rarr;</a>'
+                if anchor else "")
+        impact = f.get("impact_ms_per_step")
+        impact = f"{impact:.1f}" if isinstance(impact, (int, float)) else "-"
+        title = esc(f.get("title", ""))
+        title_html = f'<a href="#{anchor}">{title}</a>' if anchor else title
+        rows.append(
+            f'<tr id="finding-{i}" class="finding sev-{esc(severity)}">'
+            f'<td><span class="badge" style="background:{color}">{esc(severity)}</span></td>'
+            f'<td>{esc(f.get("kind", ""))}</td>'
+            f'<td class="title">{title_html}'
+            f'<div class="rec">{esc(f.get("recommendation", ""))}</div>'
+            f'<div class="metrics">{_metric_text(f.get("metrics"))}</div></td>'
+            f'<td class="num">{impact}</td><td>{ranks}</td><td>{stage}</td>'
+            f'<td class="callsite">{esc(f.get("callsite") or "-")}</td><td>{link}</td></tr>')
+    return ('<table class="findings"><thead><tr><th>severity</th><th>kind</th><th>finding</th>'
+            '<th>impact ms/step</th><th>ranks</th><th>stage</th><th>callsite</th>'
+            '<th>evidence</th></tr></thead><tbody>' + "".join(rows) + "</tbody></table>")
+
+
+def evidence_notes(findings: list, anchors) -> dict:
+    """anchor -> list of trusted HTML lines naming the findings it proves."""
+    notes: dict = {}
+    for i, f in enumerate(findings):
+        anchor = evidence_anchor(f, anchors)
+        if anchor:
+            notes.setdefault(anchor, []).append(
+                f'Evidence for <a href="#finding-{i}">{esc(f.get("kind"))}: '
+                f'{esc(f.get("title", ""))}</a>')
+    return notes

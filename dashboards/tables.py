@@ -1,0 +1,174 @@
+"""Tables the views (and the tracker) derive from the analysis tables.
+
+Pure functions over pandas frames, so they can be tested on synthetic tables.
+Times are ns on the run's aligned clock unless the column says otherwise.
+"""
+import numpy as np
+import pandas as pd
+
+from dashboards.common import WAITING_PARTS
+
+PIPELINE_KINDS = ("forward", "backward")
+HANG_KINDS = ("hang", "rank_failure")
+
+
+# -- steps -------------------------------------------------------------------
+def busy_ms(breakdown: pd.DataFrame) -> pd.Series:
+    """Time a rank was not waiting: the step minus data wait, exposed
+    communication, pipeline (p2p) wait and host syncs (= forward + backward +
+    optimizer + other)."""
+    waiting = sum(breakdown[f"{c}_ms"] for c in WAITING_PARTS if f"{c}_ms" in breakdown.columns)
+    return breakdown["step_ms"] - waiting
+
+
+def step_summary(breakdown: pd.DataFrame, steps: pd.DataFrame | None = None,
+                 bubbles: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per step: step time p50/max across ranks, fractions of all ranks'
+    step time spent in data wait / exposed comm (/ pipeline bubble), and the
+    step's end (latest rank) for timestamps."""
+    if breakdown is None or breakdown.empty:
+        return pd.DataFrame(columns=["step", "ranks", "step_time_p50_ms", "step_time_max_ms",
+                                     "data_wait_frac", "exposed_comm_frac", "end_ns"])
+    grouped = breakdown.groupby("step")
+    total = grouped["step_ms"].sum().replace(0, np.nan)
+    out = pd.DataFrame({
+        "ranks": grouped["rank"].nunique(),
+        "step_time_p50_ms": grouped["step_ms"].median(),
+        "step_time_max_ms": grouped["step_ms"].max(),
+        "data_wait_frac": grouped["data_wait_ms"].sum() / total,
+        "exposed_comm_frac": grouped["exposed_comm_ms"].sum() / total,
+    })
+    if bubbles is not None and not bubbles.empty:
+        per_step = bubbles.groupby("step")["bubble_ms"].sum()
+        pipeline_total = breakdown[breakdown["rank"].isin(bubbles["rank"].unique())]
+        pipeline_total = pipeline_total.groupby("step")["step_ms"].sum().replace(0, np.nan)
+        out["bubble_frac"] = (per_step / pipeline_total).reindex(out.index)
+    if steps is not None and not steps.empty:
+        out["end_ns"] = steps.groupby("step")["end_ns"].max().reindex(out.index)
+    else:
+        out["end_ns"] = np.nan
+    return out.reset_index().rename(columns={"index": "step"})
+
+
+def steady(frame: pd.DataFrame, steady_steps) -> pd.DataFrame:
+    if frame is None or frame.empty or not steady_steps:
+        return frame
+    return frame[frame["step"].isin(list(steady_steps))]
+
+
+# -- waiting -----------------------------------------------------------------
+def waits_suffered(arrivals: pd.DataFrame) -> pd.DataFrame:
+    """ms each rank spent waiting for the last member to arrive, per step."""
+    if arrivals is None or arrivals.empty:
+        return pd.DataFrame(columns=["rank", "step", "wait_ms"])
+    return (arrivals.groupby(["rank", "step"], as_index=False)["wait_ms"].sum())
+
+
+def waits_caused(arrivals: pd.DataFrame) -> pd.DataFrame:
+    """Every instance's total wait (all members) charged to its last arriver, per step."""
+    if arrivals is None or arrivals.empty:
+        return pd.DataFrame(columns=["rank", "step", "wait_ms"])
+    per_instance = arrivals.groupby(["group", "seq"], as_index=False).agg(
+        wait_ms=("wait_ms", "sum"), rank=("last_rank", "first"))
+    last_rows = arrivals[arrivals["rank"] == arrivals["last_rank"]][["group", "seq", "step"]]
+    last_rows = last_rows.drop_duplicates(["group", "seq"])
+    per_instance = per_instance.merge(last_rows, on=["group", "seq"], how="left")
+    per_instance = per_instance.dropna(subset=["step", "rank"])
+    per_instance["rank"] = per_instance["rank"].astype(int)
+    per_instance["step"] = per_instance["step"].astype(int)
+    return per_instance.groupby(["rank", "step"], as_index=False)["wait_ms"].sum()
+
+
+def arrival_skew(arrivals: pd.DataFrame) -> pd.DataFrame:
+    """One row per collective instance: op, group, members, skew = last - first
+    arrival (ms), the last rank, and the step."""
+    columns = ["name", "group", "seq", "members", "skew_ms", "last_rank", "step"]
+    if arrivals is None or arrivals.empty:
+        return pd.DataFrame(columns=columns)
+    frame = arrivals[arrivals["members"] > 1] if "members" in arrivals.columns else arrivals
+    if frame.empty:
+        return pd.DataFrame(columns=columns)
+    out = frame.groupby(["group", "seq"], as_index=False).agg(
+        name=("name", "first"), members=("rank", "size"), first=("arrival_ns", "min"),
+        last=("arrival_ns", "max"), last_rank=("last_rank", "first"), step=("step", "min"))
+    out["skew_ms"] = (out["last"] - out["first"]) / 1e6
+    return out[columns]
+
+
+# -- pipeline ----------------------------------------------------------------
+def pipeline_blocks(events: pd.DataFrame) -> pd.DataFrame:
+    """Forward/backward blocks of pipeline stages: explicit phases carrying a stage
+    (the trainer's `phase("forward", microbatch=m, stage=s)`), else module
+    forward/backward events stamped with a stage."""
+    columns = ["rank", "stage", "step", "microbatch", "kind", "start_ns", "end_ns"]
+    if events is None or events.empty:
+        return pd.DataFrame(columns=columns)
+    staged = events[events["stage"] >= 0]
+    if staged.empty:
+        return pd.DataFrame(columns=columns)
+    kind, name = staged["kind"].astype(str), staged["name"].astype(str)
+    blocks = staged[(kind == "phase") & name.isin(PIPELINE_KINDS)]
+    if blocks.empty:
+        blocks = staged[kind.isin(PIPELINE_KINDS)]
+        block_kind = blocks["kind"].astype(str)
+    else:
+        block_kind = blocks["name"].astype(str)
+    out = pd.DataFrame({"rank": blocks["rank"].astype(int), "stage": blocks["stage"].astype(int),
+                        "step": blocks["step"].astype(int),
+                        "microbatch": blocks["microbatch"].astype(int), "kind": block_kind,
+                        "start_ns": blocks["start_ns"], "end_ns": blocks["end_ns"]})
+    return out.sort_values(["rank", "start_ns"]).reset_index(drop=True)
+
+
+def bubbles(blocks: pd.DataFrame) -> pd.DataFrame:
+    """Per (rank, step): the schedule window (first block start -> last block end),
+    the time covered by forward/backward blocks, and the bubble (window - busy)."""
+    columns = ["rank", "stage", "step", "window_ms", "busy_ms", "bubble_ms"]
+    if blocks is None or blocks.empty:
+        return pd.DataFrame(columns=columns)
+    frame = blocks.sort_values(["rank", "step", "start_ns"])
+    key = [frame["rank"], frame["step"]]
+    prev_end = frame.groupby(["rank", "step"])["end_ns"].cummax().groupby(key).shift()
+    covered = frame["end_ns"] - np.maximum(frame["start_ns"], prev_end.fillna(frame["start_ns"]))
+    frame = frame.assign(covered=covered.clip(lower=0))
+    out = frame.groupby(["rank", "step"], as_index=False).agg(
+        stage=("stage", "first"), start=("start_ns", "min"), end=("end_ns", "max"),
+        busy=("covered", "sum"))
+    out["window_ms"] = (out["end"] - out["start"]) / 1e6
+    out["busy_ms"] = out["busy"] / 1e6
+    out["bubble_ms"] = (out["window_ms"] - out["busy_ms"]).clip(lower=0)
+    return out[columns]
+
+
+# -- timeline window ---------------------------------------------------------
+def timeline_window(steps: pd.DataFrame, steady_steps, findings=(), events=None,
+                    window_steps=None, n_steps: int = 3) -> tuple[int, int, str]:
+    """(start_ns, end_ns, description) of the timeline: the steps asked for;
+    around the end of the run when it hung or lost a rank; else a few steady
+    steps from the middle of the run."""
+    end_of_events = int(events["end_ns"].max()) if events is not None and len(events) else 0
+    if steps is None or steps.empty:
+        start = int(events["start_ns"].min()) if events is not None and len(events) else 0
+        return start, end_of_events, "the whole run (no steps recorded)"
+    all_steps = sorted(int(s) for s in steps["step"].unique())
+    if window_steps is not None:
+        first, last = window_steps
+        chosen = [s for s in all_steps if first <= s <= last]
+        if not chosen:
+            raise ValueError(f"no recorded step in {first}-{last} (recorded: "
+                             f"{all_steps[0]}-{all_steps[-1]})")
+        rows = steps[steps["step"].isin(chosen)]
+        return int(rows["start_ns"].min()), int(rows["end_ns"].max()), \
+            f"steps {chosen[0]}-{chosen[-1]}"
+    if any(f.get("kind") in HANG_KINDS for f in findings or ()):
+        chosen = all_steps[-2:]
+        rows = steps[steps["step"].isin(chosen)]
+        end = max(int(rows["end_ns"].max()), end_of_events)
+        return int(rows["start_ns"].min()), end, \
+            f"the end of the run (steps {chosen[0]}-{chosen[-1]} and after)"
+    pool = list(steady_steps) or all_steps
+    middle = len(pool) // 2
+    chosen = pool[max(0, middle - n_steps // 2):][:n_steps]
+    rows = steps[steps["step"].isin(chosen)]
+    return int(rows["start_ns"].min()), int(rows["end_ns"].max()), \
+        f"steady steps {chosen[0]}-{chosen[-1]}"
