@@ -29,8 +29,12 @@ demo: setup
 test: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests
 
+# Issue 8 figures (about 30 min on 2 cores); analyze_vs_hta needs HTA in /tmp/hta-venv (bench/hta_reference.py)
 bench: setup
 	$(PY) bench/overhead.py
+	$(PY) bench/scale.py --ranks 1024 --steps 200
+	$(PY) bench/analyze_8x100.py
+	$(PY) bench/analyze_vs_hta.py
 	$(PY) bench/report_size.py
 
 clean:

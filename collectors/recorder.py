@@ -50,7 +50,7 @@ class Recorder:
         self.progress: dict = {"step": 0, "steps_done": 0, "last_step_ms": None, "events_total": 0,
                                "recent_steps": []}
         self.dump_providers: list = []  # callables -> dict, merged into a watchdog dump
-        self._writer = PartWriter(rank_dir) if rank_dir else None
+        self._writer = PartWriter(rank_dir, live=True) if rank_dir else None
         self._flush_lock = threading.Lock()  # serialises writers, never taken on the hot path
         self._stop = threading.Event()
         self._step_done = threading.Event()  # set by the step hook: publish progress now
@@ -167,7 +167,7 @@ class Recorder:
         try:
             self._writer.write_json("progress.json", {
                 **self.progress, "wall_ns": time.time_ns(), "dropped": self.dropped,
-                "errors": len(self.errors)})
+                "errors": len(self.errors)}, compact=True)
         except Exception as exc:
             self.record_error("writer", exc)
 
@@ -187,6 +187,8 @@ class Recorder:
         self._stop.set()
         self._step_done.set()
         self.flush()
+        with self._flush_lock:
+            self._writer.compact()  # a clean exit: one file per rank, not one per 0.5 s
         self.meta["end_wall_ns"] = time.time_ns()
         self.meta["exit"] = exit_status
         self.write_meta()

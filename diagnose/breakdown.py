@@ -26,48 +26,117 @@ _PHASE_CATEGORY = {"forward": "forward", "backward": "backward", "optimizer": "o
                    "recv": "pipeline_wait", "p2p": "pipeline_wait", "grad_sync": "exposed_comm"}
 _KIND_CATEGORY = {"data": "data_wait", "wait": "exposed_comm", "sync": "host_sync",
                   "optimizer": "optimizer", "backward": "backward", "forward": "forward"}
+PRIORITY = {c: i for i, c in enumerate(CATEGORIES)}
+
+
+def _codes(series: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, values): series == values[codes], with code -1 (and a trailing
+    sentinel in `values`) for missing. Categoricals cost nothing here; string
+    tests then run once per distinct value instead of once per row."""
+    if isinstance(series.dtype, pd.CategoricalDtype):
+        values = np.asarray(series.cat.categories.astype(str), dtype=object)
+        codes = series.cat.codes.to_numpy()
+    else:
+        codes, uniques = pd.factorize(series.astype(str), use_na_sentinel=True)
+        values = np.asarray(uniques, dtype=object)
+    return codes, np.append(values, "nan")
+
+
+def _lookup(codes: np.ndarray, values: np.ndarray, fn, dtype=bool) -> np.ndarray:
+    """fn of each row's value, evaluated once per distinct value."""
+    return np.array([fn(v) for v in values], dtype=dtype)[codes]
+
+
+def priorities(events: pd.DataFrame) -> np.ndarray:
+    """Index into CATEGORIES of each event's category, -1 for none (see categorize)."""
+    kind_codes, kinds = _codes(events["kind"])
+    prio = _lookup(kind_codes, kinds, lambda k: PRIORITY.get(_KIND_CATEGORY.get(k), -1), np.int8)
+    is_phase = _lookup(kind_codes, kinds, lambda k: k == "phase")
+    if is_phase.any():
+        name_codes, names = _codes(events["name"])
+        by_name = _lookup(name_codes, names, lambda n: PRIORITY.get(_PHASE_CATEGORY.get(n), -1), np.int8)
+        prio[is_phase] = by_name[is_phase]
+    collective = _lookup(kind_codes, kinds, lambda k: k == "collective")
+    prio[collective & ~_is_ddp(events)] = PRIORITY["exposed_comm"]
+    group_codes, groups = _codes(events["group"])
+    p2p = (_lookup(kind_codes, kinds, lambda k: k == "p2p")
+           | (_lookup(kind_codes, kinds, lambda k: k == "wait") & _lookup(group_codes, groups, lambda g: "->" in g)))
+    prio[p2p] = PRIORITY["pipeline_wait"]
+    return prio
 
 
 def categorize(events: pd.DataFrame) -> pd.Series:
-    kind = events["kind"].astype(str)
-    category = kind.map(_KIND_CATEGORY)
-    is_phase = kind == "phase"
-    category[is_phase] = events.loc[is_phase, "name"].astype(str).map(_PHASE_CATEGORY)
-    blocking_call = (kind == "collective") & ~events["detail"].astype(str).str.startswith("ddp")
-    category[blocking_call] = "exposed_comm"
-    is_p2p = (kind == "p2p") | ((kind == "wait") & events["group"].astype(str).str.contains("->", regex=False))
-    category[is_p2p] = "pipeline_wait"
-    return category
+    """Each event's breakdown category (NaN: none): kind, or for explicit phases
+    their name; blocking collectives are exposed_comm, point-to-point pipeline_wait."""
+    names = np.array(list(CATEGORIES) + [np.nan], dtype=object)
+    return pd.Series(names[priorities(events)], index=events.index)
+
+
+def _is_ddp(events: pd.DataFrame) -> np.ndarray:
+    codes, details = _codes(events["detail"])
+    return _lookup(codes, details, lambda d: d.startswith("ddp"))
 
 
 def ddp_tail_intervals(events: pd.DataFrame) -> pd.DataFrame:
     """[last bucket issue, min(last bucket done, end of backward)] per backward with buckets."""
-    buckets = events[(events["kind"] == "collective") & events["detail"].astype(str).str.startswith("ddp")]
-    backward = events[events["kind"] == "backward"]
+    kind_codes, kinds = _codes(events["kind"])
+    ddp = _is_ddp(events)
+    buckets = events[_lookup(kind_codes, kinds, lambda k: k == "collective") & ddp]
+    backward = events[_lookup(kind_codes, kinds, lambda k: k == "backward")]
     if buckets.empty or backward.empty:
         return pd.DataFrame({"rank": [], "start_ns": [], "end_ns": []})
-    dones = events[(events["kind"] == "done") & events["detail"].astype(str).str.startswith("ddp")]
+    dones = events[_lookup(kind_codes, kinds, lambda k: k == "done") & ddp]
+    bwd_by_rank = _by_rank(backward, "start_ns")
+    done_by_rank = _by_rank(dones, "start_ns")
     rows = []
     for rank, rank_buckets in buckets.groupby("rank", observed=True):
-        bwd = backward[backward["rank"] == rank].sort_values("start_ns")
+        if rank not in bwd_by_rank:
+            continue
+        bwd = bwd_by_rank[rank]
         starts, ends = bwd["start_ns"].to_numpy(), bwd["end_ns"].to_numpy()
         issue = rank_buckets["start_ns"].to_numpy()
         which = np.searchsorted(starts, issue, side="right") - 1
         inside = (which >= 0) & (issue <= ends[np.clip(which, 0, None)])
-        rank_done = dones[dones["rank"] == rank]["start_ns"].to_numpy()
-        for b in np.unique(which[inside]):
-            last_issue = issue[which == b].max()
-            done_after = rank_done[(rank_done >= last_issue) & (rank_done <= ends[b] + 1)]
-            end = min(ends[b], done_after.max()) if len(done_after) else ends[b]
-            if end > last_issue:
-                rows.append((rank, last_issue, end))
-    return pd.DataFrame(rows, columns=["rank", "start_ns", "end_ns"])
+        if not inside.any():
+            continue
+        # per backward holding a bucket: the last issue among buckets issued since it began
+        held = np.unique(which[inside])
+        last_issue = np.full(len(starts), np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(last_issue, which[which >= 0], issue[which >= 0])
+        last_issue, bwd_end = last_issue[held], ends[held]
+        # the latest bucket completion by the end of the backward, if after that issue
+        end = bwd_end
+        done = done_by_rank.get(rank)
+        if done is not None:
+            done = done["start_ns"].to_numpy()
+            j = np.searchsorted(done, bwd_end + 1, side="right") - 1
+            latest = done[np.clip(j, 0, None)]
+            end = np.where((j >= 0) & (latest >= last_issue), np.minimum(bwd_end, latest), bwd_end)
+        keep = end > last_issue
+        rows.append(pd.DataFrame({"rank": rank, "start_ns": last_issue[keep], "end_ns": end[keep]}))
+    if not rows:
+        return pd.DataFrame({"rank": [], "start_ns": [], "end_ns": []})
+    return pd.concat(rows, ignore_index=True)
+
+
+def _by_rank(frame: pd.DataFrame, sort_column: str) -> dict:
+    """rank -> that rank's rows sorted by sort_column, in one pass over the frame."""
+    frame = frame.sort_values(["rank", sort_column], kind="stable")
+    return {rank: part for rank, part in frame.groupby("rank", observed=True, sort=False)}
+
+
+def _sorted_unique(values: np.ndarray) -> np.ndarray:
+    """np.unique for int64 (numpy 2's hash-based unique is ~5x slower here)."""
+    values = np.sort(values)
+    keep = np.ones(len(values), dtype=bool)
+    keep[1:] = values[1:] != values[:-1]
+    return values[keep]
 
 
 def _paint(intervals: list, step_starts: np.ndarray, step_ends: np.ndarray) -> np.ndarray:
     """ms per (step, category) for one rank; intervals[c] = (starts, ends) in priority order."""
-    bounds = np.unique(np.concatenate([step_starts, step_ends] +
-                                      [a for s, e in intervals for a in (s, e)]))
+    bounds = _sorted_unique(np.concatenate([step_starts, step_ends] +
+                                           [a for s, e in intervals for a in (s, e)]))
     n_seg = len(bounds) - 1
     parts = np.zeros((len(step_starts), len(intervals)))
     if n_seg <= 0:
@@ -77,9 +146,8 @@ def _paint(intervals: list, step_starts: np.ndarray, step_ends: np.ndarray) -> n
         starts, ends = intervals[prio]
         if len(starts) == 0:
             continue
-        cover = np.zeros(len(bounds) + 1, dtype=np.int64)
-        np.add.at(cover, np.searchsorted(bounds, starts), 1)
-        np.add.at(cover, np.searchsorted(bounds, ends), -1)
+        cover = (np.bincount(np.searchsorted(bounds, starts), minlength=len(bounds) + 1)
+                 - np.bincount(np.searchsorted(bounds, ends), minlength=len(bounds) + 1))
         top[np.cumsum(cover)[:n_seg] > 0] = prio
     seg_start, seg_len = bounds[:-1], np.diff(bounds)
     step_of = np.searchsorted(step_starts, seg_start, side="right") - 1
@@ -92,32 +160,38 @@ def step_breakdown(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     columns = ["rank", "step", "step_ms", *PART_COLUMNS]
     if steps.empty:
         return pd.DataFrame(columns=columns)
-    category = categorize(events)
-    timed = pd.DataFrame({"rank": events["rank"], "start_ns": events["start_ns"],
-                          "end_ns": events["end_ns"], "category": category}).dropna()
+    prio = priorities(events)
+    keep = prio >= 0
+    rank = events["rank"].to_numpy()[keep].astype(np.int64)
+    start = events["start_ns"].to_numpy()[keep].astype(np.int64)
+    end = events["end_ns"].to_numpy()[keep].astype(np.int64)
+    prio = prio[keep]
     tails = ddp_tail_intervals(events)
     if not tails.empty:
-        tails["category"] = "exposed_comm"
-        timed = pd.concat([timed, tails], ignore_index=True)
-    by_rank = {rank: frame for rank, frame in timed.groupby("rank", observed=True)}
+        rank = np.concatenate([rank, tails["rank"].to_numpy(np.int64)])
+        start = np.concatenate([start, tails["start_ns"].to_numpy(np.int64)])
+        end = np.concatenate([end, tails["end_ns"].to_numpy(np.int64)])
+        prio = np.concatenate([prio, np.full(len(tails), PRIORITY["exposed_comm"], np.int8)])
+    # one sort by (rank, category): each rank's intervals per category are then slices
+    order = np.lexsort((prio, rank))
+    rank, start, end, prio = rank[order], start[order], end[order], prio[order]
+    n_cat = len(CATEGORIES)
+    key = rank * n_cat + prio
+    empty = (np.empty(0, np.int64), np.empty(0, np.int64))
     out = []
-    for rank, rank_steps in steps.groupby("rank"):
+    for r, rank_steps in steps.groupby("rank"):
         rank_steps = rank_steps.sort_values("start_ns")
         step_starts = rank_steps["start_ns"].to_numpy(np.int64)
         step_ends = rank_steps["end_ns"].to_numpy(np.int64)
-        frame = by_rank.get(rank)
-        intervals = []
-        for cat in CATEGORIES:
-            sel = frame[frame["category"] == cat] if frame is not None else None
-            if sel is None or sel.empty:
-                intervals.append((np.empty(0, np.int64), np.empty(0, np.int64)))
-            else:
-                intervals.append((sel["start_ns"].to_numpy(np.int64), sel["end_ns"].to_numpy(np.int64)))
+        bounds = np.searchsorted(key, int(r) * n_cat + np.arange(n_cat + 1))
+        intervals = [(start[a:b], end[a:b]) if b > a else empty
+                     for a, b in zip(bounds[:-1], bounds[1:])]
         parts = _paint(intervals, step_starts, step_ends)
         table = pd.DataFrame(parts, columns=[f"{c}_ms" for c in CATEGORIES])
         table.insert(0, "step_ms", (step_ends - step_starts) / 1e6)
         table.insert(0, "step", rank_steps["step"].to_numpy())
-        table.insert(0, "rank", rank)
-        table["other_ms"] = (table["step_ms"] - table[[f"{c}_ms" for c in CATEGORIES]].sum(axis=1)).clip(lower=0)
+        table.insert(0, "rank", r)
         out.append(table)
-    return pd.concat(out, ignore_index=True)[columns]
+    table = pd.concat(out, ignore_index=True)
+    table["other_ms"] = (table["step_ms"] - table[[f"{c}_ms" for c in CATEGORIES]].sum(axis=1)).clip(lower=0)
+    return table[columns]

@@ -69,11 +69,14 @@ def run(ctx: typer.Context,
 @app.command()
 def analyze(runs: List[str] = typer.Argument(..., help="run directory (several: one per node)"),
             as_json: bool = typer.Option(False, "--json", help="print findings as JSON"),
-            quiet: bool = typer.Option(False, "--quiet", help="findings only, no breakdown")):
+            quiet: bool = typer.Option(False, "--quiet", help="findings only, no breakdown"),
+            no_outputs: bool = typer.Option(False, "--no-outputs",
+                                            help="write only findings.json and the analysis tables: no merged "
+                                                 "trace, report or MLflow run (for very large runs)")):
     """Analyze a run directory: breakdown per rank and findings."""
     from diagnose.pipeline import analyze_run
     from diagnose.present import print_breakdown, print_findings
-    run, findings = analyze_run(runs, outputs=not as_json)
+    run, findings = analyze_run(runs, outputs=not (as_json or no_outputs))
     if as_json:
         print(json.dumps(findings, indent=1))
         return 0

@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.importers.common import COMMUNICATION, COMPUTE
+from diagnose.matching import as_str, per_distinct
 
 KERNEL_COLUMNS = ["rank", "start_ns", "end_ns", "name", "kind", "stream", "step", "correlation",
                   "bytes", "dur_ms"]
@@ -43,11 +44,13 @@ KERNEL_COLUMNS = ["rank", "start_ns", "end_ns", "name", "kind", "stream", "step"
 
 def kernels_table(events: pd.DataFrame) -> pd.DataFrame:
     rows = events[events["kind"] == "kernel"]
+    # as_str: astype(str) without a Python string per row (the loader's categoricals)
     table = pd.DataFrame({
         "rank": rows["rank"].astype("int64"), "start_ns": rows["start_ns"].astype("int64"),
-        "end_ns": rows["end_ns"].astype("int64"), "name": rows["name"].astype(str),
-        "kind": rows["detail"].astype(str),
-        "stream": pd.to_numeric(rows["group"].astype(str), errors="coerce").fillna(-1).astype("int64"),
+        "end_ns": rows["end_ns"].astype("int64"), "name": as_str(rows["name"]),
+        "kind": as_str(rows["detail"]),
+        "stream": per_distinct(as_str(rows["group"]), lambda group: pd.to_numeric(group, errors="coerce"))
+                  .fillna(-1).astype("int64"),
         "step": rows["step"].astype("int64"), "correlation": rows["seq"].astype("int64"),
         "bytes": rows["bytes"].astype("int64")})
     table["dur_ms"] = (table["end_ns"] - table["start_ns"]) / 1e6

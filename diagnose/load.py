@@ -9,7 +9,9 @@ import glob
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -32,25 +34,32 @@ class Run:
         self.manifest = rundir.read_manifest(self.root)
         self.rank_meta: dict[int, dict] = {}
         self.rank_dirs: dict[int, str] = {}
-        event_tables, sample_tables = [], []
+        todo = []  # (rank, rank_dir) to read, or a warning, in directory order
         for run_dir in self.run_dirs:
             for rank_dir in rundir.rank_dirs(run_dir):
                 rank = trace_reader.rank_of_dir(rank_dir)
                 if rank is None:
                     continue
                 if rank in self.rank_dirs:
-                    self.warn(f"{rank_dir}: rank {rank} already read from {self.rank_dirs[rank]}; ignored")
+                    todo.append(f"{rank_dir}: rank {rank} already read from {self.rank_dirs[rank]}; ignored")
                     continue
                 self.rank_dirs[rank] = rank_dir
-                self.rank_meta[rank] = trace_reader.read_meta(rank_dir, self.warn)
-                events = trace_reader.read_events(rank_dir, self.warn)
-                if events is None:
-                    self.warn(f"{rank_dir}: no readable events")
-                else:
-                    event_tables.append(_with_rank(events, rank))
-                samples = trace_reader.read_samples(rank_dir, lambda m: None)
-                if samples is not None:
-                    sample_tables.append(_with_rank(samples, rank))
+                todo.append((rank, rank_dir))
+        event_tables, sample_tables = [], []
+        for item, result in zip(todo, _read_ranks(todo)):
+            if isinstance(item, str):
+                self.warn(item)
+                continue
+            (rank, rank_dir), (meta, events, samples, notes) = item, result
+            for note in notes:  # in the order a sequential read would have said them
+                self.warn(note)
+            self.rank_meta[rank] = meta
+            if events is None:
+                self.warn(f"{rank_dir}: no readable events")
+            else:
+                event_tables.append(_with_rank(events, rank))
+            if samples is not None:
+                sample_tables.append(_with_rank(samples, rank))
         self._events = _to_pandas(event_tables, _empty_events())
         self._samples = _to_pandas(sample_tables, None)
         self.offsets_ns, self.offset_errors_ns = align.measured_offsets(self.rank_meta)
@@ -113,9 +122,8 @@ class Run:
 
     def spans(self) -> pd.DataFrame:
         """Ranges (not the wait/done bookkeeping rows), with duration."""
-        spans = self._events[~self._events["kind"].isin(["wait", "done"])].copy()
-        spans["dur_ms"] = (spans["end_ns"] - spans["start_ns"]) / 1e6
-        return spans
+        spans = self._events[~self._events["kind"].isin(["wait", "done"])]  # a new frame already
+        return spans.assign(dur_ms=(spans["end_ns"] - spans["start_ns"]) / 1e6)
 
     def samples(self) -> pd.DataFrame:
         return self._samples if self._samples is not None else pd.DataFrame(
@@ -202,8 +210,28 @@ class Run:
         return f"Run({self.root!r}, ranks={len(self.rank_dirs)}, events={len(self._events)})"
 
 
+def _read_rank(item):
+    if isinstance(item, str):
+        return None
+    notes = []
+    _, rank_dir = item
+    meta = trace_reader.read_meta(rank_dir, notes.append)
+    events = trace_reader.read_events(rank_dir, notes.append)
+    samples = trace_reader.read_samples(rank_dir, lambda m: None)
+    return meta, events, samples, notes
+
+
+def _read_ranks(todo) -> list:
+    """Rank folders read by a few threads (Parquet decoding releases the GIL):
+    on 1,024 ranks the per-file overhead, not the bytes, is what costs."""
+    if len(todo) < 8:
+        return [_read_rank(item) for item in todo]
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        return list(pool.map(_read_rank, todo))
+
+
 def _with_rank(table: pa.Table, rank: int) -> pa.Table:
-    return table.append_column("rank", pa.array([rank] * table.num_rows, type=pa.int32()))
+    return table.append_column("rank", pa.array(np.full(table.num_rows, rank, np.int32)))
 
 
 def _empty_events() -> pd.DataFrame:
@@ -214,15 +242,20 @@ def _empty_events() -> pd.DataFrame:
 
 
 def _to_pandas(tables, empty):
+    """One frame for all ranks: STRING_COLUMNS become categoricals (the readers
+    hand them over dictionary-encoded), other string columns plain objects."""
     if not tables:
         return empty
     table = pa.concat_tables(tables, promote_options="none")
-    for name in STRING_COLUMNS:
-        if name in table.column_names:
-            index = table.column_names.index(name)
-            table = table.set_column(index, name, table.column(name).dictionary_encode())
+    del tables[:]  # the per-rank tables are in `table` now; let them go as it converts
+    for index, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type) and field.name not in STRING_COLUMNS:
+            table = table.set_column(index, field.name, table.column(index).cast(pa.string()))
     table = table.unify_dictionaries()
-    return table.to_pandas()
+    frame = table.to_pandas(split_blocks=True, self_destruct=True)
+    del table
+    pa.default_memory_pool().release_unused()
+    return frame
 
 
 def load(*run_dirs, warn=None) -> Run:

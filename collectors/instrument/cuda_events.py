@@ -110,11 +110,11 @@ def install(rec):
     if not torch.backends.cuda.is_built():
         gpu_unavailable(rec, "cuda_events", "CPU-only torch build")
         return
-    from torch.nn.modules.module import (register_module_forward_hook,
-                                         register_module_forward_pre_hook)
     from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from collectors.instrument.forward_backward import on_outermost_forward
     st = rec.state
-    state = {"on": None, "depth": 0, "fwd": None, "step_ev": None, "primary": None}
+    state = {"on": None, "fwd": None, "step_ev": None, "primary": None}
     timer = CudaEventTimer(lambda: torch.cuda.Event(enable_timing=True))
 
     def ready() -> bool:
@@ -138,18 +138,24 @@ def install(rec):
                 rec.record_error("cuda_events", exc)
                 return
 
-    def pre(module, args):
-        state["depth"] += 1
-        if state["depth"] == 1 and ready():
-            state["fwd"] = timer.start()
-            if state["step_ev"] is None:
-                state["step_ev"] = (state["fwd"], st.step)
+    # the outermost forward, from forward_backward's Module.__call__ wrapper (global
+    # module hooks would put every module call on PyTorch's slow path)
+    def forward_start():
+        try:
+            if ready():
+                state["fwd"] = timer.start()
+                if state["step_ev"] is None:
+                    state["step_ev"] = (state["fwd"], st.step)
+        except Exception as exc:
+            rec.record_error("cuda_events", exc)
 
-    def post(module, args, output):
-        state["depth"] = max(state["depth"] - 1, 0)
-        if state["depth"] == 0 and state["fwd"] is not None:
-            timer.finish(state["fwd"], _row("forward", st))
-            state["fwd"] = None
+    def forward_end():
+        try:
+            if state["fwd"] is not None:
+                timer.finish(state["fwd"], _row("forward", st))
+                state["fwd"] = None
+        except Exception as exc:
+            rec.record_error("cuda_events", exc)
 
     def step_post(optimizer, args, kwargs):
         if state["primary"] is None:
@@ -163,8 +169,7 @@ def install(rec):
             timer.finish(start_ev, row[:4] + (step,) + row[5:])
         state["step_ev"] = (ev, st.step)
 
-    register_module_forward_pre_hook(pre)
-    register_module_forward_hook(post, always_call=True)
+    on_outermost_forward(forward_start, forward_end)
     register_optimizer_step_post_hook(step_post)
     torch.Tensor.backward = _timed(torch.Tensor.backward, "backward", timer, ready, st, lambda a, k: True)
     torch.autograd.backward = _timed(torch.autograd.backward, "backward", timer, ready, st,

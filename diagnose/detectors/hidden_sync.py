@@ -11,8 +11,10 @@ Impact: the time those calls block per step (median rank). Threshold: >= 3% of
 the step for a warning (severity from impact).
 """
 import numpy as np
+import pandas as pd
 
 from diagnose.findings import Finding
+from diagnose.matching import as_str
 
 SMALL_BYTES = 1 << 20
 MIN_PER_STEP = 2
@@ -34,13 +36,23 @@ def _compute_windows(events):
 
 
 def candidates(ctx):
+    """The small user collectives outside compute and the device syncs inside
+    it, in steady steps (computed once per analysis: exposed_comm uses them too)."""
+    cached = getattr(ctx, "_hidden_sync_candidates", None)
+    if cached is None:
+        cached = ctx._hidden_sync_candidates = _candidates(ctx)
+    return cached.copy(deep=False)
+
+
+def _candidates(ctx):
     events = ctx.run.events()
-    events = events[events["step"].isin(ctx.steady)]
-    kind = events["kind"].astype(str)
+    # the rows that can matter, first: the steady-step filter then copies few rows
+    events = events[events["kind"].isin(["collective", "sync", "forward", "backward"])
+                    & events["step"].isin(ctx.steady)]
+    kind, detail = as_str(events["kind"]), as_str(events["detail"])
     calls = events[(kind == "collective") & (events["bytes"] <= SMALL_BYTES)
-                   & (events["callsite"].astype(str) != "")
-                   & ~events["detail"].astype(str).str.startswith("ddp")]
-    syncs = events[(kind == "sync") & (events["detail"].astype(str) == "cuda")]
+                   & (as_str(events["callsite"]) != "") & ~detail.str.startswith("ddp")]
+    syncs = events[(kind == "sync") & (detail == "cuda")]
     windows = _compute_windows(events)
     keep_calls, keep_syncs = [], []
     for rank, frame in calls.groupby("rank", observed=True):
@@ -49,10 +61,9 @@ def candidates(ctx):
     for rank, frame in syncs.groupby("rank", observed=True):
         starts, ends = windows.get(rank, (np.empty(0), np.empty(0)))
         keep_syncs.append(frame[_inside(frame["start_ns"].to_numpy(), starts, ends)])
-    import pandas as pd
     found = pd.concat(keep_calls + keep_syncs) if keep_calls or keep_syncs else events.iloc[0:0]
     found = found.assign(dur_ms=(found["end_ns"] - found["start_ns"]) / 1e6,
-                         callsite=found["callsite"].astype(str), name=found["name"].astype(str))
+                         callsite=as_str(found["callsite"]), name=as_str(found["name"]))
     return found
 
 

@@ -117,9 +117,13 @@ class RunDirWriter:
         self.ranks: dict = {}
         self.events_total = 0
 
-    def write_rank(self, rank: int, rows: list, meta: dict) -> None:
+    def write_rank(self, rank: int, rows, meta: dict) -> None:
+        """rows: event tuples, or an Arrow table in collectors.schema's EVENT_SCHEMA."""
         writer = PartWriter(os.path.join(self.run_dir, rundir.TRACES, rank_dir_name(rank)))
-        writer.write_events(rows)
+        if isinstance(rows, list):
+            writer.write_events(rows)
+        else:
+            writer.write_events_table(rows)
         writer.write_meta({"rank": rank, "imported": self.fmt, **meta})
         self.ranks[rank] = len(rows)
         self.events_total += len(rows)

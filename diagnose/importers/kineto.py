@@ -21,26 +21,21 @@ Other CPU ops are skipped: they are what HTA and TensorBoard already show, and
 the detectors need phases, not operators. A file that is not a Kineto trace is
 refused with a one-line reason (diagnose.errors.UserError).
 
-Parsing: orjson (stdlib json as fallback) with the garbage collector paused.
-On the 216k-event fixture the pause alone takes the stdlib parse from 1.4 s to
-0.4-0.8 s, and orjson takes it to about 0.45 s (median of 5, a busy 2-core box).
+Files are read and parsed by kineto_io.py, through msgspec when installed
+(kineto_scan.py: 3-4x faster than building a dict per event), several at once
+in worker processes.
 """
-import gc
 import glob
-import gzip
-import json
 import os
 import re
-import zlib
 
 import numpy as np
 
-try:
-    import orjson
-except ImportError:  # optional speed-up
-    orjson = None
-
+from collectors.schema import events_table
 from diagnose.errors import UserError
+from diagnose.importers import kineto_scan
+from diagnose.importers.kineto_io import (_display, load_trace, map_files, parse_trace,  # noqa: F401 (load_trace: API)
+                                          read_trace_bytes)
 from diagnose.importers.common import (COMMUNICATION, DTYPE_BYTES, RunDirWriter, append_rank_events,
                                        assign_steps, clock_meta, collective_op, kernel_class,
                                        ranks_string)
@@ -56,53 +51,15 @@ _PHASE_NAMES = {"forward": "forward", "backward": "backward", "optimizer": "opti
 _PHASE_FIRST = frozenset("#fbFBoD")
 
 
-def _display(path: str) -> str:
-    return os.fsencode(path).decode("utf-8", "replace")
-
-
-def _parse_json(raw: bytes):
-    """orjson when installed (1.7x faster here), else the stdlib; the stdlib
-    also gets the last word, since it accepts the NaN some traces contain."""
-    if orjson is not None:
-        try:
-            return orjson.loads(raw)
-        except ValueError:
-            pass
-    return json.loads(raw)
-
-
-def load_trace(path: str) -> dict:
-    """The parsed trace, or UserError with one line saying why it is not one."""
-    name = _display(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        raise UserError(f"{name}: cannot read ({exc.strerror or type(exc).__name__})") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error):
-            raise UserError(f"{name}: truncated or corrupt gzip file") from None
-    if not raw.strip():
-        raise UserError(f"{name}: empty file, not a PyTorch profiler trace")
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        trace = _parse_json(raw)
-    except (UnicodeDecodeError, ValueError) as exc:
-        where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
-        raise UserError(f"{name}: not JSON{where}, so not a PyTorch profiler trace") from None
-    finally:
-        if enabled:
-            gc.enable()
-    if isinstance(trace, dict) and "nodes" in trace and "traceEvents" not in trace:
-        raise UserError(f"{name}: a PyTorch execution trace (nodes), not a profiler (Kineto) trace")
-    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
-        raise UserError(f"{name}: not a PyTorch profiler (Kineto) trace: no traceEvents")
-    if not any(isinstance(e, dict) and e.get("ph") == "X" for e in trace["traceEvents"]):
-        raise UserError(f"{name}: a trace with no complete (ph X) events; nothing to import")
-    return trace
+def file_rows(path: str, gpu_only: bool = False) -> tuple[list, dict]:
+    """trace_rows of a trace file: through the msgspec scan when it applies
+    (diagnose/importers/kineto_scan.py), else through the parsed dicts."""
+    raw = read_trace_bytes(path)
+    fast = kineto_scan.scan(raw, gpu_only, _classify)
+    if fast is not None:
+        top, cpu, gpu, launches, pids = fast
+        return _rows_and_facts(top["baseTimeNanoseconds"], top["distributedInfo"], cpu, gpu, launches, pids)
+    return trace_rows(parse_trace(raw, _display(path)), gpu_only)
 
 
 def _ns(ts: np.ndarray, base_ns: int) -> np.ndarray:
@@ -120,13 +77,17 @@ def _int(value, default=-1) -> int:
 
 def trace_rows(trace: dict, gpu_only: bool = False) -> tuple[list, dict]:
     """Event rows (collectors.schema order) and facts for meta.json."""
-    base_ns = _int(trace.get("baseTimeNanoseconds"), 0)
-    if base_ns < 0:
-        base_ns = 0
+    cpu, gpu, launches, pids = _scan_events(trace["traceEvents"], gpu_only)
+    return _rows_and_facts(trace.get("baseTimeNanoseconds"), trace.get("distributedInfo"),
+                           cpu, gpu, launches, pids)
+
+
+def _scan_events(events, gpu_only: bool):
+    """(cpu, gpu, launches, pids) from parsed event dicts; kineto_scan mirrors it."""
     launches = {}
     cpu, gpu = [], []        # (kind, name, ts, dur, detail) ; (name, ts, dur, stream, corr, args)
     pids = {}
-    for e in trace["traceEvents"]:
+    for e in events:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
         args = e.get("args")
@@ -153,21 +114,36 @@ def trace_rows(trace: dict, gpu_only: bool = False) -> tuple[list, dict]:
             continue
         if gpu_only or not name or cat == "gpu_user_annotation":  # GPU-side copies of CPU ranges
             continue
-        first = name[0]
-        if first == "P" and name.startswith("ProfilerStep"):
-            m = _STEP_RE.match(name)
-            if m:
-                cpu.append(("step", "step", ts, dur, m.group(1)))
-        elif first == "e" and _DATA_RE.match(name):
-            # as the native dataloader collector: "workers=0" for a single-process loader
-            cpu.append(("data", "data_wait", ts, dur,
-                        "workers=0" if "_SingleProcessDataLoaderIter" in name else name))
-        elif first == "O" and name.startswith("Optimizer.step#"):
-            cpu.append(("optimizer", "optimizer", ts, dur, name))
-        elif first in _PHASE_FIRST and cat in ("user_annotation", "cpu_op", "Operator"):
-            kind = _PHASE_NAMES.get(name.strip("# ").lower())
-            if kind:
-                cpu.append((kind, kind, ts, dur, name))
+        row = _classify(name, cat, ts, dur)
+        if row is not None:
+            cpu.append(row)
+    return cpu, gpu, launches, pids
+
+
+def _classify(name: str, cat, ts, dur):
+    """The CPU row (kind, name, ts, dur, detail) a complete CPU event becomes, if any."""
+    first = name[0]
+    if first == "P" and name.startswith("ProfilerStep"):
+        m = _STEP_RE.match(name)
+        if m:
+            return ("step", "step", ts, dur, m.group(1))
+    elif first == "e" and _DATA_RE.match(name):
+        # as the native dataloader collector: "workers=0" for a single-process loader
+        return ("data", "data_wait", ts, dur,
+                "workers=0" if "_SingleProcessDataLoaderIter" in name else name)
+    elif first == "O" and name.startswith("Optimizer.step#"):
+        return ("optimizer", "optimizer", ts, dur, name)
+    elif first in _PHASE_FIRST and cat in ("user_annotation", "cpu_op", "Operator"):
+        kind = _PHASE_NAMES.get(name.strip("# ").lower())
+        if kind:
+            return (kind, kind, ts, dur, name)
+    return None
+
+
+def _rows_and_facts(base_time, dist, cpu, gpu, launches, pids) -> tuple[list, dict]:
+    base_ns = _int(base_time, 0)
+    if base_ns < 0:
+        base_ns = 0
     steps = {}
     for kind, _, ts, dur, detail in cpu:
         if kind == "step":
@@ -189,7 +165,7 @@ def trace_rows(trace: dict, gpu_only: bool = False) -> tuple[list, dict]:
             rows.append((kind, name, s, t, st, -1, -1, "", "", -1, -1, 0, False, "", detail))
     rows.extend(_gpu_rows(gpu, launches, base_ns, step_starts, step_numbers))
     rows.sort(key=lambda r: r[2])
-    dist = trace.get("distributedInfo") if isinstance(trace.get("distributedInfo"), dict) else {}
+    dist = dist if isinstance(dist, dict) else {}
     facts = {"pid": max(pids, key=pids.get) if pids else None,
              "world_size": _int(dist.get("world_size"), None), "backend": dist.get("backend"),
              "steps": [int(s) for s in step_numbers], "gpu_activities": len(gpu),
@@ -205,12 +181,17 @@ def _gpu_rows(gpu, launches, base_ns, step_starts, step_numbers) -> list:
     ends = _ns(ts + np.array([g[2] for g in gpu], dtype=np.float64), base_ns)
     launch_ts = np.array([launches.get(g[4], g[1]) for g in gpu], dtype=np.float64)
     step_of = assign_steps(step_starts, step_numbers, _ns(launch_ts, base_ns)).tolist()
-    rows, seqs = [], {}
+    rows, seqs, classes = [], {}, {}
     order = np.argsort(starts, kind="stable")
     starts, ends = starts.tolist(), ends.tolist()
     for i in order.tolist():
         name, _, _, stream, corr, args = gpu[i]
-        cls = COMMUNICATION if "Collective name" in args else kernel_class(name)
+        if "Collective name" in args:
+            cls = COMMUNICATION
+        else:  # a few hundred distinct kernel names among tens of thousands of kernels
+            cls = classes.get(name)
+            if cls is None:
+                cls = classes[name] = kernel_class(name)
         nbytes = _int(args.get("bytes"), 0)
         launched = corr if corr in launches else -1  # -1: launched before the trace began
         rows.append(("kernel", name, starts[i], ends[i], step_of[i], -1, -1, str(stream), "",
@@ -233,14 +214,19 @@ def _gpu_rows(gpu, launches, base_ns, step_starts, step_numbers) -> list:
     return rows
 
 
+def _file_table(path: str):
+    """file_rows as an Arrow table: built in the worker process, and cheap to
+    send back (Arrow IPC) and to write."""
+    rows, facts = file_rows(path)
+    return events_table(rows), facts
+
+
 def import_kineto(paths: list, out_dir: str) -> tuple[str, dict]:
     """Import trace files (rank from distributedInfo.rank, else their order)."""
     if not paths:
         raise UserError("no trace files given")
     parsed = []
-    for index, path in enumerate(paths):
-        trace = load_trace(path)
-        rows, facts = trace_rows(trace)
+    for index, (path, (rows, facts)) in enumerate(zip(paths, map_files(_file_table, paths))):
         rank = facts["rank_in_trace"] if facts["rank_in_trace"] is not None else index
         parsed.append((rank, path, rows, facts))
     seen = {}
@@ -275,11 +261,11 @@ def import_profiler_windows(run_dir: str, warn=print) -> dict:
         rows = []
         for path in files:
             try:
-                file_rows, _ = trace_rows(load_trace(path), gpu_only=True)
+                kernel_rows, _ = file_rows(path, gpu_only=True)
             except UserError as exc:
                 warn(f"diagnose: warning: {exc}")
                 continue
-            rows.extend(r[:2] + (r[2] + shift, r[3] + shift) + r[4:] for r in file_rows
+            rows.extend(r[:2] + (r[2] + shift, r[3] + shift) + r[4:] for r in kernel_rows
                         if r[0] == "kernel")
         append_rank_events(rank_dir, rows, "kineto")
         done[trace_reader.rank_of_dir(rank_dir)] = len(rows)

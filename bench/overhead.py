@@ -1,0 +1,164 @@
+"""Overhead of `diagnose run` on real 2-rank jobs, side by side with torch.profiler.
+
+    .venv/bin/python bench/overhead.py [--rounds 4] [--steps 150]
+
+Two jobs (both torchrun, gloo, 2 ranks, sized to ~50 ms steps on a 2-core box):
+the reference trainer (`--dp 2 --microbatches 7`) and samples/ddp_mlp.py
+(`--dim 512 --hidden 1536 --batch-size 40`). Each
+is launched plain, under `diagnose run --no-analyze`, with the collectors only
+(the bootstrap `diagnose run` gives the ranks, without the launcher and its
+live monitor: the in-rank part of the overhead), and under torch.profiler
+(CPU activities, every step: bench/profiler_site), interleaved round by round
+(plain, diagnose, collectors, profiler, plain, ...) so that the machine's drift
+hits every mode alike. Step times come from the jobs' own logs (reference trainer
+--log-jsonl step_time_s, ddp_mlp --log-step-times), first WARMUP steps dropped.
+
+Figures: median step time per mode over all rounds, its ratio to plain, the
+per-round ratios (their spread is the noise floor of this machine), how many
+times lower diagnose's overhead is than the profiler's, the trace's size on
+disk per event, and the cost per recorded event (bench/event_cost.py).
+Goal (issue 8): diagnose <= 1.01 of plain (<= 1.03 on this noisy machine),
+and >= 10x lower overhead than torch.profiler.
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = sys.executable
+WARMUP = 30  # also covers the start-up of the launcher's live monitor (MLflow store)
+MODES = ("plain", "diagnose", "collectors", "profiler")
+
+
+def jobs(steps: int, log: str) -> dict:
+    torchrun = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    return {
+        "reference": (torchrun + ["-m", "reference_trainer", "--dp", "2", "--microbatches", "7",
+                                  "--steps", str(steps), "--log-jsonl", log], _jsonl_times),
+        "ddp_mlp": (torchrun + ["samples/ddp_mlp.py", "--steps", str(steps), "--dim", "512",
+                                "--hidden", "1536", "--batch-size", "40", "--log-step-times", log],
+                    _line_times),
+    }
+
+
+def _jsonl_times(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line)["step_time_s"] for line in f if line.strip()]
+
+
+def _line_times(path):
+    with open(path, encoding="utf-8") as f:
+        return [float(line) for line in f if line.strip()]
+
+
+def launch(command: list, mode: str, work: str) -> str | None:
+    """Run one job in one mode; returns the run dir for `diagnose` mode."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    run_dir = None
+    if mode == "diagnose":
+        run_dir = tempfile.mkdtemp(prefix="run-", dir=work)
+        command = [PY, "-m", "diagnose", "run", "--out", run_dir, "--force", "--no-analyze", "--", *command]
+    elif mode == "collectors":  # the ranks' side alone: what `diagnose run` puts in the job, no launcher
+        run_dir = tempfile.mkdtemp(prefix="run-", dir=work)
+        env.update(DIAGNOSE_RUN_DIR=run_dir, PYTHONPATH=os.pathsep.join(
+            [os.path.join(ROOT, "collectors", "bootstrap"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    elif mode == "profiler":
+        site = os.path.join(ROOT, "bench", "profiler_site")
+        env["PYTHONPATH"] = os.pathsep.join([site, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode:
+        raise SystemExit(f"{mode} run failed ({proc.returncode}):\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}")
+    return run_dir
+
+
+def trace_size(run_dir: str) -> tuple[int, int]:
+    """(bytes of the traces folder, events recorded)."""
+    import pyarrow.parquet as pq
+    total = events = 0
+    for folder, _, files in os.walk(os.path.join(run_dir, "traces")):
+        total += sum(os.path.getsize(os.path.join(folder, f)) for f in files)
+    for path in glob.glob(os.path.join(run_dir, "traces", "rank-*", "events-*.parquet")):
+        events += pq.ParquetFile(path).metadata.num_rows
+    return total, events
+
+
+def event_costs() -> dict:
+    out = subprocess.run([PY, os.path.join(ROOT, "bench", "event_cost.py")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    costs = {}
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2] == "us":
+            costs[parts[0]] = float(parts[1])
+    return costs
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--jobs", default="reference,ddp_mlp")
+    args = p.parse_args()
+    work = tempfile.mkdtemp(prefix="diagnose-overhead-")
+    log = os.path.join(work, "steps.log")
+    chosen = {k: v for k, v in jobs(args.steps, log).items() if k in args.jobs.split(",")}
+    times = {(job, mode): [] for job in chosen for mode in MODES}
+    per_round = {(job, mode): [] for job in chosen for mode in MODES}
+    sizes = {job: [] for job in chosen}
+    try:
+        for r in range(args.rounds):
+            for job, (command, read_times) in chosen.items():
+                for mode in MODES:
+                    if os.path.exists(log):
+                        os.remove(log)
+                    run_dir = launch(command, mode, work)
+                    steps = read_times(log)[WARMUP:]
+                    times[job, mode] += steps
+                    per_round[job, mode].append(statistics.median(steps))
+                    if run_dir:
+                        if mode == "diagnose":
+                            sizes[job].append(trace_size(run_dir))
+                        shutil.rmtree(run_dir, ignore_errors=True)
+                    print(f"round {r + 1}/{args.rounds} {job:9s} {mode:8s} median step "
+                          f"{per_round[job, mode][-1] * 1e3:6.1f} ms", flush=True)
+        costs = event_costs()
+        return report(chosen, times, per_round, sizes, costs, args)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def report(chosen, times, per_round, sizes, costs, args) -> int:
+    print(f"\n{args.rounds} interleaved rounds x {args.steps} steps (first {WARMUP} dropped), 2 ranks, gloo")
+    print(f"{'job':10s} {'mode':9s} {'steps':>6s} {'median ms':>10s} {'vs plain':>9s}  per-round ratios")
+    ok = True
+    for job in chosen:
+        plain = statistics.median(times[job, "plain"])
+        for mode in MODES:
+            med = statistics.median(times[job, mode])
+            rounds = [m / p for m, p in zip(per_round[job, mode], per_round[job, "plain"])]
+            print(f"{job:10s} {mode:9s} {len(times[job, mode]):6d} {med * 1e3:10.2f} {med / plain:9.4f}  "
+                  + " ".join(f"{x:.3f}" for x in rounds))
+        ours = statistics.median(times[job, "diagnose"]) / plain - 1
+        ranks_only = statistics.median(times[job, "collectors"]) / plain - 1
+        prof = statistics.median(times[job, "profiler"]) / plain - 1
+        lower = f"{prof / ours:.1f}x lower" if ours > 0 else "diagnose within noise of plain"
+        total, events = (sum(x) for x in zip(*sizes[job])) if sizes[job] else (0, 0)
+        per_step = events / max(len(sizes[job]), 1) / 2 / args.steps
+        print(f"overhead {job}: diagnose run {ours:+.2%} (collectors alone {ranks_only:+.2%}), "
+              f"torch.profiler {prof:+.2%} ({lower}); "
+              f"trace {total / max(events, 1):.1f} bytes/event ({events:,} events, {per_step:.0f}/rank/step)")
+        ok &= ours <= 0.03 and (ours <= 0 or prof / ours >= 10)
+    if costs:
+        print("cost per recorded event (us, recorded minus plain call): "
+              + ", ".join(f"{k.removesuffix('_us')} {v:.2f}" for k, v in costs.items()))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
