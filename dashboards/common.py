@@ -9,7 +9,6 @@ import pandas as pd
 # Exclusive step parts (diagnose.breakdown), in stacking order bottom -> top.
 PARTS = ("forward", "backward", "optimizer", "host_sync", "pipeline_wait", "exposed_comm",
          "data_wait", "other")
-WAITING_PARTS = ("data_wait", "exposed_comm", "pipeline_wait", "host_sync")
 PART_LABELS = {"forward": "forward", "backward": "backward", "optimizer": "optimizer",
                "host_sync": "host sync", "pipeline_wait": "pipeline wait (p2p)",
                "exposed_comm": "exposed comm",

@@ -6,7 +6,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from dashboards.common import LAYOUT, MAX_STEP_COLUMNS, Section, bin_steps, compact
-from dashboards.tables import busy_ms, waits_caused, waits_suffered
+from dashboards.tables import waits_caused, waits_suffered
+from diagnose.breakdown import busy_ms
 
 MAX_CELLS = 400_000
 

@@ -6,21 +6,11 @@ Times are ns on the run's aligned clock unless the column says otherwise.
 import numpy as np
 import pandas as pd
 
-from dashboards.common import WAITING_PARTS
-
 PIPELINE_KINDS = ("forward", "backward")
 HANG_KINDS = ("hang", "rank_failure")
 
 
 # -- steps -------------------------------------------------------------------
-def busy_ms(breakdown: pd.DataFrame) -> pd.Series:
-    """Time a rank was not waiting: the step minus data wait, exposed
-    communication, pipeline (p2p) wait and host syncs (= forward + backward +
-    optimizer + other)."""
-    waiting = sum(breakdown[f"{c}_ms"] for c in WAITING_PARTS if f"{c}_ms" in breakdown.columns)
-    return breakdown["step_ms"] - waiting
-
-
 def step_summary(breakdown: pd.DataFrame, steps: pd.DataFrame | None = None,
                  bubbles: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per step: step time p50/max across ranks, fractions of all ranks'

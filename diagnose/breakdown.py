@@ -21,6 +21,7 @@ import pandas as pd
 CATEGORIES = ("data_wait", "exposed_comm", "pipeline_wait", "host_sync", "optimizer", "backward",
               "forward")
 PART_COLUMNS = tuple(f"{c}_ms" for c in CATEGORIES) + ("other_ms",)
+WAITING_CATEGORIES = ("data_wait", "exposed_comm", "pipeline_wait", "host_sync")
 _PHASE_CATEGORY = {"forward": "forward", "backward": "backward", "optimizer": "optimizer",
                    "data": "data_wait", "data_wait": "data_wait", "send": "pipeline_wait",
                    "recv": "pipeline_wait", "p2p": "pipeline_wait", "grad_sync": "exposed_comm"}
@@ -195,3 +196,11 @@ def step_breakdown(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     table = pd.concat(out, ignore_index=True)
     table["other_ms"] = (table["step_ms"] - table[[f"{c}_ms" for c in CATEGORIES]].sum(axis=1)).clip(lower=0)
     return table[columns]
+
+
+def busy_ms(breakdown: pd.DataFrame) -> pd.Series:
+    """Time a rank was not waiting: the step minus data wait, exposed
+    communication, pipeline (p2p) wait and host syncs (= forward + backward +
+    optimizer + other)."""
+    waiting = sum(breakdown[f"{c}_ms"] for c in WAITING_CATEGORIES if f"{c}_ms" in breakdown.columns)
+    return breakdown["step_ms"] - waiting

@@ -12,6 +12,7 @@ ANALYSIS = "analysis"
 FINDINGS = os.path.join(ANALYSIS, "findings.json")
 REPORT = "report.html"
 CHROME_TRACE = "trace.json.gz"
+ALERTS = "alerts.jsonl"
 
 
 def default_out_dir(root: str = "runs", name: str | None = None) -> str:

@@ -271,7 +271,7 @@ def log_run(run, findings) -> str | None:
     if manifest.get("exit_status") is not None:
         tags["diagnose.exit_status"] = str(manifest["exit_status"])
     _set_tags(client, run_id, tags)
-    for name in (rundir.REPORT, rundir.FINDINGS, rundir.CHROME_TRACE, "alerts.jsonl"):
+    for name in (rundir.REPORT, rundir.FINDINGS, rundir.CHROME_TRACE, rundir.ALERTS):
         path = os.path.join(run.root, name)
         if os.path.isfile(path):
             client.log_artifact(run_id, path)

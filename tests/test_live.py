@@ -5,7 +5,7 @@ import json
 
 from mlflow.tracking import MlflowClient
 
-from diagnose.live import Baseline, LiveMonitor
+from diagnose.live_monitor import Baseline, LiveMonitor
 
 
 def test_live_alert_names_the_slowed_rank_during_the_run(straggler_run):
