@@ -38,7 +38,8 @@ print(len(table), float(table["wait_ms"].sum()))
 DUCKDB = r"""
 import sys, duckdb
 files = sys.argv[1] + "/traces/rank-*/events-*.parquet"
-con = duckdb.connect(config={"enable_progress_bar": False})
+con = duckdb.connect()
+con.execute("SET enable_progress_bar = false")
 table = con.execute(f'''
 WITH ev AS (SELECT *, CAST(regexp_extract(filename, 'rank-(\d+)', 1) AS INTEGER) AS rank
             FROM read_parquet('{files}', filename = true)),

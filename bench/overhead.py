@@ -21,10 +21,12 @@ Goal (issue 8): diagnose <= 1.01 of plain (<= 1.03 on this noisy machine),
 and >= 10x lower overhead than torch.profiler.
 """
 import argparse
+import collections
 import glob
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -71,21 +73,48 @@ def launch(command: list, mode: str, work: str) -> str | None:
     elif mode == "profiler":
         site = os.path.join(ROOT, "bench", "profiler_site")
         env["PYTHONPATH"] = os.pathsep.join([site, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:  # interrupted or timed out: take the whole job (torchrun and its ranks) down
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     if proc.returncode:
-        raise SystemExit(f"{mode} run failed ({proc.returncode}):\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}")
+        raise SystemExit(f"{mode} run failed ({proc.returncode}):\n{stdout[-1500:]}\n{stderr[-1500:]}")
     return run_dir
 
 
-def trace_size(run_dir: str) -> tuple[int, int]:
-    """(bytes of the traces folder, events recorded)."""
+def trace_size(run_dir: str) -> tuple[int, int, dict]:
+    """(bytes of the traces folder, events recorded, events per kind)."""
+    import collections
+
     import pyarrow.parquet as pq
     total = events = 0
+    kinds = collections.Counter()
     for folder, _, files in os.walk(os.path.join(run_dir, "traces")):
         total += sum(os.path.getsize(os.path.join(folder, f)) for f in files)
     for path in glob.glob(os.path.join(run_dir, "traces", "rank-*", "events-*.parquet")):
         events += pq.ParquetFile(path).metadata.num_rows
-    return total, events
+        kinds.update(pq.read_table(path, columns=["kind"]).column("kind").to_pylist())
+    return total, events, kinds
+
+
+# event kind -> the bench/event_cost.py path that records it (the dearest where
+# several do: collective, p2p, wait and done rows all count as an all_reduce)
+COST_OF_KIND = {"forward": "forward_us", "backward": "forward_us", "collective": "all_reduce_us",
+                "p2p": "all_reduce_us", "wait": "all_reduce_us", "done": "all_reduce_us",
+                "sync": "item_us", "data": "data_us", "phase": "phase_us", "step": "phase_us",
+                "optimizer": "phase_us"}
+
+
+def hot_path_ms(kinds: dict, rank_steps: int, costs: dict) -> float:
+    """Modelled main-thread cost per step: events per rank-step x their cost
+    per event. Free of run-to-run noise; leaves out background threads, the
+    launcher and DDP's Python comm hook (bench/ddp_hook_cost.py)."""
+    us = sum(n * costs.get(COST_OF_KIND.get(kind, "phase_us"), 0.0) for kind, n in kinds.items())
+    return us / max(rank_steps, 1) / 1000
 
 
 def event_costs() -> dict:
@@ -100,6 +129,7 @@ def event_costs() -> dict:
 
 
 def main() -> int:
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))  # so that launch() cleans up
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--steps", type=int, default=150)
@@ -148,11 +178,20 @@ def report(chosen, times, per_round, sizes, costs, args) -> int:
         ranks_only = statistics.median(times[job, "collectors"]) / plain - 1
         prof = statistics.median(times[job, "profiler"]) / plain - 1
         lower = f"{prof / ours:.1f}x lower" if ours > 0 else "diagnose within noise of plain"
-        total, events = (sum(x) for x in zip(*sizes[job])) if sizes[job] else (0, 0)
-        per_step = events / max(len(sizes[job]), 1) / 2 / args.steps
+        total = sum(size[0] for size in sizes[job])
+        events = sum(size[1] for size in sizes[job])
+        kinds = collections.Counter()
+        for size in sizes[job]:
+            kinds.update(size[2])
+        rank_steps = max(len(sizes[job]), 1) * 2 * args.steps
+        per_step = events / rank_steps
         print(f"overhead {job}: diagnose run {ours:+.2%} (collectors alone {ranks_only:+.2%}), "
               f"torch.profiler {prof:+.2%} ({lower}); "
               f"trace {total / max(events, 1):.1f} bytes/event ({events:,} events, {per_step:.0f}/rank/step)")
+        if costs:
+            modelled = hot_path_ms(kinds, rank_steps, costs)
+            print(f"hot path {job}: {modelled:.3f} ms per step modelled from events x cost per event "
+                  f"({modelled / (plain * 1e3):.2%} of the plain median step)")
         ok &= ours <= 0.03 and (ours <= 0 or prof / ours >= 10)
     if costs:
         print("cost per recorded event (us, recorded minus plain call): "

@@ -14,14 +14,19 @@ from collectors.recorder import start_recorder
 
 
 def install_torch_instrumentors(rec) -> None:
+    # DIAGNOSE_DISABLE=ddp,host_sync: leave those instrumentors out (bench/overhead.py
+    # uses it to cost each one; a user can drop one that misbehaves in their job)
+    disabled = set(filter(None, os.environ.get("DIAGNOSE_DISABLE", "").replace(" ", "").split(",")))
     for name in INSTRUMENTORS:
+        if name in disabled:
+            continue
         try:
             module = importlib.import_module(f"collectors.instrument.{name}")
             module.install(rec)
         except Exception as exc:
             rec.record_error(name, exc)
-    rec.meta["instrumentors"] = [n for n in INSTRUMENTORS
-                                 if not any(e["collector"] == n for e in rec.errors)]
+    rec.meta["instrumentors"] = [n for n in INSTRUMENTORS if n not in disabled
+                                 and not any(e["collector"] == n for e in rec.errors)]
     rec.write_meta()
 
 

@@ -79,7 +79,9 @@ def _is_ddp(events: pd.DataFrame) -> np.ndarray:
 
 
 def ddp_tail_intervals(events: pd.DataFrame) -> pd.DataFrame:
-    """[last bucket issue, min(last bucket done, end of backward)] per backward with buckets."""
+    """[last bucket issue, min(last bucket done, end of backward)] per backward with buckets.
+    A DDP row's end is when its issuing ended: the return of a bucket's async
+    all-reduce (timing hook), or the last gradient computed (DDP's timer)."""
     kind_codes, kinds = _codes(events["kind"])
     ddp = _is_ddp(events)
     buckets = events[_lookup(kind_codes, kinds, lambda k: k == "collective") & ddp]
@@ -95,7 +97,7 @@ def ddp_tail_intervals(events: pd.DataFrame) -> pd.DataFrame:
             continue
         bwd = bwd_by_rank[rank]
         starts, ends = bwd["start_ns"].to_numpy(), bwd["end_ns"].to_numpy()
-        issue = rank_buckets["start_ns"].to_numpy()
+        issue = rank_buckets["end_ns"].to_numpy()
         which = np.searchsorted(starts, issue, side="right") - 1
         inside = (which >= 0) & (issue <= ends[np.clip(which, 0, None)])
         if not inside.any():

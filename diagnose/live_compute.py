@@ -55,6 +55,10 @@ class ComputeReader:
             last = self.done_step.get(rank, -1)
             steps = events[(events["kind"] == "step") & (events["step"] > last)]
             steps = steps.drop_duplicates("step").sort_values("step")
+            # the newest step waits for the next: a CPU DDP module's all-reduce of a
+            # step is recorded at the next forward (collectors/instrument/ddp.py), and
+            # without it the rank's wait in DDP's tail would count as its own compute
+            steps = steps[steps["step"] < steps["step"].max()] if len(steps) else steps
             if steps.empty:
                 self.buffers[rank] = events
                 continue

@@ -95,6 +95,7 @@ def ui_command(runs_root: str, port: int, host: str = "127.0.0.1") -> int:
     env = dict(os.environ)
     # MLflow's job runner (GenAI evaluation jobs) starts a dozen worker processes: not needed here.
     env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+    env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     print(f"diagnose: MLflow UI on http://{host}:{port} (store {command[command.index('--backend-store-uri') + 1]}); "
           "Ctrl-C stops it", flush=True)
     sys.stderr.flush()

@@ -55,7 +55,10 @@ def tracking_uri(run_dir: str | None = None, root: str | None = None) -> str:
     return default_uri(root if root is not None else runs_root(run_dir))
 
 
-def _quiet_mlflow_logs() -> None:
+def _prepare_mlflow() -> None:
+    # A profiler must not phone home from a training cluster (MLflow 3 sends usage
+    # telemetry by default; on an offline node that is a thread retrying for nothing).
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     # Creating the store logs alembic migrations at INFO; a user wants findings.
     for name in ("mlflow", "alembic", "alembic.runtime.migration"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -64,8 +67,8 @@ def _quiet_mlflow_logs() -> None:
 def client_for(run_dir: str):
     """A client whose store is ready. Creating a sqlite store runs migrations
     for seconds; the live thread and the analysis must not do it at once."""
+    _prepare_mlflow()
     from mlflow.tracking import MlflowClient
-    _quiet_mlflow_logs()
     uri = tracking_uri(run_dir)
     if not uri.startswith("sqlite:///"):
         return MlflowClient(tracking_uri=uri)

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import time
 
+import pytest
 from conftest import DIAGNOSE, REPO, job_env, run_diagnose, torchrun
 
 import diagnose
@@ -33,6 +34,38 @@ def test_hang_is_ended_by_the_watchdog_and_names_the_missing_rank(tmp_path):
     assert in_group[in_group["rank"] == 1]["seq"].max() < top["metrics"]["seq"]
     # hang:rank=1,step=6 stops at ~2 s into the job; + 15 s timeout + dump/teardown
     assert elapsed < 15 + 30 + 20, elapsed
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "proc-poll"])
+def test_launcher_sees_which_rank_died_first(tmp_path, monkeypatch, pidfd):
+    """RankLiveness on real processes killed by real signals, in a known order.
+    Without pidfds (kernels < 5.3) it falls back to polling /proc."""
+    import socket
+
+    from diagnose.monitor import RankLiveness
+    if not pidfd:
+        monkeypatch.delattr(os, "pidfd_open", raising=False)
+    ranks = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    try:
+        for rank, proc in enumerate(ranks):
+            rank_dir = tmp_path / "traces" / f"rank-{rank:05d}"
+            rank_dir.mkdir(parents=True)
+            (rank_dir / "meta.json").write_text(json.dumps({"host": socket.gethostname(), "pid": proc.pid}))
+        liveness = RankLiveness(str(tmp_path))
+        time.sleep(1.0)  # discovered
+        killed_ns = {}
+        for rank in (2, 0, 1):  # still zombies: nobody reaps them until the end
+            killed_ns[rank] = time.time_ns()
+            os.kill(ranks[rank].pid, signal.SIGKILL)
+            time.sleep(0.3)
+        exits = liveness.close()
+    finally:
+        for proc in ranks:
+            proc.kill()
+            proc.wait()
+    assert exits["exit_order"] == [2, 0, 1]
+    for rank, t in killed_ns.items():
+        assert 0 <= exits["exited_wall_ns"][str(rank)] - t < 0.15e9
 
 
 def test_crash_names_the_dead_rank_and_its_last_step(tmp_path):

@@ -26,8 +26,15 @@ def test_traces_hold_steps_phases_collectives_with_callsites(ddp_run):
         kinds = set(mine["kind"].astype(str))
         assert {"step", "forward", "backward", "optimizer", "data", "collective"} <= kinds
         assert (mine["kind"] == "step").sum() == 12
-        ddp = mine[(mine["kind"] == "collective") & mine["detail"].astype(str).str.startswith("ddp bucket")]
-        assert len(ddp) >= 12, "one DDP bucket all-reduce per step at least"
+        ddp = mine[(mine["kind"] == "collective") & (mine["detail"] == "ddp backward")]
+        # DDP's timer (CPU): one all-reduce per synchronizing backward, reported at the
+        # next forward, so the last step's is not; each completes before its backward ends
+        assert len(ddp) == 11 and set(ddp["step"]) == set(range(11))
+        done = mine[(mine["kind"] == "done") & (mine["detail"] == "ddp backward")]
+        backward = mine[mine["kind"] == "backward"]
+        assert len(done) == 11 and (done["start_ns"].to_numpy() >= ddp["start_ns"].to_numpy()).all()
+        assert all(((backward["start_ns"] < t) & (t <= backward["end_ns"] + 1_000_000)).any()
+                   for t in done["start_ns"])
         own = mine[(mine["kind"] == "collective") & (mine["callsite"] == f"{sample}:{loss_all_reduce_line}")]
         assert len(own) == 12, "the script's own loss all_reduce, at its line"
         assert set(mine["step"]) >= set(range(12))
@@ -90,17 +97,32 @@ def test_sigkilled_rank_leaves_readable_parts_up_to_one_second_before(tmp_path):
 
 
 def test_failing_collector_does_not_stop_the_job_and_is_recorded(tmp_path):
+    """Also: DIAGNOSE_DISABLE leaves an instrumentor out and nothing else; DDP's
+    timing comm hook (DIAGNOSE_DDP_TIMING=hook, the path for GPU modules) records
+    every bucket and leaves the parameters bitwise as a plain run leaves them."""
     out = tmp_path / "run"
     proc = run_diagnose(["run", "--out", out, "--no-analyze", "--",
-                         *torchrun(2, "samples/ddp_mlp.py", "--steps", 4)],
-                        env=job_env(DIAGNOSE_TEST_FAIL_COLLECTOR="host_sync"))
+                         *torchrun(2, "samples/ddp_mlp.py", "--steps", 4, "--result-json", tmp_path / "hook.json")],
+                        env=job_env(DIAGNOSE_TEST_FAIL_COLLECTOR="host_sync", DIAGNOSE_DISABLE="dataloader, steps",
+                                    DIAGNOSE_DDP_TIMING="hook"))
     assert "final loss" in proc.stdout
     meta = json.loads((out / "traces" / "rank-00000" / "meta.json").read_text())
     assert [e["collector"] for e in meta["collector_errors"]] == ["host_sync"]
+    assert {"dataloader", "steps"}.isdisjoint(meta["instrumentors"])
+    assert {"ddp", "collectives", "forward_backward"} <= set(meta["instrumentors"])
     run = diagnose.load(out)
-    errors = run.events()[run.events()["kind"] == "error"]
+    events = run.events()
+    errors = events[events["kind"] == "error"]
     assert set(errors["name"]) == {"host_sync"} and set(errors["rank"]) == {0, 1}
-    assert (run.events()["kind"] == "step").sum() == 8  # the job's own work was all recorded
+    assert (events["kind"] == "backward").sum() == 2 * 4 * 2  # the job's own work was all recorded
+    assert not events["kind"].isin(["data", "step"]).any()
+    buckets = events[(events["kind"] == "collective") & events["detail"].astype(str).str.startswith("ddp bucket")]
+    assert len(buckets) >= 2 * 4
+    plain = subprocess.run(torchrun(2, "samples/ddp_mlp.py", "--steps", 4, "--result-json", tmp_path / "plain.json"),
+                           cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    hooked, plain = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("hook", "plain"))
+    assert hooked["param_sha256"] == plain["param_sha256"] and hooked["loss"] == plain["loss"]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -109,3 +109,35 @@ def test_resnet_input_stall_finding(imported):
                             warn=lambda m: None)
         kinds[workers] = {f["kind"] for f in detect(run)}
     assert "input_stall" in kinds[0] and "input_stall" not in kinds[4]
+
+
+def test_fast_scan_gives_the_rows_of_the_dict_path(tmp_path):
+    """The msgspec scan (diagnose/importers/kineto_scan.py) is only a speed-up: on
+    every fixture, and on traces it must hand over (a non-object args, a string
+    timestamp, an unknown phase), the rows and facts equal the dict path's."""
+    from diagnose.importers import kineto, kineto_scan
+    from diagnose.importers.kineto_io import parse_trace, read_trace_bytes
+
+    def both(path):
+        raw = read_trace_bytes(path)
+        return kineto.file_rows(path), kineto.trace_rows(parse_trace(raw, path)), kineto_scan.scan(
+            raw, False, kineto._classify) is not None
+
+    scanned = 0
+    for name, info in HTA.items():
+        for f in info["files"]:
+            fast, slow, used_scan = both(str(KINETO / name / f))
+            assert fast == slow, f"{name}/{f}"
+            scanned += used_scan
+    assert scanned >= 12  # the fixtures take the fast path
+    source = json.loads(read_trace_bytes(str(KINETO / "hta" / "trace_filter" / "sampled_rank-0.json.gz")))
+    events = source["traceEvents"]
+    kernel = next(i for i, e in enumerate(events) if isinstance(e.get("args"), dict) and "stream" in e["args"])
+    for label, change in [("args", lambda e: e.update(args=[1, 2])), ("ts", lambda e: e.update(ts="12")),
+                          ("ph", lambda e: e.update(ph="Z"))]:
+        trace = json.loads(json.dumps(source))
+        change(trace["traceEvents"][kernel])
+        path = tmp_path / f"{label}.json"
+        path.write_text(json.dumps(trace))
+        fast, slow, used_scan = both(str(path))
+        assert fast == slow and not used_scan, label

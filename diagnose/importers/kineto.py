@@ -49,6 +49,7 @@ _LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "privateuse1_runtime",
 _PHASE_NAMES = {"forward": "forward", "backward": "backward", "optimizer": "optimizer",
                 "distributeddataparallel.forward": "forward"}
 _PHASE_FIRST = frozenset("#fbFBoD")
+_CLASSIFIED_FIRST = _PHASE_FIRST | {"P", "e", "O"}  # first letters _classify can return a row for
 
 
 def file_rows(path: str, gpu_only: bool = False) -> tuple[list, dict]:

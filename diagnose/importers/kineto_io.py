@@ -5,6 +5,9 @@ Parsing: orjson (stdlib json as fallback) with the garbage collector paused.
 On the 216k-event fixture the pause alone takes the stdlib parse from 1.4 s to
 0.4-0.8 s, and orjson takes it to about 0.45 s (median of 5, a busy 2-core box).
 The importer itself goes through msgspec when it can (kineto_scan.py).
+
+Gunzip: ISA-L (`isal`) when installed: 0.06 s instead of 0.10 s for a 3 MB
+gzip (30 MB of JSON) here, a quarter of what is left of a file's import.
 """
 import gc
 import gzip
@@ -20,6 +23,12 @@ try:
     import orjson
 except ImportError:  # optional speed-up
     orjson = None
+
+try:
+    from isal.igzip import decompress as _gunzip
+    from isal.isal_zlib import error as _IsalError
+except ImportError:  # optional speed-up
+    _gunzip, _IsalError = gzip.decompress, zlib.error
 
 from diagnose.errors import UserError
 
@@ -51,8 +60,8 @@ def read_trace_bytes(path: str) -> bytes:
         raise UserError(f"{name}: cannot read ({exc.strerror or type(exc).__name__})") from None
     if raw[:2] == b"\x1f\x8b":
         try:
-            raw = gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error):
+            raw = _gunzip(raw)
+        except (EOFError, OSError, zlib.error, ValueError, _IsalError):
             raise UserError(f"{name}: truncated or corrupt gzip file") from None
     if not raw.strip():
         raise UserError(f"{name}: empty file, not a PyTorch profiler trace")
