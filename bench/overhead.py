@@ -9,8 +9,9 @@ is launched plain, under `diagnose run --no-analyze`, with the collectors only
 (the bootstrap `diagnose run` gives the ranks, without the launcher and its
 live monitor: the in-rank part of the overhead), and under torch.profiler
 (CPU activities, every step: bench/profiler_site), interleaved round by round
-(plain, diagnose, collectors, profiler, plain, ...) so that the machine's drift
-hits every mode alike. Step times come from the jobs' own logs (reference trainer
+(plain, diagnose, collectors, profiler; the next round starts one mode later) so
+that the machine's drift, and the speed of the first run after a pause, hit
+every mode alike. Step times come from the jobs' own logs (reference trainer
 --log-jsonl step_time_s, ddp_mlp --log-step-times), first WARMUP steps dropped.
 
 Figures: median step time per mode over all rounds, its ratio to plain, the
@@ -144,7 +145,9 @@ def main() -> int:
     try:
         for r in range(args.rounds):
             for job, (command, read_times) in chosen.items():
-                for mode in MODES:
+                # each round starts with another mode: the first run after a pause
+                # tends to be the fastest, and that must not always be plain
+                for mode in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:
                     if os.path.exists(log):
                         os.remove(log)
                     run_dir = launch(command, mode, work)
