@@ -19,10 +19,6 @@ from collectors.part_writer import PartWriter
 from collectors.schema import rank_dir_name
 
 DUMP_REQUEST = "dump-request"  # file in the run dir the launcher creates on a suspected hang
-# progress.json at most this often: its recent_steps carries every step anyway and
-# the launcher reads it every 0.25 s; each write (create + rename, ~150 us here)
-# is a wake-up and a GIL grab in the middle of the rank's step
-PROGRESS_MIN_INTERVAL_S = 0.2
 
 
 class StepState:
@@ -58,7 +54,6 @@ class Recorder:
         self._flush_lock = threading.Lock()  # serialises writers, never taken on the hot path
         self._stop = threading.Event()
         self._step_done = threading.Event()  # set by the step hook: publish progress now
-        self._progress_written_at = 0.0
         self._thread = None
 
     @property
@@ -121,12 +116,11 @@ class Recorder:
         while not self._stop.is_set():
             self._step_done.wait(max(next_flush - time.monotonic(), 0))
             if self._step_done.is_set():
-                # a step ended: progress.json (tiny) now, unless written moments ago
-                # (then the flush below or the next step publishes it); events keep
-                # their own cadence
+                # a step ended: progress.json (tiny, ~150 us to write and rename) now,
+                # so the launcher and the report of a SIGKILLed rank see every step;
+                # events keep their own cadence
                 self._step_done.clear()
-                if time.monotonic() - self._progress_written_at >= PROGRESS_MIN_INTERVAL_S:
-                    self.write_progress()
+                self.write_progress()
             if time.monotonic() < next_flush:
                 continue
             next_flush = time.monotonic() + self.flush_interval_s
@@ -171,7 +165,6 @@ class Recorder:
     def write_progress(self) -> None:
         if self._writer is None:
             return
-        self._progress_written_at = time.monotonic()
         try:
             self._writer.write_json("progress.json", {
                 **self.progress, "wall_ns": time.time_ns(), "dropped": self.dropped,
