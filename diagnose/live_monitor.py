@@ -218,12 +218,15 @@ class LiveMonitor:
     def _resolve_step_alerts(self, now, n_ranks, final) -> None:
         """A step-time departure is reported only when no rank's compute explains it:
         wait until compute is known up to the next step (a compute departure is
-        confirmed a step later, too), or a few seconds passed."""
+        confirmed a step later, too), or long enough for that to have happened: two
+        event polls, the parts' 0.5 s flush, and the next steps (the reader holds
+        the newest step back one step), with a margin."""
         for rank, (step, step_ms, median, limit, seen_at) in list(self.pending_step_alerts.items()):
             followed = rank in self.compute_ok
             known = all(self.reader.done_step.get(r, -1) >= step + 1 for r in self.compute_ok) \
                 if followed and self.reader is not None else True
-            if not (known or final or now - seen_at > 2 * EVENT_POLL_S + 1.0):
+            patience_s = 2 * EVENT_POLL_S + 1.0 + 4 * step_ms / 1000
+            if not (known or final or now - seen_at > patience_s):
                 continue
             del self.pending_step_alerts[rank]
             departing = any(b["compute"].streak > 0 or b["compute"].active
