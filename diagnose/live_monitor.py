@@ -122,8 +122,12 @@ class LiveMonitor:
         if key in self.warned:
             return
         self.warned.add(key)
+        self._say(f"diagnose: warning: {message}")
+
+    def _say(self, line: str) -> None:
+        """One line on the launcher's terminal; a closed stream must not stop the monitor."""
         try:
-            self.stream.write(f"\rdiagnose: warning: {message}\n")
+            self.stream.write(f"\r{line}\n")
             self.stream.flush()
         except Exception:
             pass
@@ -315,11 +319,7 @@ class LiveMonitor:
                   "value_ms": round(float(value_ms), 3), "median_ms": round(float(median_ms), 3),
                   "threshold_ms": round(float(limit_ms), 3), "message": f"rank {rank} {text}"}
         self.alerts.append(record)
-        try:
-            self.stream.write(f"\rdiagnose: ALERT rank {rank}: {text}\n")
-            self.stream.flush()
-        except Exception:
-            pass
+        self._say(f"diagnose: ALERT rank {rank}: {text}")
         try:
             with open(os.path.join(self.run_dir, rundir.ALERTS), "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
