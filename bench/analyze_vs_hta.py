@@ -2,9 +2,10 @@
 
     .venv/bin/python bench/analyze_vs_hta.py [--ranks 8,64] [--hta-python /tmp/hta-venv/bin/python]
 
-The same trace files go to both, each measured in its own process (wall time,
-and peak memory of the process tree sampled every 20 ms: HTA parses ranks in a
-pool of worker processes), interleaved diagnose/HTA `--repeat` times (medians):
+The same trace files go to both, each measured in its own process: wall time,
+interleaved diagnose/HTA `--repeat` times (medians); then one more run each for
+the peak memory of the process tree, sampled every 20 ms (HTA parses ranks in a
+pool of worker processes; sampling in the timed runs would slow them):
 
     diagnose  import_kineto(files) into a run dir + diagnose.load(run).temporal_breakdown()
               (what `diagnose import kineto FILES --out RUN` and the notebook API do)
@@ -21,6 +22,7 @@ HTA is not a dependency of diagnose: install it in a throwaway venv first
 the 8-rank files, with lower peak memory.
 """
 import argparse
+import compileall
 import gzip
 import json
 import os
@@ -76,16 +78,20 @@ def replicate(source: str, ranks: int, out_dir: str) -> None:
 def compare(trace_dir: str, hta_python: str, repeat: int, timeout: float) -> dict:
     files = [os.path.join(trace_dir, n) for n in sorted(os.listdir(trace_dir))]
     env = dict(os.environ, PYTHONPATH=ROOT)
-    runs = {"diagnose": [], "hta": []}
-    for _ in range(repeat):
-        runs["diagnose"].append(run_measured([sys.executable, "-c", DIAGNOSE, *files], cwd=ROOT, env=env,
-                                             timeout=timeout))
-        runs["hta"].append(run_measured([hta_python, "-c", HTA, trace_dir], cwd=trace_dir, timeout=timeout))
+    commands = {"diagnose": ([sys.executable, "-c", DIAGNOSE, *files], dict(cwd=ROOT, env=env)),
+                "hta": ([hta_python, "-c", HTA, trace_dir], dict(cwd=trace_dir))}
+    timed, sampled = {tool: [] for tool in commands}, {}
+    for _ in range(repeat):  # timed without the memory sampler (measure.py says why)
+        for tool, (command, where) in commands.items():
+            timed[tool].append(run_measured(command, timeout=timeout, interval_s=None, **where))
+    for tool, (command, where) in commands.items():
+        sampled[tool] = run_measured(command, timeout=timeout, **where)
     result = {}
-    for tool, measured in runs.items():
+    for tool, measured in timed.items():
         ok = [m for m in measured if m["returncode"] == 0 and not m["timed_out"]]
+        memory_ok = sampled[tool]["returncode"] == 0 and not sampled[tool]["timed_out"]
         result[tool] = {"wall_s": statistics.median(m["wall_s"] for m in ok) if ok else float("nan"),
-                        "peak_mb": statistics.median(m["peak_mb"] for m in ok) if ok else float("nan"),
+                        "peak_mb": sampled[tool]["peak_mb"] if memory_ok else float("nan"),
                         "table": json.loads(ok[-1]["stdout"].strip().splitlines()[-1]) if ok else None,
                         "error": None if ok else _error(measured[-1])}
     a, b = result["diagnose"]["table"], result["hta"]["table"]
@@ -113,6 +119,11 @@ def main() -> int:
     if not os.path.exists(args.hta_python):
         print(f"{args.hta_python} not found: install HTA in a throwaway venv (see bench/hta_reference.py)")
         return 2
+    # as `pip install` does for HTA's venv: diagnose's own modules byte-compiled
+    # up front (PYTHONDONTWRITEBYTECODE, set on some machines, would have
+    # every timed run compile them again: ~0.1 s)
+    compileall.compile_dir(os.path.join(ROOT, "diagnose"), quiet=1)
+    compileall.compile_dir(os.path.join(ROOT, "collectors"), quiet=1)
     work = tempfile.mkdtemp(prefix="diagnose-vs-hta-")
     sets = []
     try:

@@ -25,6 +25,7 @@ stored (the loader casts to collectors.schema anyway).
 """
 import json
 import os
+import shutil
 import re
 import threading
 
@@ -127,6 +128,14 @@ class PartWriter:
         if len(self._uncompacted[prefix]) >= COMPACT_EVERY:
             self.compact(prefix)
         return path
+
+    def adopt_events_file(self, path: str) -> str:
+        """Move an events Parquet file written elsewhere (an importer's worker
+        process) in as the next events part."""
+        self._part_index["events"] += 1
+        target = os.path.join(self.rank_dir, f"events-{self._part_index['events']:06d}.parquet")
+        shutil.move(path, target)
+        return target
 
     def write_events(self, rows) -> str | None:
         return self._write_table("events", events_table(rows)) if rows else None

@@ -2,7 +2,8 @@
 
 kernels(): one row per GPU activity: start_ns, end_ns, name, kind (class:
 compute / communication / memory / other, HTA's kernel types), rank, stream,
-step (the profiler step that launched it), correlation, bytes, dur_ms.
+step (the profiler step that launched it), correlation, bytes, dur_ms; name
+and kind are pandas categoricals.
 
 temporal_breakdown(), HTA's definition (TraceAnalysis.get_temporal_breakdown):
 for each rank, over the span from the start of its first GPU kernel to the end
@@ -36,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.importers.common import COMMUNICATION, COMPUTE
-from diagnose.matching import as_str, per_distinct
+from diagnose.matching import per_distinct
 
 KERNEL_COLUMNS = ["rank", "start_ns", "end_ns", "name", "kind", "stream", "step", "correlation",
                   "bytes", "dur_ms"]
@@ -44,17 +45,25 @@ KERNEL_COLUMNS = ["rank", "start_ns", "end_ns", "name", "kind", "stream", "step"
 
 def kernels_table(events: pd.DataFrame) -> pd.DataFrame:
     rows = events[events["kind"] == "kernel"]
-    # as_str: astype(str) without a Python string per row (the loader's categoricals)
     table = pd.DataFrame({
         "rank": rows["rank"].astype("int64"), "start_ns": rows["start_ns"].astype("int64"),
-        "end_ns": rows["end_ns"].astype("int64"), "name": as_str(rows["name"]),
-        "kind": as_str(rows["detail"]),
-        "stream": per_distinct(as_str(rows["group"]), lambda group: pd.to_numeric(group, errors="coerce"))
+        "end_ns": rows["end_ns"].astype("int64"), "name": _categorical(rows["name"]),
+        "kind": _categorical(rows["detail"]),
+        "stream": per_distinct(rows["group"], lambda group: pd.to_numeric(group.astype(str), errors="coerce"))
                   .fillna(-1).astype("int64"),
         "step": rows["step"].astype("int64"), "correlation": rows["seq"].astype("int64"),
         "bytes": rows["bytes"].astype("int64")})
     table["dur_ms"] = (table["end_ns"] - table["start_ns"]) / 1e6
     return table.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)[KERNEL_COLUMNS]
+
+
+def _categorical(series: pd.Series) -> pd.Series:
+    """Kernel names and classes stay pandas categoricals, as the loader reads
+    them: a few hundred distinct strings over 10^5-10^7 kernels (one Python
+    string per row cost more than the whole breakdown)."""
+    if isinstance(series.dtype, pd.CategoricalDtype):
+        return series.cat.remove_unused_categories()
+    return series.astype(str).astype("category")
 
 
 def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -108,7 +117,7 @@ def temporal_breakdown(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFra
         s, e = k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64)
         span = int(e.max() - s.min())
         busy = covered_ns(s, e)
-        comp = k["kind"].to_numpy() == COMPUTE
+        comp = (k["kind"] == COMPUTE).to_numpy()
         compute = covered_ns(s[comp], e[comp])
         frac = (lambda x: x / span) if span > 0 else (lambda x: float("nan"))
         rows.append({"rank": int(rank), "idle_frac": frac(span - busy), "compute_frac": frac(compute),
@@ -124,8 +133,7 @@ def comm_comp_overlap(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFram
     rows = []
     for rank, k in analysed_kernels(kernels, steps).groupby("rank"):
         s, e = k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64)
-        kind = k["kind"].to_numpy()
-        comm, comp = kind == COMMUNICATION, kind == COMPUTE
+        comm, comp = (k["kind"] == COMMUNICATION).to_numpy(), (k["kind"] == COMPUTE).to_numpy()
         comm_ns = covered_ns(s[comm], e[comm])
         overlap = intersection_ns((s[comm], e[comm]), (s[comp], e[comp]))
         rows.append({"rank": int(rank), "comm_ms": comm_ns / 1e6, "overlap_ms": overlap / 1e6,

@@ -26,6 +26,7 @@ import re
 import time
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from collectors.part_writer import PartWriter, atomic_write_json
@@ -124,9 +125,18 @@ class RunDirWriter:
             writer.write_events(rows)
         else:
             writer.write_events_table(rows)
+        self._add_meta(writer, rank, meta, len(rows))
+
+    def adopt_rank(self, rank: int, events_file: str, events: int, meta: dict) -> None:
+        """The rank's events as a Parquet file already written (by a worker process), moved in."""
+        writer = PartWriter(os.path.join(self.run_dir, rundir.TRACES, rank_dir_name(rank)))
+        writer.adopt_events_file(events_file)
+        self._add_meta(writer, rank, meta, events)
+
+    def _add_meta(self, writer: PartWriter, rank: int, meta: dict, events: int) -> None:
         writer.write_meta({"rank": rank, "imported": self.fmt, **meta})
-        self.ranks[rank] = len(rows)
-        self.events_total += len(rows)
+        self.ranks[rank] = events
+        self.events_total += events
 
     def finish(self, extra: dict | None = None) -> str:
         now = time.time_ns()
@@ -138,15 +148,16 @@ class RunDirWriter:
         return self.run_dir
 
 
-def append_rank_events(rank_dir: str, rows: list, tag: str) -> str | None:
-    """Add rows to an existing rank folder as `events-<tag>-NNNNNN.parquet`,
+def append_rank_events(rank_dir: str, rows, tag: str) -> str | None:
+    """Add rows (event tuples, or an Arrow table in collectors.schema's
+    EVENT_SCHEMA) to an existing rank folder as `events-<tag>-NNNNNN.parquet`,
     beside the recorder's own parts (names that can never collide with them)."""
-    if not rows:
+    if not len(rows):
         return None
     index = 1 + sum(1 for n in os.listdir(rank_dir) if n.startswith(f"events-{tag}-"))
     path = os.path.join(rank_dir, f"events-{tag}-{index:06d}.parquet")
     tmp = f"{path}.tmp-{os.getpid()}"
-    pq.write_table(events_table(rows), tmp, compression="zstd")
+    pq.write_table(rows if isinstance(rows, pa.Table) else events_table(rows), tmp, compression="zstd")
     os.replace(tmp, path)
     return path
 

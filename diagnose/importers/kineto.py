@@ -25,16 +25,22 @@ Files are read and parsed by kineto_io.py, through msgspec when installed
 (kineto_scan.py: 3-4x faster than building a dict per event), several at once
 in worker processes.
 """
+import functools
 import glob
 import os
 import re
+import shutil
+import tempfile
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from collectors.schema import events_table
+from collectors.part_writer import write_parquet_atomic
+from collectors.schema import EVENT_COLUMNS, EVENT_FIELDS, EVENT_SCHEMA, events_table
 from diagnose.errors import UserError
 from diagnose.importers import kineto_scan
-from diagnose.importers.kineto_io import (_display, load_trace, map_files, parse_trace,  # noqa: F401 (load_trace: API)
+from diagnose.importers.kineto_io import (_display, gc_paused, load_trace, map_files, parse_trace,  # noqa: F401 (load_trace: API)
                                           read_trace_bytes)
 from diagnose.importers.common import (COMMUNICATION, DTYPE_BYTES, RunDirWriter, append_rank_events,
                                        assign_steps, clock_meta, collective_op, kernel_class,
@@ -52,15 +58,16 @@ _PHASE_FIRST = frozenset("#fbFBoD")
 _CLASSIFIED_FIRST = _PHASE_FIRST | {"P", "e", "O"}  # first letters _classify can return a row for
 
 
-def file_rows(path: str, gpu_only: bool = False) -> tuple[list, dict]:
-    """trace_rows of a trace file: through the msgspec scan when it applies
+def file_table(path: str, gpu_only: bool = False) -> tuple[pa.Table, dict]:
+    """trace_table of a trace file: through the msgspec scan when it applies
     (diagnose/importers/kineto_scan.py), else through the parsed dicts."""
     raw = read_trace_bytes(path)
-    fast = kineto_scan.scan(raw, gpu_only, _classify)
-    if fast is not None:
-        top, cpu, gpu, launches, pids = fast
-        return _rows_and_facts(top["baseTimeNanoseconds"], top["distributedInfo"], cpu, gpu, launches, pids)
-    return trace_rows(parse_trace(raw, _display(path)), gpu_only)
+    with gc_paused():
+        fast = kineto_scan.scan(raw, gpu_only, _classify)
+        if fast is not None:
+            top, cpu, gpu, launches, pids = fast
+            return _table_and_facts(top["baseTimeNanoseconds"], top["distributedInfo"], cpu, gpu, launches, pids)
+        return trace_table(parse_trace(raw, _display(path)), gpu_only)
 
 
 def _ns(ts: np.ndarray, base_ns: int) -> np.ndarray:
@@ -76,10 +83,10 @@ def _int(value, default=-1) -> int:
         return default
 
 
-def trace_rows(trace: dict, gpu_only: bool = False) -> tuple[list, dict]:
-    """Event rows (collectors.schema order) and facts for meta.json."""
+def trace_table(trace: dict, gpu_only: bool = False) -> tuple[pa.Table, dict]:
+    """The events (collectors.schema's table, in start order) and facts for meta.json."""
     cpu, gpu, launches, pids = _scan_events(trace["traceEvents"], gpu_only)
-    return _rows_and_facts(trace.get("baseTimeNanoseconds"), trace.get("distributedInfo"),
+    return _table_and_facts(trace.get("baseTimeNanoseconds"), trace.get("distributedInfo"),
                            cpu, gpu, launches, pids)
 
 
@@ -101,7 +108,8 @@ def _scan_events(events, gpu_only: bool):
             dur = 0
         stream = args.get("stream")
         if stream is not None and _int(stream) >= 0:
-            gpu.append((name, ts, dur, int(stream), _int(args.get("correlation")), args))
+            gpu.append((name, ts, dur, int(stream), _int(args.get("correlation")),
+                        max(_int(args.get("bytes"), 0), 0), "Collective name" in args, args))
             continue
         cat = e.get("cat")
         pid = e.get("pid")
@@ -141,7 +149,7 @@ def _classify(name: str, cat, ts, dur):
     return None
 
 
-def _rows_and_facts(base_time, dist, cpu, gpu, launches, pids) -> tuple[list, dict]:
+def _table_and_facts(base_time, dist, cpu, gpu, launches, pids) -> tuple[pa.Table, dict]:
     base_ns = _int(base_time, 0)
     if base_ns < 0:
         base_ns = 0
@@ -151,7 +159,7 @@ def _rows_and_facts(base_time, dist, cpu, gpu, launches, pids) -> tuple[list, di
             steps.setdefault(int(detail), (ts, dur))
     step_numbers = np.array(sorted(steps), dtype=np.int64)
     step_starts = _ns(np.array([steps[s][0] for s in step_numbers], dtype=np.float64), base_ns)
-    rows = []
+    rows = []  # CPU rows, and the collective/done pairs of NCCL kernels: few, so built one by one
     if cpu:
         ts = np.array([c[2] for c in cpu], dtype=np.float64)
         starts = _ns(ts, base_ns)
@@ -164,84 +172,112 @@ def _rows_and_facts(base_time, dist, cpu, gpu, launches, pids) -> tuple[list, di
                     continue  # a second ProfilerStep#N (another thread): keep the first
                 st, detail = int(detail), ""
             rows.append((kind, name, s, t, st, -1, -1, "", "", -1, -1, 0, False, "", detail))
-    rows.extend(_gpu_rows(gpu, launches, base_ns, step_starts, step_numbers))
-    rows.sort(key=lambda r: r[2])
+    row_order = list(range(-len(rows), 0))  # ties in start time: CPU rows first, then GPU order
+    kernel_order, kernels = _kernel_columns(gpu, launches, base_ns, step_starts, step_numbers, rows, row_order)
+    columns = [np.array(values, dtype=kernels[name].dtype) for (name, _), values
+               in zip(EVENT_FIELDS, zip(*rows) if rows else [()] * len(EVENT_FIELDS))]
+    columns = [np.concatenate([small, kernels[name]]) for (name, _), small in zip(EVENT_FIELDS, columns)]
+    order = np.lexsort((np.concatenate([np.array(row_order, np.int64), kernel_order]),
+                        columns[EVENT_COLUMNS.index("start_ns")]))
+    table = pa.Table.from_arrays([pa.array(column[order], typ) for column, (_, typ) in zip(columns, EVENT_FIELDS)],
+                                 schema=EVENT_SCHEMA)
     dist = dist if isinstance(dist, dict) else {}
     facts = {"pid": max(pids, key=pids.get) if pids else None,
              "world_size": _int(dist.get("world_size"), None), "backend": dist.get("backend"),
              "steps": [int(s) for s in step_numbers], "gpu_activities": len(gpu),
              "base_time_ns": base_ns, "rank_in_trace": _int(dist.get("rank"), None)}
-    return rows, facts
+    return table, facts
 
 
-def _gpu_rows(gpu, launches, base_ns, step_starts, step_numbers) -> list:
-    if not gpu:
-        return []
-    ts = np.array([g[1] for g in gpu], dtype=np.float64)
+def _kernel_columns(gpu, launches, base_ns, step_starts, step_numbers, rows, row_order) -> tuple:
+    """(tie-break key, columns) of one "kernel" row per GPU activity, as numpy
+    arrays (tens of thousands per trace: a tuple per row cost as much as the
+    parsing); NCCL kernels also append their collective and done rows to `rows`,
+    with their tie-break keys (right after their kernel's) to `row_order`."""
+    n = len(gpu)
+    names, ts, durs, streams, correlations, nbytes, collectives, args = zip(*gpu) if gpu else ((),) * 8
+    ts = np.array(ts, dtype=np.float64)
     starts = _ns(ts, base_ns)
-    ends = _ns(ts + np.array([g[2] for g in gpu], dtype=np.float64), base_ns)
-    launch_ts = np.array([launches.get(g[4], g[1]) for g in gpu], dtype=np.float64)
-    step_of = assign_steps(step_starts, step_numbers, _ns(launch_ts, base_ns)).tolist()
-    rows, seqs, classes = [], {}, {}
     order = np.argsort(starts, kind="stable")
-    starts, ends = starts.tolist(), ends.tolist()
-    for i in order.tolist():
-        name, _, _, stream, corr, args = gpu[i]
-        if "Collective name" in args:
-            cls = COMMUNICATION
-        else:  # a few hundred distinct kernel names among tens of thousands of kernels
-            cls = classes.get(name)
-            if cls is None:
-                cls = classes[name] = kernel_class(name)
-        nbytes = _int(args.get("bytes"), 0)
-        launched = corr if corr in launches else -1  # -1: launched before the trace began
-        rows.append(("kernel", name, starts[i], ends[i], step_of[i], -1, -1, str(stream), "",
-                     launched, -1, max(nbytes, 0), False, "", cls))
-        if cls != COMMUNICATION:
-            continue
-        op = collective_op(args.get("Collective name"), name)
-        group = str(args.get("Process Group Name") or f"nccl:stream{stream}")
-        seq = _int(args.get("Seq", args.get("seq")))
-        if seq < 0:
-            seq = seqs.get(group, 0)
-            seqs[group] = seq + 1
-        nelems = _int(args.get("In msg nelems"), 0)
-        nbytes = max(nelems, 0) * DTYPE_BYTES.get(str(args.get("dtype", "")).lower(), 1)
-        ranks = ranks_string(args.get("Process Group Ranks"))
-        rows.append(("collective", op, starts[i], starts[i], step_of[i], -1, -1, group, ranks, seq,
-                     -1, nbytes, True, "", "gpu"))
-        rows.append(("done", op, ends[i], ends[i], step_of[i], -1, -1, group, ranks, seq, -1, 0, True,
-                     "", "gpu"))
-    return rows
+    ends = _ns(ts + np.array(durs, dtype=np.float64), base_ns)
+    launch_ts = np.array([launches.get(c, t) for c, t in zip(correlations, ts.tolist())], dtype=np.float64)
+    step_of = assign_steps(step_starts, step_numbers, _ns(launch_ts, base_ns))
+    classes = {}  # a few hundred distinct kernel names among tens of thousands of kernels
+    detail = [COMMUNICATION if collective else classes.get(name) or classes.setdefault(name, kernel_class(name))
+              for name, collective in zip(names, collectives)]
+    stream_names = {s: str(s) for s in set(streams)}
+    place = np.empty(n, np.int64)  # kernel i is the place[i]-th to start (ties: trace order)
+    place[order] = np.arange(n)
+    seqs = {}
+    for j in (j for j in order.tolist() if detail[j] == COMMUNICATION):
+        collective, done = _collective_rows(args[j], names[j], streams[j], int(starts[j]), int(ends[j]),
+                                            int(step_of[j]), seqs)
+        rows += [collective, done]
+        row_order += [3 * place[j] + 1, 3 * place[j] + 2]
+
+    text = functools.partial(np.array, dtype=object)
+    return 3 * place, {
+        "kind": np.full(n, "kernel", dtype=object), "name": text(names), "start_ns": starts, "end_ns": ends,
+        "step": step_of.astype(np.int32), "microbatch": np.full(n, -1, np.int32), "stage": np.full(n, -1, np.int32),
+        "group": text([stream_names[s] for s in streams]), "group_ranks": np.full(n, "", dtype=object),
+        "seq": np.array([c if c in launches else -1 for c in correlations], np.int64),  # -1: before the trace
+        "peer": np.full(n, -1, np.int32), "bytes": np.array(nbytes, np.int64), "async_op": np.zeros(n, bool),
+        "callsite": np.full(n, "", dtype=object), "detail": text(detail)}
 
 
-def _file_table(path: str):
-    """file_rows as an Arrow table: built in the worker process, and cheap to
-    send back (Arrow IPC) and to write."""
-    rows, facts = file_rows(path)
-    return events_table(rows), facts
+def _collective_rows(args, kernel_name: str, stream: int, start: int, end: int, step: int, seqs: dict):
+    """The collective and done rows of one NCCL kernel (in start order: `seqs`
+    numbers the kernels of a group that carry no sequence number)."""
+    op = collective_op(args.get("Collective name"), kernel_name)
+    group = str(args.get("Process Group Name") or f"nccl:stream{stream}")
+    seq = _int(args.get("Seq", args.get("seq")))
+    if seq < 0:
+        seq = seqs.get(group, 0)
+        seqs[group] = seq + 1
+    elems = _int(args.get("In msg nelems"), 0)
+    sent = max(elems, 0) * DTYPE_BYTES.get(str(args.get("dtype", "")).lower(), 1)
+    ranks = ranks_string(args.get("Process Group Ranks"))
+    return (("collective", op, start, start, step, -1, -1, group, ranks, seq, -1, sent, True, "", "gpu"),
+            ("done", op, end, end, step, -1, -1, group, ranks, seq, -1, 0, True, "", "gpu"))
+
+
+def _stage_file(staging_dir: str, path: str) -> tuple[str, int, dict]:
+    """Parse one trace and write its events as Parquet into staging_dir: run in
+    the worker processes, so that neither the table nor its encoding passes
+    through the parent. (staged file, events, facts)"""
+    table, facts = file_table(path)
+    fd, staged = tempfile.mkstemp(suffix=".parquet", dir=staging_dir)
+    os.close(fd)
+    write_parquet_atomic(table, staged)
+    return staged, table.num_rows, facts
 
 
 def import_kineto(paths: list, out_dir: str) -> tuple[str, dict]:
     """Import trace files (rank from distributedInfo.rank, else their order)."""
     if not paths:
         raise UserError("no trace files given")
-    parsed = []
-    for index, (path, (rows, facts)) in enumerate(zip(paths, map_files(_file_table, paths))):
-        rank = facts["rank_in_trace"] if facts["rank_in_trace"] is not None else index
-        parsed.append((rank, path, rows, facts))
-    seen = {}
-    for rank, path, _, _ in parsed:
-        if rank in seen:
-            raise UserError(f"rank {rank} is in both {_display(seen[rank])} and {_display(path)}; "
-                            "import traces of different jobs separately")
-        seen[rank] = path
-    writer = RunDirWriter(out_dir, "kineto", paths)
-    for rank, path, rows, facts in parsed:
-        writer.write_rank(rank, rows, {
-            "world_size": facts["world_size"] or len(parsed), "pid": facts["pid"], "host": "",
-            "clock": clock_meta(), "source": {"format": "kineto", "file": os.path.abspath(path)},
-            "profiler_steps": facts["steps"], "gpu_activities": facts["gpu_activities"]})
+    staging_dir = tempfile.mkdtemp(prefix="diagnose-import-")
+    try:
+        parsed = []
+        for index, (path, staged) in enumerate(zip(paths, map_files(functools.partial(_stage_file, staging_dir),
+                                                                     paths))):
+            facts = staged[2]
+            rank = facts["rank_in_trace"] if facts["rank_in_trace"] is not None else index
+            parsed.append((rank, path, staged))
+        seen = {}
+        for rank, path, _ in parsed:
+            if rank in seen:
+                raise UserError(f"rank {rank} is in both {_display(seen[rank])} and {_display(path)}; "
+                                "import traces of different jobs separately")
+            seen[rank] = path
+        writer = RunDirWriter(out_dir, "kineto", paths)
+        for rank, path, (staged, events, facts) in parsed:
+            writer.adopt_rank(rank, staged, events, {
+                "world_size": facts["world_size"] or len(parsed), "pid": facts["pid"], "host": "",
+                "clock": clock_meta(), "source": {"format": "kineto", "file": os.path.abspath(path)},
+                "profiler_steps": facts["steps"], "gpu_activities": facts["gpu_activities"]})
+    finally:
+        shutil.rmtree(staging_dir, ignore_errors=True)
     run_dir = writer.finish()
     return run_dir, {"ranks": writer.ranks, "events": writer.events_total}
 
@@ -259,15 +295,19 @@ def import_profiler_windows(run_dir: str, warn=print) -> dict:
             continue
         clock = trace_reader.read_meta(rank_dir, lambda m: None).get("clock") or {}
         shift = int(clock.get("mono_anchor_ns", 0)) - int(clock.get("wall_anchor_ns", 0))
-        rows = []
+        tables = []
         for path in files:
             try:
-                kernel_rows, _ = file_rows(path, gpu_only=True)
+                table, _ = file_table(path, gpu_only=True)
             except UserError as exc:
                 warn(f"diagnose: warning: {exc}")
                 continue
-            rows.extend(r[:2] + (r[2] + shift, r[3] + shift) + r[4:] for r in kernel_rows
-                        if r[0] == "kernel")
-        append_rank_events(rank_dir, rows, "kineto")
-        done[trace_reader.rank_of_dir(rank_dir)] = len(rows)
+            table = table.filter(pc.equal(table.column("kind"), "kernel"))
+            for column in ("start_ns", "end_ns"):
+                table = table.set_column(table.schema.get_field_index(column), column,
+                                         pc.add(table.column(column), shift))
+            tables.append(table)
+        table = pa.concat_tables(tables) if tables else events_table([])
+        append_rank_events(rank_dir, table, "kineto")
+        done[trace_reader.rank_of_dir(rank_dir)] = len(table)
     return done
