@@ -12,7 +12,14 @@ live monitor: the in-rank part of the overhead), and under torch.profiler
 (plain, diagnose, collectors, profiler; the next round starts one mode later) so
 that the machine's drift, and the speed of the first run after a pause, hit
 every mode alike. Step times come from the jobs' own logs (reference trainer
---log-jsonl step_time_s, ddp_mlp --log-step-times), first WARMUP steps dropped.
+--log-jsonl step_time_s, ddp_mlp --log-step-times), the first --warmup steps
+dropped: the per-step overhead of an always-on tool is its steady state. What
+`diagnose run` costs once at start-up (the launcher's live monitor creating the
+MLflow store: seconds of CPU; the first Parquet writes) lands in those first
+steps on a 2-core machine; it is printed apart, as the extra seconds the warm-up
+steps took (median over rounds of mode minus plain). 150 warm-up steps: in a
+300-step run at ~50 ms per step, diagnose's first 50 steps were 10-45% slower
+than plain and the later windows of 50 within noise of plain.
 
 Figures: median step time per mode over all rounds, its ratio to plain, the
 per-round ratios (their spread is the noise floor of this machine), how many
@@ -35,7 +42,6 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
-WARMUP = 30  # also covers the start-up of the launcher's live monitor (MLflow store)
 MODES = ("plain", "diagnose", "collectors", "profiler")
 
 
@@ -133,7 +139,8 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))  # so that launch() cleans up
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--warmup", type=int, default=150, help="first steps of each run left out (start-up)")
     p.add_argument("--jobs", default="reference,ddp_mlp")
     args = p.parse_args()
     work = tempfile.mkdtemp(prefix="diagnose-overhead-")
@@ -141,6 +148,7 @@ def main() -> int:
     chosen = {k: v for k, v in jobs(args.steps, log).items() if k in args.jobs.split(",")}
     times = {(job, mode): [] for job in chosen for mode in MODES}
     per_round = {(job, mode): [] for job in chosen for mode in MODES}
+    startup_s = {(job, mode): [] for job in chosen for mode in MODES}  # seconds of the warm-up steps
     sizes = {job: [] for job in chosen}
     try:
         for r in range(args.rounds):
@@ -151,7 +159,9 @@ def main() -> int:
                     if os.path.exists(log):
                         os.remove(log)
                     run_dir = launch(command, mode, work)
-                    steps = read_times(log)[WARMUP:]
+                    all_steps = read_times(log)
+                    steps = all_steps[args.warmup:]
+                    startup_s[job, mode].append(sum(all_steps[:args.warmup]))
                     times[job, mode] += steps
                     per_round[job, mode].append(statistics.median(steps))
                     if run_dir:
@@ -161,13 +171,13 @@ def main() -> int:
                     print(f"round {r + 1}/{args.rounds} {job:9s} {mode:8s} median step "
                           f"{per_round[job, mode][-1] * 1e3:6.1f} ms", flush=True)
         costs = event_costs()
-        return report(chosen, times, per_round, sizes, costs, args)
+        return report(chosen, times, per_round, startup_s, sizes, costs, args)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def report(chosen, times, per_round, sizes, costs, args) -> int:
-    print(f"\n{args.rounds} interleaved rounds x {args.steps} steps (first {WARMUP} dropped), 2 ranks, gloo")
+def report(chosen, times, per_round, startup_s, sizes, costs, args) -> int:
+    print(f"\n{args.rounds} interleaved rounds x {args.steps} steps (first {args.warmup} dropped), 2 ranks, gloo")
     print(f"{'job':10s} {'mode':9s} {'steps':>6s} {'median ms':>10s} {'vs plain':>9s}  per-round ratios")
     ok = True
     for job in chosen:
@@ -191,6 +201,10 @@ def report(chosen, times, per_round, sizes, costs, args) -> int:
         print(f"overhead {job}: diagnose run {ours:+.2%} (collectors alone {ranks_only:+.2%}), "
               f"torch.profiler {prof:+.2%} ({lower}); "
               f"trace {total / max(events, 1):.1f} bytes/event ({events:,} events, {per_step:.0f}/rank/step)")
+        extra = {mode: statistics.median(m - p for m, p in zip(startup_s[job, mode], startup_s[job, "plain"]))
+                 for mode in MODES if mode != "plain"}
+        print(f"start-up {job}: the first {args.warmup} steps took "
+              + ", ".join(f"{extra[m]:+.2f} s ({m})" for m in extra) + " more than plain (median over rounds)")
         if costs:
             modelled = hot_path_ms(kinds, rank_steps, costs)
             print(f"hot path {job}: {modelled:.3f} ms per step modelled from events x cost per event "

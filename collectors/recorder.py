@@ -15,6 +15,7 @@ import threading
 import time
 
 from collectors import clock
+from collectors.daemon_thread import start_daemon
 from collectors.part_writer import PartWriter
 from collectors.schema import rank_dir_name
 
@@ -98,8 +99,7 @@ class Recorder:
             **meta,
         }
         self.write_meta()
-        self._thread = threading.Thread(target=self._run, name="diagnose-writer", daemon=True)
-        self._thread.start()
+        self._thread = start_daemon(self._run, "diagnose-writer")
         atexit.register(self.close)
         os.register_at_fork(after_in_child=self._disable_in_child)
 
@@ -116,8 +116,8 @@ class Recorder:
         while not self._stop.is_set():
             self._step_done.wait(max(next_flush - time.monotonic(), 0))
             if self._step_done.is_set():
-                # a step ended: progress.json (tiny, ~150 us to write and rename) now,
-                # so the launcher and the report of a SIGKILLed rank see every step;
+                # a step ended: progress.json (one pwrite of ~2 KB) now, so the
+                # launcher and the report of a SIGKILLed rank see every step;
                 # events keep their own cadence
                 self._step_done.clear()
                 self.write_progress()
@@ -166,9 +166,9 @@ class Recorder:
         if self._writer is None:
             return
         try:
-            self._writer.write_json("progress.json", {
+            self._writer.overwrite_json("progress.json", {
                 **self.progress, "wall_ns": time.time_ns(), "dropped": self.dropped,
-                "errors": len(self.errors)}, compact=True)
+                "errors": len(self.errors)})
         except Exception as exc:
             self.record_error("writer", exc)
 

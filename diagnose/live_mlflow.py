@@ -5,6 +5,8 @@ delays an alert."""
 import threading
 import time
 
+from collectors.daemon_thread import start_daemon
+
 FLUSH_INTERVAL_S = 5.0  # one batch into the SQLAlchemy store costs ~15 ms of CPU (py-spy)
 
 
@@ -21,8 +23,7 @@ class MlflowStreamer:
         self.run_id = None
         self.failed = False
         self.exit_status = None
-        self.thread = threading.Thread(target=self._main, name="diagnose-live-mlflow", daemon=True)
-        self.thread.start()
+        self.thread = start_daemon(self._main, "diagnose-live-mlflow")
 
     def metric(self, key: str, value: float, step: int) -> None:
         with self.lock:

@@ -12,7 +12,10 @@ its last steps, with a floor, after warm-up, confirmed on two steps in a row):
 - compute: step time minus data wait, exposed communication, pipeline wait and
   host syncs, from the event parts the rank has written (diagnose.breakdown, as the
   analysis does). In a synchronous job one slow rank makes every rank's step
-  slower, but only the slow rank's own compute grows, so this names it.
+  slower, but only the slow rank's own compute grows, so this names it. When
+  the compute of more than half the ranks departs at the same steps, no rank is
+  to blame (the machine or the whole job slowed: another process, clocks,
+  thermals): that is one `diagnose: note:` line, not an alert per rank.
 - data wait: the time its DataLoader made it wait in the step.
 - step time: when nobody's compute explains it (or events cannot be read).
 - heartbeat: a rank that stopped recording while the others go on, or whose
@@ -28,6 +31,7 @@ it near 1% of one core: on a full node every cycle it takes is the job's.
 import collections
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -58,9 +62,9 @@ class Baseline:
     def threshold(self) -> tuple[float, float] | None:
         if len(self.values) < MIN_HISTORY:
             return None
-        values = np.fromiter(self.values, float)
-        median = float(np.median(values))
-        mad = float(np.median(np.abs(values - median)))
+        # statistics, not numpy: on 32 values a call of numpy costs 5x more
+        median = statistics.median(self.values)
+        mad = statistics.median([abs(v - median) for v in self.values])
         scale = max(1.4826 * mad, self.rel_floor * median, self.abs_floor)
         return median, median + self.k * scale
 
@@ -104,6 +108,9 @@ class LiveMonitor:
         self.logged_step = -1
         self.compute_ok: set = set()              # ranks whose compute we can follow
         self.compute_alert_step = -10**9          # last step a compute alert fired
+        self.compute_over: dict = collections.defaultdict(set)  # step -> ranks whose compute departed
+        self.pending_compute_alerts: dict = {}    # rank -> (step, value, median, limit, step_ms, t)
+        self.jobwide_noted_step = -10**9          # last step of a job-wide slowdown noted
         self.pending_step_alerts: dict = {}       # (rank) -> (step, value, median, limit, t)
         self.heartbeat: dict = {}                 # rank -> [events_total, changed_at, alerted]
         self.stale_alerted: set = set()
@@ -185,6 +192,7 @@ class LiveMonitor:
                 self.compute_ok.add(rank)
                 for step, compute_ms, step_ms in rows:
                     self._new_compute(rank, step, compute_ms, step_ms)
+        self._resolve_compute_alerts(now, final)
         self._resolve_step_alerts(now, len(progress), final)
         self._stream_steps(len(progress), final)
         if not final:
@@ -210,10 +218,35 @@ class LiveMonitor:
     def _new_compute(self, rank, step, compute_ms, step_ms) -> None:
         if step < WARMUP_STEPS:
             return
-        hit = self.baselines[rank]["compute"].update(compute_ms)
+        base = self.baselines[rank]["compute"]
+        hit = base.update(compute_ms)
+        if base.streak > 0:
+            self.compute_over[step].add(rank)
         if hit:
             _, median, limit = hit
+            self.pending_compute_alerts[rank] = (step, compute_ms, median, limit, step_ms, self.now())
+
+    def _resolve_compute_alerts(self, now, final) -> None:
+        """A confirmed compute departure names its rank once the other ranks'
+        compute of that step is known (or two polls later): if more than half the
+        ranks departed in the same steps, the job or the machine slowed, not a rank."""
+        for rank, (step, compute_ms, median, limit, step_ms, seen_at) in list(self.pending_compute_alerts.items()):
+            known = all(self.reader.done_step.get(r, -1) >= step for r in self.compute_ok)
+            if not (known or final or now - seen_at > 2 * EVENT_POLL_S + 1.0):
+                continue
+            del self.pending_compute_alerts[rank]
             self.compute_alert_step = max(self.compute_alert_step, step)
+            together = {rank}.union(*(self.compute_over.get(s, ()) for s in range(step - CONFIRM + 1, step + 1)))
+            for old in [s for s in self.compute_over if s < step - WINDOW]:
+                del self.compute_over[old]
+            if len(self.compute_ok) >= 2 and len(together) > len(self.compute_ok) / 2:
+                if step > self.jobwide_noted_step + CONFIRM:
+                    self._say(f"diagnose: note: ranks {','.join(map(str, sorted(together)))} of "
+                              f"{len(self.compute_ok)} slowed down together in step {step} (rank {rank}'s own "
+                              f"compute {compute_ms:.0f} ms, usually {median:.0f} ms): the machine or the whole "
+                              "job slowed, not one rank")
+                self.jobwide_noted_step = step
+                continue
             self._alert(rank, "compute", step, compute_ms, median, limit,
                         f"slowed down: its own compute (step minus waiting) took "
                         f"{compute_ms:.0f} ms in step {step}, usually {median:.0f} ms (alert above "

@@ -5,6 +5,7 @@ import os
 import sys
 import time
 
+from collectors.daemon_thread import start_daemon
 from diagnose import rundir
 
 
@@ -13,10 +14,17 @@ def read_progress(run_dir: str) -> dict[int, dict]:
     for rank_dir in rundir.rank_dirs(run_dir):
         try:
             rank = int(os.path.basename(rank_dir).split("-", 1)[1])
-            with open(os.path.join(rank_dir, "progress.json"), encoding="utf-8") as f:
-                progress[rank] = json.load(f)
-        except (OSError, ValueError, IndexError):
+        except (ValueError, IndexError):
             continue
+        # the recorder rewrites the file in place (PartWriter.overwrite_json): a
+        # read in the middle of a write does not parse, and the next one does
+        for _ in range(3):
+            try:
+                with open(os.path.join(rank_dir, "progress.json"), "rb") as f:
+                    progress[rank] = json.loads(f.read())
+                break
+            except (OSError, ValueError):
+                continue
     return progress
 
 
@@ -74,8 +82,7 @@ class RankLiveness:
         self.pids: dict[int, int] = {}
         self.exited_wall_ns: dict[int, int] = {}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="diagnose-liveness", daemon=True)
-        self._thread.start()
+        self._thread = start_daemon(self._run, "diagnose-liveness")
 
     def _discover(self) -> list:
         """(rank, pid) of this host's ranks not seen before."""

@@ -3,6 +3,7 @@ recent spread, and per-step metrics reach the MLflow run."""
 import io
 import json
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from diagnose.live_monitor import Baseline, LiveMonitor
@@ -85,6 +86,42 @@ def test_step_time_and_data_wait_departures_alert_once(tmp_path):
     assert len(lines) == 2, text
     records = [json.loads(l) for l in (tmp_path / "alerts.jsonl").read_text().splitlines()]
     assert [(r["rank"], r["kind"]) for r in records] == [(1, "step_time"), (0, "data_wait")]
+
+
+class ComputeFeed:
+    """Stands in for ComputeReader: hands the monitor each rank's compute per step."""
+
+    def __init__(self, compute):
+        self.compute, self.done_step, self.sent = compute, {}, 0
+
+    def poll(self, ranks):
+        out = {r: [(s, self.compute(r, s), self.compute(r, s) + 20.0) for s in range(self.sent, self.sent + 4)]
+               for r in ranks}
+        self.sent += 4
+        self.done_step = {r: self.sent - 1 for r in ranks}
+        return out
+
+
+@pytest.mark.parametrize("slow_ranks, alerted", [({1}, [1]), ({0, 1, 2}, [])])
+def test_compute_names_one_slow_rank_but_not_a_job_wide_slowdown(tmp_path, slow_ranks, alerted):
+    """One rank's own compute growing names it; most ranks' growing in the same
+    steps is the machine or the job (a note, no alert)."""
+    clock = Clock()
+    mon, stream = monitor(tmp_path, clock)
+    mon.reader = ComputeFeed(lambda r, s: 100.0 + (s % 3) + (300.0 if r in slow_ranks and 12 <= s < 20 else 0.0))
+    steps = {0: [], 1: [], 2: [], 3: []}
+    for s in range(32):
+        for r in steps:
+            steps[r].append((s, 120.0 + (300.0 if slow_ranks and 12 <= s < 20 else 0.0)))
+        clock.t += 0.5
+        mon.tick(snapshot(steps, {r: s for r in steps}, clock))
+    mon.close(0)
+    text = stream.getvalue()
+    alerts = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()] \
+        if (tmp_path / "alerts.jsonl").exists() else []
+    assert [a["rank"] for a in alerts] == alerted, text
+    assert all(a["kind"] == "compute" and 12 < a["step"] <= 16 for a in alerts), alerts
+    assert ("slowed down together" in text) == (not alerted), text
 
 
 def test_a_rank_that_stops_recording_while_others_go_on_is_reported(tmp_path):

@@ -9,10 +9,10 @@ analyzer refines offsets further from collective completion times.
 """
 import functools
 import os
-import threading
 from datetime import timedelta
 
 from collectors.clock import now_ns
+from collectors.daemon_thread import start_daemon
 
 ROUNDS = 16  # the best round wins; more rounds ride out a busy rank 0
 TIMEOUT_S = 60
@@ -66,7 +66,7 @@ def install(rec):
                 except Exception as exc:
                     rec.record_error("clock_sync", exc)
 
-            threading.Thread(target=run, name="diagnose-clock-sync", daemon=True).start()
+            start_daemon(run, "diagnose-clock-sync")
         except Exception as exc:
             rec.record_error("clock_sync", exc)
         return result

@@ -28,6 +28,7 @@ import threading
 
 from collectors.callsite import user_callsite
 from collectors.clock import now_ns
+from collectors.daemon_thread import start_daemon
 from collectors.instrument.gpu_common import cuda_ready, gpu_unavailable
 
 MAX_PENDING = 100_000
@@ -125,7 +126,7 @@ def install(rec):
                 gpu_unavailable(rec, "cuda_events", reason)
             else:
                 timer.side_stream = torch.cuda.Stream()
-                threading.Thread(target=poller, name="diagnose-cuda-events", daemon=True).start()
+                start_daemon(poller, "diagnose-cuda-events")
         return state["on"]
 
     def poller():

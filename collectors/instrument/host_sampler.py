@@ -1,9 +1,9 @@
 """Host samples in a thread: this process's CPU % and RSS, every
 DIAGNOSE_SAMPLE_INTERVAL_S (1 s). Reads /proc and os.times only."""
 import os
-import threading
 
 from collectors.clock import now_ns
+from collectors.daemon_thread import start_daemon
 
 _PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20 if hasattr(os, "sysconf") else 4096 / 2**20
 
@@ -27,4 +27,4 @@ def install(rec):
             rec.add_sample(t, "rss_mb", _rss_mb())
             last_t, last_cpu = t, cpu
 
-    threading.Thread(target=run, name="diagnose-host-sampler", daemon=True).start()
+    start_daemon(run, "diagnose-host-sampler")

@@ -12,9 +12,9 @@ except loopback and per interface:
     net_rx_mb_per_s  net_tx_mb_per_s  net_rx_mb_per_s:<iface>  net_tx_mb_per_s:<iface>
 """
 import os
-import threading
 
 from collectors.clock import now_ns
+from collectors.daemon_thread import start_daemon
 
 SYS_NET = "/sys/class/net"
 MB = 1e6
@@ -77,4 +77,4 @@ def install(rec):
             for metric, value in sampler.sample(t):
                 rec.add_sample(t, metric, value)
 
-    threading.Thread(target=run, name="diagnose-net-sampler", daemon=True).start()
+    start_daemon(run, "diagnose-net-sampler")

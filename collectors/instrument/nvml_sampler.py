@@ -16,9 +16,9 @@ pynvml comes from the nvidia-ml-py package; without a driver, NVML does not
 initialise and the sampler is off (one info line, see gpu_common).
 """
 import os
-import threading
 
 from collectors.clock import now_ns
+from collectors.daemon_thread import start_daemon
 from collectors.instrument.gpu_common import gpu_unavailable, local_device_index
 
 MB = 2 ** 20
@@ -120,4 +120,4 @@ def install(rec):
             for metric, value in sampler.sample(t):
                 rec.add_sample(t, metric, value)
 
-    threading.Thread(target=run, name="diagnose-nvml-sampler", daemon=True).start()
+    start_daemon(run, "diagnose-nvml-sampler")
