@@ -96,6 +96,23 @@ def test_sigkilled_rank_leaves_readable_parts_up_to_one_second_before(tmp_path):
     assert last_ns >= killed_at_ns - 1_000_000_000
 
 
+def test_progress_is_rewritten_in_place_and_always_whole_json(tmp_path):
+    """progress.json: one pwrite per step end on the same file (no temporary file
+    and rename); a shorter content is padded, and readers parse every version."""
+    from collectors.part_writer import PartWriter
+    from diagnose.monitor import read_progress
+    rank_dir = tmp_path / "traces" / "rank-00003"
+    writer = PartWriter(str(rank_dir), live=True)
+    long = {"step": 64, "recent_steps": [[i, 50.0 + i, 0.5] for i in range(64)]}
+    writer.overwrite_json("progress.json", long)
+    inode = (rank_dir / "progress.json").stat().st_ino
+    assert read_progress(str(tmp_path)) == {3: long}
+    writer.overwrite_json("progress.json", {"step": 65, "recent_steps": []})
+    assert (rank_dir / "progress.json").stat().st_ino == inode
+    assert read_progress(str(tmp_path)) == {3: {"step": 65, "recent_steps": []}}
+    assert sorted(p.name for p in rank_dir.iterdir()) == ["progress.json"]
+
+
 def test_failing_collector_does_not_stop_the_job_and_is_recorded(tmp_path):
     """Also: DIAGNOSE_DISABLE leaves an instrumentor out and nothing else; DDP's
     timing comm hook (DIAGNOSE_DDP_TIMING=hook, the path for GPU modules) records

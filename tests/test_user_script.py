@@ -3,7 +3,6 @@ seen (samples/ddp_mlp.py and its own fault flags), and clocks are aligned."""
 import json
 import re
 import subprocess
-import threading
 
 import numpy as np
 import pandas as pd

@@ -23,7 +23,9 @@ refused with a one-line reason (diagnose.errors.UserError).
 
 Files are read and parsed by kineto_io.py, through msgspec when installed
 (kineto_scan.py: 3-4x faster than building a dict per event), several at once
-in worker processes.
+in worker processes, each of which also writes its file's events as Parquet
+(the parent only moves the files into the run dir). Kernel rows are built
+column by column (numpy), not as a tuple per kernel.
 """
 import functools
 import glob
@@ -93,7 +95,7 @@ def trace_table(trace: dict, gpu_only: bool = False) -> tuple[pa.Table, dict]:
 def _scan_events(events, gpu_only: bool):
     """(cpu, gpu, launches, pids) from parsed event dicts; kineto_scan mirrors it."""
     launches = {}
-    cpu, gpu = [], []        # (kind, name, ts, dur, detail) ; (name, ts, dur, stream, corr, args)
+    cpu, gpu = [], []  # (kind, name, ts, dur, detail); (name, ts, dur, stream, corr, bytes, collective?, args)
     pids = {}
     for e in events:
         if not isinstance(e, dict) or e.get("ph") != "X":
