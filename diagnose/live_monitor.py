@@ -109,19 +109,20 @@ class LiveMonitor:
         self.compute_ok: set = set()              # ranks whose compute we can follow
         self.compute_alert_step = -10**9          # last step a compute alert fired
         self.compute_over: dict = collections.defaultdict(set)  # step -> ranks whose compute departed
-        self.pending_compute_alerts: dict = {}    # rank -> (step, value, median, limit, step_ms, t)
+        self.pending_compute_alerts: dict = {}    # rank -> (step, value, median, limit, step_ms, t, polls)
         self.jobwide_noted_step = -10**9          # last step of a job-wide slowdown noted
-        self.pending_step_alerts: dict = {}       # (rank) -> (step, value, median, limit, t)
+        self.pending_step_alerts: dict = {}       # rank -> (step, value, median, limit, t, event polls)
         self.heartbeat: dict = {}                 # rank -> [events_total, changed_at, alerted]
         self.stale_alerted: set = set()
         self.reader = ComputeReader(run_dir) if read_events else None
         self.last_event_poll = 0.0
+        self.event_polls = 0
         self.streamer = None
         self.manifest = manifest
         if track is None:
             from diagnose.tracking import enabled
             track = enabled()
-        self.track = track  # the MLflow run is created once a rank completes its first step
+        self.track = track  # the MLflow run is created at the first tick, before the first step
 
     # -- plumbing --------------------------------------------------------------
     def _warn(self, message: str) -> None:
@@ -140,6 +141,11 @@ class LiveMonitor:
             pass
 
     def tick(self, progress: dict) -> None:
+        if self.track and not self.disabled:
+            # at once, while the ranks still import torch: creating a store costs
+            # seconds of CPU, which taken during the first steps slowed every rank
+            # while their baselines formed (and starved this process's polls)
+            self._start_streamer()
         if self.disabled or not progress:
             return
         try:
@@ -173,8 +179,6 @@ class LiveMonitor:
 
     def _tick(self, progress: dict, final: bool = False) -> None:
         now = self.now()
-        if self.track and not final and any(s.get("recent_steps") for s in progress.values()):
-            self._start_streamer()
         for rank, snap in sorted(progress.items()):
             for entry in snap.get("recent_steps") or []:
                 try:
@@ -188,6 +192,7 @@ class LiveMonitor:
         if self.reader is not None and len(progress) <= MAX_EVENT_RANKS and \
                 (final or now - self.last_event_poll >= EVENT_POLL_S):
             self.last_event_poll = now
+            self.event_polls += 1
             for rank, rows in self.reader.poll(sorted(progress)).items():
                 self.compute_ok.add(rank)
                 for step, compute_ms, step_ms in rows:
@@ -213,7 +218,7 @@ class LiveMonitor:
         hit = base["step"].update(step_ms)
         if hit:
             _, median, limit = hit
-            self.pending_step_alerts[rank] = (step, step_ms, median, limit, now)
+            self.pending_step_alerts[rank] = (step, step_ms, median, limit, now, self.event_polls)
 
     def _new_compute(self, rank, step, compute_ms, step_ms) -> None:
         if step < WARMUP_STEPS:
@@ -224,15 +229,18 @@ class LiveMonitor:
             self.compute_over[step].add(rank)
         if hit:
             _, median, limit = hit
-            self.pending_compute_alerts[rank] = (step, compute_ms, median, limit, step_ms, self.now())
+            self.pending_compute_alerts[rank] = (step, compute_ms, median, limit, step_ms, self.now(),
+                                                 self.event_polls)
 
     def _resolve_compute_alerts(self, now, final) -> None:
         """A confirmed compute departure names its rank once the other ranks'
         compute of that step is known (or two polls later): if more than half the
         ranks departed in the same steps, the job or the machine slowed, not a rank."""
-        for rank, (step, compute_ms, median, limit, step_ms, seen_at) in list(self.pending_compute_alerts.items()):
+        for rank, (step, compute_ms, median, limit, step_ms, seen_at, polls_at) in \
+                list(self.pending_compute_alerts.items()):
             known = all(self.reader.done_step.get(r, -1) >= step for r in self.compute_ok)
-            if not (known or final or now - seen_at > 2 * EVENT_POLL_S + 1.0):
+            waited = now - seen_at > 2 * EVENT_POLL_S + 1.0 and self.event_polls - polls_at >= 2
+            if not (known or final or waited):
                 continue
             del self.pending_compute_alerts[rank]
             self.compute_alert_step = max(self.compute_alert_step, step)
@@ -240,6 +248,9 @@ class LiveMonitor:
             for old in [s for s in self.compute_over if s < step - WINDOW]:
                 del self.compute_over[old]
             if len(self.compute_ok) >= 2 and len(together) > len(self.compute_ok) / 2:
+                for r in together:  # re-armed: a rank that stays slow once the others recover is named
+                    self.baselines[r]["compute"].active = False
+                    self.baselines[r]["compute"].streak = 0
                 if step > self.jobwide_noted_step + CONFIRM:
                     self._say(f"diagnose: note: ranks {','.join(map(str, sorted(together)))} of "
                               f"{len(self.compute_ok)} slowed down together in step {step} (rank {rank}'s own "
@@ -258,12 +269,14 @@ class LiveMonitor:
         confirmed a step later, too), or long enough for that to have happened: two
         event polls, the parts' 0.5 s flush, and the next steps (the reader holds
         the newest step back one step), with a margin."""
-        for rank, (step, step_ms, median, limit, seen_at) in list(self.pending_step_alerts.items()):
+        for rank, (step, step_ms, median, limit, seen_at, polls_at) in list(self.pending_step_alerts.items()):
             followed = rank in self.compute_ok
             known = all(self.reader.done_step.get(r, -1) >= step + 1 for r in self.compute_ok) \
                 if followed and self.reader is not None else True
             patience_s = 2 * EVENT_POLL_S + 1.0 + 4 * step_ms / 1000
-            if not (known or final or now - seen_at > patience_s):
+            # and two polls at least: a starved monitor must not outwait its own reader
+            waited = now - seen_at > patience_s and (not followed or self.event_polls - polls_at >= 2)
+            if not (known or final or waited):
                 continue
             del self.pending_step_alerts[rank]
             departing = any(b["compute"].streak > 0 or b["compute"].active
