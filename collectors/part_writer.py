@@ -25,8 +25,8 @@ stored (the loader casts to collectors.schema anyway).
 """
 import json
 import os
-import shutil
 import re
+import shutil
 import threading
 
 import pyarrow as pa
@@ -54,8 +54,8 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
 
 
 def atomic_write_json(path: str, obj, compact: bool = False) -> None:
-    """compact: one line, via orjson when installed (progress.json is written
-    after every step; indenting it cost 4x the serialisation)."""
+    """compact: one line, via orjson when installed (indenting cost 4x the
+    serialisation)."""
     data = _compact_json(obj) if compact else json.dumps(obj, indent=1, default=str).encode()
     atomic_write_bytes(path, data)
 

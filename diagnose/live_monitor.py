@@ -26,7 +26,8 @@ Each alert is one line `diagnose: ALERT rank R: ...` on stderr, a JSON line in
 one MLflow batch every 5 s, from a background thread of that child (creating a
 store can take seconds; nothing waits for it but close()). The child runs at a
 lower CPU priority, and its cadence (events every 2 s, MLflow every 5 s) keeps
-it near 1% of one core: on a full node every cycle it takes is the job's.
+it at about 3.5% of one core (2 ranks, ~50 ms steps): on a full node every cycle it
+takes is the job's.
 """
 import collections
 import json
