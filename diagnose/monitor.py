@@ -23,7 +23,9 @@ def read_progress(run_dir: str) -> dict[int, dict]:
                 with open(os.path.join(rank_dir, "progress.json"), "rb") as f:
                     progress[rank] = json.loads(f.read())
                 break
-            except (OSError, ValueError):
+            except OSError:
+                break  # not written yet, or gone
+            except ValueError:
                 continue
     return progress
 

@@ -23,8 +23,6 @@ try:
 except ImportError:  # optional: the dict path is used without it
     msgspec = None
 
-from diagnose.importers.kineto_io import gc_paused
-
 if msgspec is not None:
     UNSET = msgspec.UNSET
 
@@ -88,9 +86,8 @@ def scan(raw: bytes, gpu_only: bool, classify):
     `classify(kind_checks)` is kineto's per-event CPU classification."""
     if msgspec is None:
         return None
-    try:
-        with gc_paused():
-            return _scan(_TRACE.decode(raw), gpu_only, classify)
+    try:  # (the caller, kineto.file_table, pauses the garbage collector)
+        return _scan(_TRACE.decode(raw), gpu_only, classify)
     except _ERRORS:
         return None
 
