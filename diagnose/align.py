@@ -9,7 +9,9 @@
    (from the spread of the leads: on a loaded host a process can be scheduled
    milliseconds after its data arrived), never better than 0.2 ms. Whichever
    estimate is tighter wins: a rank whose measured error bound is smaller keeps
-   its measured offset; otherwise a residual above the precision is applied.
+   its measured offset; otherwise a residual above the precision is applied,
+   but never beyond the measured bound: a round trip bounds the offset for
+   sure (causality), the collectives only statistically.
 """
 import numpy as np
 import pandas as pd
@@ -18,16 +20,18 @@ COLLECTIVE_PRECISION_NS = 200_000
 WALL_CLOCK_ERROR_NS = 10_000_000  # NTP across hosts: milliseconds
 
 
-def measured_offsets(rank_meta: dict) -> tuple[dict, dict]:
-    """rank -> (offset_ns, error_ns) from meta.json, wall anchors as fallback."""
+def measured_offsets(rank_meta: dict) -> tuple[dict, dict, set]:
+    """rank -> offset_ns and rank -> error_ns from meta.json, wall anchors as
+    fallback; and the ranks whose error is a measured (hard) bound."""
     anchors = {r: m.get("clock", {}) for r, m in rank_meta.items() if isinstance(m.get("clock"), dict)}
     ref = min(anchors) if anchors else None
-    offsets, errors = {}, {}
+    offsets, errors, bounded = {}, {}, set()
     for rank in rank_meta:
         clock = anchors.get(rank, {})
         offset, error = clock.get("offset_to_rank0_ns"), clock.get("offset_error_ns")
         if isinstance(offset, (int, float)):
             offsets[rank], errors[rank] = int(offset), int(error or 0)
+            bounded.add(rank)
             continue
         try:
             ref_clock = anchors[ref]
@@ -36,12 +40,13 @@ def measured_offsets(rank_meta: dict) -> tuple[dict, dict]:
             errors[rank] = WALL_CLOCK_ERROR_NS
         except (KeyError, TypeError):
             offsets[rank], errors[rank] = 0, 10**12
-    return offsets, errors
+    return offsets, errors, bounded
 
 
-def refine_offsets(events: pd.DataFrame, errors: dict) -> dict:
+def refine_offsets(events: pd.DataFrame, errors: dict, bounded: set = frozenset()) -> dict:
     """rank -> correction_ns to subtract, from synchronous collective return times
-    (events already on the measured clock)."""
+    (events already on the measured clock); a rank in `bounded` is corrected
+    within its error at most."""
     sync = events[(events["kind"] == "collective") & (~events["async_op"]) & (events["seq"] >= 0)]
     if sync.empty:
         return {}
@@ -69,4 +74,6 @@ def refine_offsets(events: pd.DataFrame, errors: dict) -> dict:
                 changed = True
         if not changed:
             break
-    return corrections
+    for rank in bounded & corrections.keys():
+        corrections[rank] = int(np.clip(corrections[rank], -errors[rank], errors[rank]))
+    return {rank: value for rank, value in corrections.items() if value}

@@ -270,19 +270,22 @@ class LiveMonitor:
         confirmed a step later, too), or long enough for that to have happened: two
         event polls, the parts' 0.5 s flush, and the next steps (the reader holds
         the newest step back one step), with a margin."""
+        # events are read for this job: a rank whose compute is not followed yet (no
+        # part of it read: the first polls, a starved monitor) is waited for too
+        reading = self.reader is not None and n_ranks <= MAX_EVENT_RANKS
         for rank, (step, step_ms, median, limit, seen_at, polls_at) in list(self.pending_step_alerts.items()):
             followed = rank in self.compute_ok
             known = all(self.reader.done_step.get(r, -1) >= step + 1 for r in self.compute_ok) \
-                if followed and self.reader is not None else True
+                if followed else not reading
             patience_s = 2 * EVENT_POLL_S + 1.0 + 4 * step_ms / 1000
             # and two polls at least: a starved monitor must not outwait its own reader
-            waited = now - seen_at > patience_s and (not followed or self.event_polls - polls_at >= 2)
+            waited = now - seen_at > patience_s and (not reading or self.event_polls - polls_at >= 2)
             if not (known or final or waited):
                 continue
             del self.pending_step_alerts[rank]
             departing = any(b["compute"].streak > 0 or b["compute"].active
                             for b in self.baselines.values())
-            if followed and (departing or self.compute_alert_step >= step - CONFIRM - 1):
+            if self.compute_ok and (departing or self.compute_alert_step >= step - CONFIRM - 1):
                 continue  # explained: a straggler's compute alert names the cause
             cause = (" while no rank's own compute grew: time goes to communication, data or "
                      "the host" if followed else "")

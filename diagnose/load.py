@@ -62,9 +62,9 @@ class Run:
                 sample_tables.append(_with_rank(samples, rank))
         self._events = _to_pandas(event_tables, _empty_events())
         self._samples = _to_pandas(sample_tables, None)
-        self.offsets_ns, self.offset_errors_ns = align.measured_offsets(self.rank_meta)
+        self.offsets_ns, self.offset_errors_ns, bounded = align.measured_offsets(self.rank_meta)
         self._shift(self._events, self.offsets_ns, ("start_ns", "end_ns"))
-        self.refinements_ns = align.refine_offsets(self._events, self.offset_errors_ns)
+        self.refinements_ns = align.refine_offsets(self._events, self.offset_errors_ns, bounded)
         self._shift(self._events, self.refinements_ns, ("start_ns", "end_ns"))
         for rank, extra in self.refinements_ns.items():
             self.offsets_ns[rank] = self.offsets_ns.get(rank, 0) + extra

@@ -68,8 +68,54 @@ def test_injected_clock_skew_is_removed_by_alignment(tmp_path):
     assert len(error_ms) >= 10 and error_ms.max() < 1.0
 
 
+def test_store_ping_keeps_going_while_round_trips_are_slow(monkeypatch):
+    """The ping protocol itself over a real TCPStore: rank 0 and a peer 5 ms
+    ahead, in two threads; with every round trip 'slow', the peer spends its
+    extra spaced rounds, then tells rank 0 it is done (rank 0's loop returns)."""
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from collectors.instrument import clock_sync
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=30))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(master.port))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "ping-test")
+    monkeypatch.setattr(clock_sync, "GOOD_RTT_NS", 0)
+    monkeypatch.setattr(clock_sync, "SPACING_S", 0.001)
+    skew_ns = 5_000_000
+    real_now = clock_sync.now_ns
+    monkeypatch.setattr(clock_sync, "now_ns",
+                        lambda: real_now() + (skew_ns if threading.current_thread().name == "peer" else 0))
+
+    class Rec:
+        def __init__(self):
+            self.meta = {"clock": {}}
+
+        def write_meta(self):
+            pass
+
+    recs = {0: Rec(), 1: Rec()}
+    threads = [threading.Thread(target=clock_sync._measure, args=(recs[r], r, 2), name=name)
+               for r, name in ((0, "rank0"), (1, "peer"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    clock = recs[1].meta["clock"]
+    assert clock["offset_method"] == "store-ping"
+    assert abs(clock["offset_to_rank0_ns"] - skew_ns) <= clock["offset_error_ns"] + 1_000, clock
+    rounds = clock_sync.ROUNDS + clock_sync.EXTRA_ROUNDS
+    assert master.get(f"diagnose/clock/ping-test/0/1/{rounds}/ping") == b"done"
+    assert not master.check([f"diagnose/clock/ping-test/0/1/{rounds + 1}/ping"])
+
+
 def test_refinement_recovers_an_unmeasured_offset():
-    """Without a measured offset (wall clocks only), collective return times fix it."""
+    """Without a measured offset (wall clocks only), collective return times fix
+    it; a measured offset they move within its error bound only."""
     rng = np.random.default_rng(0)
     rows = []
     for seq in range(50):
@@ -80,6 +126,10 @@ def test_refinement_recovers_an_unmeasured_offset():
     corrections = align.refine_offsets(events, {r: align.WALL_CLOCK_ERROR_NS for r in range(4)})
     assert abs(corrections[1] - 7_000_000) < 100_000 and abs(corrections[3] + 3_000_000) < 100_000
     assert 2 not in corrections
+    # a measured round trip bounds the offset for sure: rank 1's ping said 0 +- 2 ms
+    errors = {0: 0, 1: 2_000_000, 2: align.WALL_CLOCK_ERROR_NS, 3: align.WALL_CLOCK_ERROR_NS}
+    corrections = align.refine_offsets(events, errors, bounded={0, 1})
+    assert corrections[1] == 2_000_000 and abs(corrections[3] + 3_000_000) < 100_000
 
 
 def test_two_nodes_merge_into_the_single_node_result(tmp_path):
