@@ -44,7 +44,7 @@ FRACS = ("idle_frac", "compute_frac", "non_compute_frac")
 DIAGNOSE = """
 import json, sys, tempfile, os
 from diagnose.importers.kineto import import_kineto
-from diagnose.load import load
+from diagnose.loader import load
 out = os.path.join(tempfile.mkdtemp(prefix="diagnose-vs-hta-"), "run")
 run_dir, _ = import_kineto(sys.argv[1:], out)
 table = load(run_dir, warn=lambda m: None).temporal_breakdown()

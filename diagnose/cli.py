@@ -93,7 +93,7 @@ def export(run_dir: str = typer.Argument(..., help="run directory"),
     """Export a run's merged trace (chrome: Perfetto / chrome://tracing; nvtxt:
     Nsight's ImportNvtxt, one file per rank; nsys-rep: Nsight Systems report)."""
     from diagnose import rundir
-    from diagnose.load import load
+    from diagnose.loader import load
     if format in ("nvtxt", "nsys-rep"):
         from diagnose.cli_interop import export_interop
         return export_interop(run_dir, format, out)

@@ -37,7 +37,7 @@ def nsys(files: List[str] = typer.Argument(..., help="Nsight Systems SQLite expo
 
 
 def export_interop(run_dir: str, fmt: str, out: Optional[str]) -> int:
-    from diagnose.load import load
+    from diagnose.loader import load
     run = load(run_dir)
     if fmt == "nvtxt":
         from diagnose.export_nvtxt import write_nvtxt

@@ -152,7 +152,7 @@ def print_comparison(result: dict, out=None) -> None:
 
 
 def compare_runs(dir_a: str, dir_b: str, html: str | None = None, progress=None) -> dict:
-    from diagnose.load import load
+    from diagnose.loader import load
     summaries = []
     for i, run_dir in enumerate((dir_a, dir_b)):
         if progress:

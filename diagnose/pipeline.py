@@ -4,7 +4,7 @@ import os
 from diagnose import rundir
 from diagnose.analyze import write_analysis
 from diagnose.export_chrome import write_chrome_trace
-from diagnose.load import load
+from diagnose.loader import load
 
 
 def analyze_run(run_dirs, outputs: bool = True, warn=None):

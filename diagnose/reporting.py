@@ -44,7 +44,7 @@ def parse_steps(text: str | None):
 
 def report_command(run_dir: str, out: str | None = None, steps: str | None = None) -> str:
     from dashboards.report import VIEWS, write_report
-    from diagnose.load import load
+    from diagnose.loader import load
     window = parse_steps(steps)
     with progress_steps("report", len(VIEWS) + 3) as advance:
         run = load(run_dir)

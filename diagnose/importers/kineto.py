@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from collectors.part_writer import write_parquet_atomic
-from collectors.schema import EVENT_COLUMNS, EVENT_FIELDS, EVENT_SCHEMA, events_table
+from collectors.schema import EVENT_COLUMNS, EVENT_FIELDS, EVENT_SCHEMA, arrow_array, events_table
 from diagnose.errors import UserError
 from diagnose.importers import kineto_scan
 from diagnose.importers.kineto_io import (_display, gc_paused, load_trace, map_files, parse_trace,  # noqa: F401 (load_trace: API)
@@ -181,7 +181,7 @@ def _table_and_facts(base_time, dist, cpu, gpu, launches, pids) -> tuple[pa.Tabl
     columns = [np.concatenate([small, kernels[name]]) for (name, _), small in zip(EVENT_FIELDS, columns)]
     order = np.lexsort((np.concatenate([np.array(row_order, np.int64), kernel_order]),
                         columns[EVENT_COLUMNS.index("start_ns")]))
-    table = pa.Table.from_arrays([pa.array(column[order], typ) for column, (_, typ) in zip(columns, EVENT_FIELDS)],
+    table = pa.Table.from_arrays([arrow_array(column[order], typ) for column, (_, typ) in zip(columns, EVENT_FIELDS)],
                                  schema=EVENT_SCHEMA)
     dist = dist if isinstance(dist, dict) else {}
     facts = {"pid": max(pids, key=pids.get) if pids else None,
