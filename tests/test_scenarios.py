@@ -60,9 +60,12 @@ def _phase_ms(run, phase_name):
 
 def check_fault_in_trace(name, run):
     """Issue 3: each fault shows its intended effect in the recorded trace."""
-    if name == "straggler":       # factor 3 on rank 2's compute (2x leaves room for CPU noise)
+    if name == "straggler":       # factor 3 on rank 2's compute
+        # 4 ranks on 2 cores: the others compute two to a core, rank 2 mostly alone
+        # while they wait for it, so its phases come out F/2 to F times theirs
+        # (measured 1.78-3x here)
         forward = _phase_ms(run, "forward")
-        assert forward[2] >= 2 * forward.drop(2).median(), forward
+        assert forward[2] >= 1.5 * forward.drop(2).median(), forward
     elif name == "slow_stage":    # factor 3 on stage 2
         forward = _phase_ms(run, "forward")
         assert forward[2] >= 2 * forward.drop(2).max(), forward
