@@ -27,7 +27,7 @@ one MLflow batch every 5 s, from a background thread of that child (creating a
 store can take seconds; nothing waits for it but close()). The child runs at a
 lower CPU priority, and its cadence (events every 2 s, MLflow every 5 s) keeps
 it at about 3.5% of one core (2 ranks, ~50 ms steps): on a full node every cycle it
-takes is the job's.
+takes is the job's. Events are polled every 10 s while no step time departs.
 """
 import collections
 import json
@@ -47,7 +47,8 @@ WINDOW = 32               # a rank's own recent steps that define its normal
 MIN_HISTORY = 5
 CONFIRM = 2               # consecutive departing steps before an alert
 MAX_EVENT_RANKS = 64      # above this, alerts use progress.json only
-EVENT_POLL_S = 2.0        # a poll costs ~20 ms of CPU (pandas), almost all fixed per call
+EVENT_POLL_S = 2.0        # a poll costs ~20 ms of CPU (pandas), almost all fixed per call...
+QUIET_POLL_S = 10.0       # ...so while nothing departs, polls are rarer (see _poll_interval_s)
 
 
 class Baseline:
@@ -191,7 +192,7 @@ class LiveMonitor:
                 self.last_step[rank] = step
                 self._new_step(rank, step, step_ms, data_wait_ms, now)
         if self.reader is not None and len(progress) <= MAX_EVENT_RANKS and \
-                (final or now - self.last_event_poll >= EVENT_POLL_S):
+                (final or now - self.last_event_poll >= self._poll_interval_s()):
             self.last_event_poll = now
             self.event_polls += 1
             for rank, rows in self.reader.poll(sorted(progress)).items():
@@ -203,6 +204,17 @@ class LiveMonitor:
         self._stream_steps(len(progress), final)
         if not final:
             self._heartbeat(progress, now)
+
+    def _poll_interval_s(self) -> float:
+        """Compute is what names a slow rank, and it is needed quickly only once a
+        step time departs (in a synchronous job a slow rank slows every step): the
+        quiet polls just feed the compute baselines, which lose no step by waiting.
+        Half of this process's CPU was the 2 s polls (py-spy, ddp_mlp)."""
+        if not self.compute_ok or self.pending_step_alerts or self.pending_compute_alerts:
+            return EVENT_POLL_S
+        if any(b["step"].streak or b["compute"].streak for b in self.baselines.values()):
+            return EVENT_POLL_S
+        return QUIET_POLL_S
 
     def _new_step(self, rank, step, step_ms, data_wait_ms, now) -> None:
         self.step_ms[step][rank] = (step_ms, data_wait_ms)

@@ -89,20 +89,21 @@ def test_step_time_and_data_wait_departures_alert_once(tmp_path):
 
 
 class ComputeFeed:
-    """Stands in for ComputeReader: hands the monitor each rank's compute per step."""
+    """Stands in for ComputeReader: hands the monitor each rank's compute of the
+    steps completed since its last poll (the test sets `latest`; the newest step
+    is held back, as the reader does)."""
 
     def __init__(self, compute, silent_polls=0):
-        self.compute, self.done_step, self.sent = compute, {}, 0
+        self.compute, self.done_step, self.sent, self.latest = compute, {}, 0, 0
         self.polls, self.silent_polls = 0, silent_polls
 
     def poll(self, ranks):
         self.polls += 1
         if self.polls <= self.silent_polls:
             return {}  # no part written yet, or none readable
-        upto = 4 * self.polls
-        out = {r: [(s, self.compute(r, s), self.compute(r, s) + 20.0) for s in range(self.sent, upto)]
+        out = {r: [(s, self.compute(r, s), self.compute(r, s) + 20.0) for s in range(self.sent, self.latest)]
                for r in ranks}
-        self.sent = upto
+        self.sent = max(self.sent, self.latest)
         self.done_step = {r: self.sent - 1 for r in ranks}
         return out
 
@@ -124,6 +125,7 @@ def test_compute_names_one_slow_rank_but_not_a_job_wide_slowdown(tmp_path, slow_
         for r in steps:
             steps[r].append((s, 120.0 + (300.0 if slow_ranks and 12 <= s < 20 else 0.0)))
         clock.t += 0.5
+        mon.reader.latest = s
         mon.tick(snapshot(steps, {r: s for r in steps}, clock))
     mon.close(0)
     text = stream.getvalue()
@@ -132,6 +134,32 @@ def test_compute_names_one_slow_rank_but_not_a_job_wide_slowdown(tmp_path, slow_
     assert [a["rank"] for a in alerts] == alerted, text
     assert all(a["kind"] == "compute" and 12 < a["step"] <= 16 for a in alerts), alerts
     assert ("slowed down together" in text) == (not alerted), text
+
+
+def test_events_are_polled_rarely_until_a_step_time_departs(tmp_path):
+    """A poll's pandas breakdown was half this process's CPU: while no step time
+    departs it runs every QUIET_POLL_S, and at once (then every EVENT_POLL_S)
+    when one does, so the slow rank is still named within a few steps."""
+    from diagnose.live_monitor import EVENT_POLL_S, QUIET_POLL_S
+    clock = Clock()
+    mon, stream = monitor(tmp_path, clock)
+    mon.reader = ComputeFeed(lambda r, s: 100.0 + (s % 3) + (300.0 if r == 1 and s >= 150 else 0.0))
+    steps, polled_at = {0: [], 1: [], 2: []}, []
+    for s in range(170):
+        for r in steps:
+            steps[r].append((s, 120.0 + (s % 3) + (300.0 if s >= 150 else 0.0)))
+        clock.t += 0.5
+        mon.reader.latest = s
+        polls = mon.reader.polls
+        mon.tick(snapshot(steps, {r: s for r in steps}, clock))
+        if mon.reader.polls > polls:
+            polled_at.append(s)
+    quiet = [b - a for a, b in zip(polled_at, polled_at[1:]) if 20 <= a and b < 150]
+    assert quiet and min(quiet) * 0.5 >= QUIET_POLL_S >= 5 * EVENT_POLL_S, polled_at
+    departed = [p for p in polled_at if p >= 150]
+    assert departed[0] - 150 <= EVENT_POLL_S / 0.5 and departed[1] - departed[0] <= EVENT_POLL_S / 0.5, polled_at
+    alerts = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    assert [(a["rank"], a["kind"]) for a in alerts] == [(1, "compute")] and alerts[0]["step"] <= 156, alerts
 
 
 def test_a_rank_that_stops_recording_while_others_go_on_is_reported(tmp_path):
