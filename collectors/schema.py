@@ -59,8 +59,8 @@ def event_row(kind, name, start_ns, end_ns, step=-1, microbatch=-1, stage=-1, gr
 
 
 def arrow_array(values, typ: pa.DataType) -> pa.Array:
-    """values (a sequence or numpy array) as an Arrow array of a string, integer
-    or bool type, built from buffers: pa.array() imports pandas at its first
+    """values (a sequence or numpy array) as an Arrow array of a string, integer,
+    float or bool type, built from buffers: pa.array() imports pandas at its first
     call (0.3-0.4 s of CPU, holding the GIL), which in a rank's writer thread
     stalled the training thread once, and in every Kineto parse worker cost a
     quarter of its file's time. Anything unusual (None, a wrong type) goes to

@@ -73,9 +73,9 @@ def refine_offsets(events: pd.DataFrame, errors: dict, bounded: set = frozenset(
         precision = np.sqrt(precision ** 2 + precision.get(reference_rank, 0.0) ** 2)
         changed = False
         for rank, value in residual.items():
+            if rank in bounded and abs(corrections.get(rank, 0) + value) > errors[rank]:
+                continue  # contradicts a round trip: biased returns, not noise
             tighter = errors.get(rank, WALL_CLOCK_ERROR_NS) > precision[rank]
-            if rank == reference_rank or (rank in bounded and abs(corrections.get(rank, 0) + value) > errors[rank]):
-                continue
             if tighter and np.isfinite(value) and abs(value) > precision[rank]:
                 corrections[rank] = corrections.get(rank, 0) + int(value)
                 changed = True

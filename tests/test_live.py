@@ -6,7 +6,7 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from diagnose.live_monitor import Baseline, LiveMonitor
+from diagnose.live_monitor import EVENT_POLL_S, QUIET_POLL_S, Baseline, LiveMonitor
 
 
 def test_live_alert_names_the_slowed_rank_during_the_run(straggler_run):
@@ -103,7 +103,7 @@ class ComputeFeed:
             return {}  # no part written yet, or none readable
         out = {r: [(s, self.compute(r, s), self.compute(r, s) + 20.0) for s in range(self.sent, self.latest)]
                for r in ranks}
-        self.sent = max(self.sent, self.latest)
+        self.sent = self.latest
         self.done_step = {r: self.sent - 1 for r in ranks}
         return out
 
@@ -140,7 +140,6 @@ def test_events_are_polled_rarely_until_a_step_time_departs(tmp_path):
     """A poll's pandas breakdown was half this process's CPU: while no step time
     departs it runs every QUIET_POLL_S, and at once (then every EVENT_POLL_S)
     when one does, so the slow rank is still named within a few steps."""
-    from diagnose.live_monitor import EVENT_POLL_S, QUIET_POLL_S
     clock = Clock()
     mon, stream = monitor(tmp_path, clock)
     mon.reader = ComputeFeed(lambda r, s: 100.0 + (s % 3) + (300.0 if r == 1 and s >= 150 else 0.0))
