@@ -86,6 +86,25 @@ def test_nccl_metadata_becomes_collectives(imported):
     assert (calls["exit_ns"] > calls["issue_ns"]).all()   # done = kernel end
 
 
+def test_rows_are_in_start_order_each_collective_right_after_its_kernel():
+    """kineto_columns builds the table from string codes and a tie-broken sort:
+    the rows come in start order, a collective row follows its NCCL kernel (same
+    start), and string columns read back as plain strings."""
+    import pyarrow as pa
+    from diagnose.importers import kineto
+    from diagnose.importers.kineto_columns import Strings
+    files = HTA["hta/nccl_parser_config"]["files"]
+    table, _ = kineto.file_table(str(KINETO / "hta" / "nccl_parser_config" / files[0]))
+    rows = table.to_pylist()
+    assert [r["start_ns"] for r in rows] == sorted(r["start_ns"] for r in rows)
+    collectives = [i for i, r in enumerate(rows) if r["kind"] == "collective"]
+    assert collectives and all(rows[i - 1]["kind"] == "kernel" and rows[i - 1]["detail"] == "communication"
+                               and rows[i - 1]["start_ns"] == rows[i]["start_ns"] for i in collectives)
+    assert table.schema.field("name").type == pa.string()
+    column = Strings.concat([Strings.of(["b", "a", "b"]), Strings.of([]), Strings.of(["c", "a"])])
+    assert column.arrow([4, 0, 3, 1, 2]).to_pylist() == ["a", "b", "c", "a", "b"]
+
+
 def test_resnet_input_stall_contrast(imported):
     """num_workers=0 loads data in the training loop; num_workers=4 does not."""
     w0 = diagnose.load(imported["tb_plugin_resnet50/resnet50_num_workers_0"], warn=lambda m: None)

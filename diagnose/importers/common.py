@@ -61,6 +61,13 @@ def kernel_class(name: str) -> str:
     return OTHER
 
 
+def as_int(value, default=-1) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
 def collective_op(collective_name: str | None, kernel_name: str) -> str:
     """Our op name (torch.distributed spelling) from Kineto's "Collective name"
     or, failing that, from the NCCL kernel name (ncclDevKernel_AllReduce_...)."""

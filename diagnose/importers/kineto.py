@@ -24,8 +24,8 @@ refused with a one-line reason (diagnose.errors.UserError).
 Files are read and parsed by kineto_io.py, through msgspec when installed
 (kineto_scan.py: 3-4x faster than building a dict per event), several at once
 in worker processes, each of which also writes its file's events as Parquet
-(the parent only moves the files into the run dir). Kernel rows are built
-column by column (numpy), not as a tuple per kernel.
+(the parent only moves the files into the run dir). The table is built
+column by column (kineto_columns.py), not as a tuple per kernel.
 """
 import functools
 import glob
@@ -34,19 +34,17 @@ import re
 import shutil
 import tempfile
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from collectors.part_writer import write_parquet_atomic
-from collectors.schema import EVENT_COLUMNS, EVENT_FIELDS, EVENT_SCHEMA, arrow_array, events_table
+from collectors.schema import events_table
 from diagnose.errors import UserError
 from diagnose.importers import kineto_scan
+from diagnose.importers.kineto_columns import table_and_facts
 from diagnose.importers.kineto_io import (_display, gc_paused, load_trace, map_files, parse_trace,  # noqa: F401 (load_trace: API)
                                           read_trace_bytes)
-from diagnose.importers.common import (COMMUNICATION, DTYPE_BYTES, RunDirWriter, append_rank_events,
-                                       assign_steps, clock_meta, collective_op, kernel_class,
-                                       ranks_string)
+from diagnose.importers.common import RunDirWriter, append_rank_events, as_int, clock_meta
 
 PROFILER_DIR = "torch_profiler"  # per-rank folder the torch_profiler collector writes
 _STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
@@ -68,27 +66,14 @@ def file_table(path: str, gpu_only: bool = False) -> tuple[pa.Table, dict]:
         fast = kineto_scan.scan(raw, gpu_only, _classify)
         if fast is not None:
             top, cpu, gpu, launches, pids = fast
-            return _table_and_facts(top["baseTimeNanoseconds"], top["distributedInfo"], cpu, gpu, launches, pids)
+            return table_and_facts(top["baseTimeNanoseconds"], top["distributedInfo"], cpu, gpu, launches, pids)
         return trace_table(parse_trace(raw, _display(path)), gpu_only)
-
-
-def _ns(ts: np.ndarray, base_ns: int) -> np.ndarray:
-    """Microsecond floats -> integer ns without float64 rounding at epoch scale."""
-    whole = np.floor(ts)
-    return base_ns + whole.astype(np.int64) * 1000 + np.rint((ts - whole) * 1000).astype(np.int64)
-
-
-def _int(value, default=-1) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
 
 
 def trace_table(trace: dict, gpu_only: bool = False) -> tuple[pa.Table, dict]:
     """The events (collectors.schema's table, in start order) and facts for meta.json."""
     cpu, gpu, launches, pids = _scan_events(trace["traceEvents"], gpu_only)
-    return _table_and_facts(trace.get("baseTimeNanoseconds"), trace.get("distributedInfo"),
+    return table_and_facts(trace.get("baseTimeNanoseconds"), trace.get("distributedInfo"),
                            cpu, gpu, launches, pids)
 
 
@@ -109,9 +94,9 @@ def _scan_events(events, gpu_only: bool):
         if not isinstance(dur, (int, float)) or dur < 0:
             dur = 0
         stream = args.get("stream")
-        if stream is not None and _int(stream) >= 0:
-            gpu.append((name, ts, dur, int(stream), _int(args.get("correlation")),
-                        max(_int(args.get("bytes"), 0), 0), "Collective name" in args, args))
+        if stream is not None and as_int(stream) >= 0:
+            gpu.append((name, ts, dur, int(stream), as_int(args.get("correlation")),
+                        max(as_int(args.get("bytes"), 0), 0), "Collective name" in args, args))
             continue
         cat = e.get("cat")
         pid = e.get("pid")
@@ -119,7 +104,7 @@ def _scan_events(events, gpu_only: bool):
             pids[pid] = pids.get(pid, 0) + 1
         if cat in _LAUNCH_CATS:
             if "correlation" in args:
-                launches[_int(args["correlation"])] = ts
+                launches[as_int(args["correlation"])] = ts
             if not gpu_only and name in _SYNC_CALLS:
                 cpu.append(("sync", name, ts, dur, "cuda"))
             continue
@@ -149,98 +134,6 @@ def _classify(name: str, cat, ts, dur):
         if kind:
             return (kind, kind, ts, dur, name)
     return None
-
-
-def _table_and_facts(base_time, dist, cpu, gpu, launches, pids) -> tuple[pa.Table, dict]:
-    base_ns = _int(base_time, 0)
-    if base_ns < 0:
-        base_ns = 0
-    steps = {}
-    for kind, _, ts, dur, detail in cpu:
-        if kind == "step":
-            steps.setdefault(int(detail), (ts, dur))
-    step_numbers = np.array(sorted(steps), dtype=np.int64)
-    step_starts = _ns(np.array([steps[s][0] for s in step_numbers], dtype=np.float64), base_ns)
-    rows = []  # CPU rows, and the collective/done pairs of NCCL kernels: few, so built one by one
-    if cpu:
-        ts = np.array([c[2] for c in cpu], dtype=np.float64)
-        starts = _ns(ts, base_ns)
-        ends = _ns(ts + np.array([c[3] for c in cpu], dtype=np.float64), base_ns)
-        step_of = assign_steps(step_starts, step_numbers, starts)
-        for (kind, name, ts_us, _, detail), s, t, st in zip(cpu, starts.tolist(), ends.tolist(),
-                                                            step_of.tolist()):
-            if kind == "step":
-                if steps[int(detail)][0] != ts_us:
-                    continue  # a second ProfilerStep#N (another thread): keep the first
-                st, detail = int(detail), ""
-            rows.append((kind, name, s, t, st, -1, -1, "", "", -1, -1, 0, False, "", detail))
-    row_order = list(range(-len(rows), 0))  # ties in start time: CPU rows first, then GPU order
-    kernel_order, kernels = _kernel_columns(gpu, launches, base_ns, step_starts, step_numbers, rows, row_order)
-    columns = [np.array(values, dtype=kernels[name].dtype) for (name, _), values
-               in zip(EVENT_FIELDS, zip(*rows) if rows else [()] * len(EVENT_FIELDS))]
-    columns = [np.concatenate([small, kernels[name]]) for (name, _), small in zip(EVENT_FIELDS, columns)]
-    order = np.lexsort((np.concatenate([np.array(row_order, np.int64), kernel_order]),
-                        columns[EVENT_COLUMNS.index("start_ns")]))
-    table = pa.Table.from_arrays([arrow_array(column[order], typ) for column, (_, typ) in zip(columns, EVENT_FIELDS)],
-                                 schema=EVENT_SCHEMA)
-    dist = dist if isinstance(dist, dict) else {}
-    facts = {"pid": max(pids, key=pids.get) if pids else None,
-             "world_size": _int(dist.get("world_size"), None), "backend": dist.get("backend"),
-             "steps": [int(s) for s in step_numbers], "gpu_activities": len(gpu),
-             "base_time_ns": base_ns, "rank_in_trace": _int(dist.get("rank"), None)}
-    return table, facts
-
-
-def _kernel_columns(gpu, launches, base_ns, step_starts, step_numbers, rows, row_order) -> tuple:
-    """(tie-break key, columns) of one "kernel" row per GPU activity, as numpy
-    arrays (tens of thousands per trace: a tuple per row cost as much as the
-    parsing); NCCL kernels also append their collective and done rows to `rows`,
-    with their tie-break keys (right after their kernel's) to `row_order`."""
-    n = len(gpu)
-    names, ts, durs, streams, correlations, nbytes, collectives, args = zip(*gpu) if gpu else ((),) * 8
-    ts = np.array(ts, dtype=np.float64)
-    starts = _ns(ts, base_ns)
-    order = np.argsort(starts, kind="stable")
-    ends = _ns(ts + np.array(durs, dtype=np.float64), base_ns)
-    launch_ts = np.array([launches.get(c, t) for c, t in zip(correlations, ts.tolist())], dtype=np.float64)
-    step_of = assign_steps(step_starts, step_numbers, _ns(launch_ts, base_ns))
-    classes = {}  # a few hundred distinct kernel names among tens of thousands of kernels
-    detail = [COMMUNICATION if collective else classes.get(name) or classes.setdefault(name, kernel_class(name))
-              for name, collective in zip(names, collectives)]
-    stream_names = {s: str(s) for s in set(streams)}
-    place = np.empty(n, np.int64)  # kernel i is the place[i]-th to start (ties: trace order)
-    place[order] = np.arange(n)
-    seqs = {}
-    for j in (j for j in order.tolist() if detail[j] == COMMUNICATION):
-        collective, done = _collective_rows(args[j], names[j], streams[j], int(starts[j]), int(ends[j]),
-                                            int(step_of[j]), seqs)
-        rows += [collective, done]
-        row_order += [3 * place[j] + 1, 3 * place[j] + 2]
-
-    text = functools.partial(np.array, dtype=object)
-    return 3 * place, {
-        "kind": np.full(n, "kernel", dtype=object), "name": text(names), "start_ns": starts, "end_ns": ends,
-        "step": step_of.astype(np.int32), "microbatch": np.full(n, -1, np.int32), "stage": np.full(n, -1, np.int32),
-        "group": text([stream_names[s] for s in streams]), "group_ranks": np.full(n, "", dtype=object),
-        "seq": np.array([c if c in launches else -1 for c in correlations], np.int64),  # -1: before the trace
-        "peer": np.full(n, -1, np.int32), "bytes": np.array(nbytes, np.int64), "async_op": np.zeros(n, bool),
-        "callsite": np.full(n, "", dtype=object), "detail": text(detail)}
-
-
-def _collective_rows(args, kernel_name: str, stream: int, start: int, end: int, step: int, seqs: dict):
-    """The collective and done rows of one NCCL kernel (in start order: `seqs`
-    numbers the kernels of a group that carry no sequence number)."""
-    op = collective_op(args.get("Collective name"), kernel_name)
-    group = str(args.get("Process Group Name") or f"nccl:stream{stream}")
-    seq = _int(args.get("Seq", args.get("seq")))
-    if seq < 0:
-        seq = seqs.get(group, 0)
-        seqs[group] = seq + 1
-    elems = _int(args.get("In msg nelems"), 0)
-    sent = max(elems, 0) * DTYPE_BYTES.get(str(args.get("dtype", "")).lower(), 1)
-    ranks = ranks_string(args.get("Process Group Ranks"))
-    return (("collective", op, start, start, step, -1, -1, group, ranks, seq, -1, sent, True, "", "gpu"),
-            ("done", op, end, end, step, -1, -1, group, ranks, seq, -1, 0, True, "", "gpu"))
 
 
 def _stage_file(staging_dir: str, path: str) -> tuple[str, int, dict]:

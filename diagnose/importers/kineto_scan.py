@@ -93,7 +93,8 @@ def scan(raw: bytes, gpu_only: bool, classify):
 
 
 def _scan(trace, gpu_only: bool, classify):
-    from diagnose.importers.kineto import _CLASSIFIED_FIRST, _LAUNCH_CATS, _SYNC_CALLS, _int
+    from diagnose.importers.common import as_int
+    from diagnose.importers.kineto import _CLASSIFIED_FIRST, _LAUNCH_CATS, _SYNC_CALLS
     launches, cpu, gpu, pids = {}, [], [], {}
     classified_first = _CLASSIFIED_FIRST
     any_complete = False
@@ -113,7 +114,7 @@ def _scan(trace, gpu_only: bool, classify):
             correlation = args.correlation
             nbytes = args.bytes
             gpu.append((name, ts, dur, stream, -1 if correlation is UNSET else correlation,
-                        0 if nbytes is UNSET else max(_int(nbytes, 0), 0),
+                        0 if nbytes is UNSET else max(as_int(nbytes, 0), 0),
                         args.collective_name is not UNSET, args))
             continue
         pid = e.pid
