@@ -55,7 +55,7 @@ class ComputeReader:
         new = self._new_parts(ranks)
         if new is None or new.num_rows == 0:
             return {}
-        new = new.to_pandas()
+        new = new.to_pandas(use_threads=False)  # (loader._to_pandas says why)
         for column in self.STRINGS:
             new[column] = new[column].astype(str)
         events = new if self.pending is None else pd.concat([self.pending, new], ignore_index=True)
