@@ -24,10 +24,11 @@ its last steps, with a floor, after warm-up, confirmed on two steps in a row):
 Each alert is one line `diagnose: ALERT rank R: ...` on stderr, a JSON line in
 `<run>/alerts.jsonl`, and a tag + metric on the MLflow run. Metrics go out in
 one MLflow batch every 5 s, from a background thread of that child (creating a
-store can take seconds; nothing waits for it but close()). The child runs at a
-lower CPU priority, and its cadence (events every 10 s while no step time
-departs, every 2 s once one does; MLflow every 5 s) keeps it at about 2.7% of one
-core (2 ranks, ddp_mlp): on a full node every cycle it takes is the job's.
+store can take seconds; nothing waits for it but close()). Its cadence (events
+every 10 s while no step time departs, every 2 s once one does; MLflow every
+5 s) keeps it at about 2.7% of one core (2 ranks, ddp_mlp), and it runs at the
+idle CPU priority (diagnose.live.yield_to_the_job): on a full node, every cycle
+it takes at the wrong moment is the job's.
 """
 import collections
 import json
