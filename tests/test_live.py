@@ -2,6 +2,9 @@
 recent spread, and per-step metrics reach the MLflow run."""
 import io
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -200,3 +203,16 @@ def test_baseline_is_robust_and_floored():
     for v in [10.0] * 10:
         flat.update(v)
     assert flat.threshold()[1] == 10.0 + 5 * 5.0  # the floor, not MAD = 0
+
+
+def test_the_live_child_runs_at_idle_priority_on_every_thread():
+    """The child must never take a core from a rank (diagnose.live.yield_to_the_job):
+    every thread, including one started before the call, is SCHED_IDLE."""
+    script = ("import os, threading, time\n"
+              "threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n"
+              "from diagnose.live import yield_to_the_job\n"
+              "yield_to_the_job()\n"
+              "print(sorted({os.sched_getscheduler(int(t)) for t in os.listdir('/proc/self/task')}))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str([os.SCHED_IDLE]), out.stdout

@@ -18,6 +18,8 @@ message.
 """
 from typing import Any, Optional, Union
 
+from diagnose.importers.common import as_int
+
 try:
     import msgspec
 except ImportError:  # optional: the dict path is used without it
@@ -93,7 +95,6 @@ def scan(raw: bytes, gpu_only: bool, classify):
 
 
 def _scan(trace, gpu_only: bool, classify):
-    from diagnose.importers.common import as_int
     from diagnose.importers.kineto import _CLASSIFIED_FIRST, _LAUNCH_CATS, _SYNC_CALLS
     launches, cpu, gpu, pids = {}, [], [], {}
     classified_first = _CLASSIFIED_FIRST
