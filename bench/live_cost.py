@@ -94,6 +94,10 @@ def main() -> int:
     if proc.returncode:
         print(f"job failed ({proc.returncode}): {stderr[-1500:]}")
         return 1
+    if len(windows) < 2:
+        print(f"the job ended before two windows ({'no live child seen' if child is None else 'too short'}): "
+              "raise --steps")
+        return 1
     steps = rank0_steps(run_dir)
     by_window = [[(e - s) / 1e6 for s, e in steps if w0 <= s and e <= w1] for w0, w1, _ in windows]
     medians = [(statistics.median(ms), running) for ms, (_, _, running) in zip(by_window, windows) if ms]

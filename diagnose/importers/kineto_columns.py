@@ -46,7 +46,7 @@ class Strings:
         index, codes = {}, []
         for part in parts:
             recode = np.array([index.setdefault(v, len(index)) for v in part.values], np.int32)
-            codes.append(recode[part.codes] if len(part.codes) else part.codes)
+            codes.append(recode[part.codes])
         return cls(np.concatenate(codes), list(index))
 
     def arrow(self, order: np.ndarray) -> pa.Array:
