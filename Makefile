@@ -8,7 +8,7 @@ DEMO_SCENARIO ?= showcase
 
 .PHONY: setup browser demo test bench clean
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml setup.py diagnose/importers/_kineto_c.c Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"

@@ -25,6 +25,11 @@ try:
 except ImportError:  # optional: the dict path is used without it
     msgspec = None
 
+try:
+    from diagnose.importers import _kineto_c  # built by setup.py where a C compiler is
+except ImportError:
+    _kineto_c = None
+
 if msgspec is not None:
     UNSET = msgspec.UNSET
 
@@ -80,6 +85,8 @@ if msgspec is not None:
         distributedInfo: Any = None
 
     _TRACE = msgspec.json.Decoder(_Trace)
+    _ARGS = msgspec.json.Decoder(_Args)
+    _NO_ARGS = _Args()  # a GPU activity's args when it has none of the collective keys
     _ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
 
@@ -89,9 +96,43 @@ def scan(raw: bytes, gpu_only: bool, classify):
     if msgspec is None:
         return None
     try:  # (the caller, kineto.file_table, pauses the garbage collector)
+        if _kineto_c is not None and raw.isascii():
+            native = native_scan(raw, gpu_only, classify)
+            if native is not None:
+                return native or None  # (False: no complete event, which the dict path reports)
         return _scan(_TRACE.decode(raw), gpu_only, classify)
     except _ERRORS:
         return None
+
+
+def native_scan(raw: bytes, gpu_only: bool, classify):
+    """_scan's result through the C scan (_kineto_c.c); False for a trace
+    with no complete event; None where the C scan leaves the text to msgspec.
+    Raises msgspec's errors where _scan's decode would."""
+    from diagnose.importers.kineto import _CLASSIFIED_FIRST, _LAUNCH_CATS, _SYNC_CALLS
+    scanned = _kineto_c.scan(raw, gpu_only, tuple(c.encode() for c in _LAUNCH_CATS),
+                             tuple(c.encode() for c in _SYNC_CALLS), "".join(_CLASSIFIED_FIRST).encode(),
+                             _NO_ARGS, msgspec.json.decode)
+    if scanned is None:
+        return None
+    any_complete, base_time, dist, gpu, args_to_decode, launches, candidates, pids = scanned
+    if not any_complete:
+        return False
+    with memoryview(raw) as text:
+        for index, start, end in args_to_decode:  # the activities with collective keys, or odd bytes
+            args = _ARGS.decode(text[start:end])
+            name, ts, dur, stream, correlation, _, collective, _ = gpu[index]
+            nbytes = args.bytes
+            gpu[index] = (name, ts, dur, stream, correlation,
+                          0 if nbytes is UNSET else max(as_int(nbytes, 0), 0), collective, args)
+        facts = {"baseTimeNanoseconds": None if base_time is None else msgspec.json.decode(text[slice(*base_time)]),
+                 "distributedInfo": None if dist is None else msgspec.json.decode(text[slice(*dist)])}
+    cpu = []
+    for candidate in candidates:
+        row = candidate if len(candidate) == 5 else classify(*candidate)
+        if row is not None:
+            cpu.append(row)
+    return facts, cpu, gpu, launches, pids
 
 
 def _scan(trace, gpu_only: bool, classify):
