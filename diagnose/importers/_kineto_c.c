@@ -199,32 +199,34 @@ typedef struct {
     int first, depth;
 } Members;
 
-static int next_member(Members *m, Value *key, Value *value) {
+/* The next member's key; m->p is then at its value. 1: a member, 0: the
+ * object ended, -1: unsupported. */
+static int next_key(Members *m, Value *key) {
     const char *p = ws(m->p, m->end);
-    if (m->first) {
-        m->first = 0;
-        if (p < m->end && *p == '}') {
-            m->p = p + 1;
-            return 0;
-        }
-    } else {
-        if (p < m->end && *p == '}') {
-            m->p = p + 1;
-            return 0;
-        }
-        if (p >= m->end || *p != ',')
-            return -1;
-        p = ws(p + 1, m->end);
+    if (p < m->end && *p == '}') {
+        m->p = p + 1;
+        return 0;
     }
+    if (m->first)
+        m->first = 0;
+    else if (p < m->end && *p == ',')
+        p = ws(p + 1, m->end);
+    else
+        return -1;
     if (p >= m->end || *p != '"' || (p = string_end(p, m->end, key)) == UNSUPPORTED || key->escaped)
         return -1;
     p = ws(p, m->end);
     if (p >= m->end || *p != ':')
         return -1;
-    if ((p = value_end(ws(p + 1, m->end), m->end, value, m->depth)) == UNSUPPORTED)
-        return -1;
-    m->p = p;
+    m->p = ws(p + 1, m->end);
     return 1;
+}
+
+static int next_member(Members *m, Value *key, Value *value) {
+    int more = next_key(m, key);
+    if (more == 1 && (m->p = value_end(m->p, m->end, value, m->depth)) == UNSUPPORTED)
+        return -1;
+    return more;
 }
 
 /* (a macro so that the name's length is a constant) */
@@ -353,38 +355,53 @@ static int append_tuple(PyObject *list, Py_ssize_t n, PyObject **items) {
 }
 
 /* Returns 0 done, 1 unsupported, -1 Python error. */
-static int complete_event(Scan *s, Value *cat, Value *name, Value *ts, Value *dur, Value *pid, Value *args) {
+/* An event's args: the object, and its members the importer reads, walked once. */
+typedef struct {
+    Value object, stream, correlation, nbytes;
+    int other; /* 1: other keys of kineto_scan._Args; 3: "Collective name" among them */
+} Args;
+
+static const char *args_end(const char *p, const char *end, Args *a) {
+    if (p >= end || *p != '{')
+        return value_end(p, end, &a->object, 1);
+    Members m = {p + 1, end, 1, 2};
+    Value key, value;
+    int more;
+    while ((more = next_member(&m, &key, &value)) == 1) {
+        Value *slot = key_is(&key, "stream") ? &a->stream : key_is(&key, "correlation") ? &a->correlation
+                      : key_is(&key, "bytes") ? &a->nbytes : NULL;
+        if (slot != NULL) {
+            if (slot->type != V_MISSING)
+                return UNSUPPORTED;
+            *slot = value;
+        } else if (key_is(&key, "Collective name")) {
+            a->other = 3;
+        } else if (key_is(&key, "Process Group Name") || key_is(&key, "Process Group Ranks") ||
+                   key_is(&key, "Seq") || key_is(&key, "seq") || key_is(&key, "In msg nelems") ||
+                   key_is(&key, "dtype")) {
+            a->other |= 1;
+        }
+    }
+    if (more < 0)
+        return UNSUPPORTED;
+    a->object.start = p;
+    a->object.end = m.p;
+    a->object.type = V_OBJECT;
+    return m.p;
+}
+
+static int complete_event(Scan *s, Value *cat, Value *name, Value *ts, Value *dur, Value *pid, Args *a) {
+    Value *args = &a->object, stream = a->stream, correlation = a->correlation, nbytes = a->nbytes;
+    int other_args = a->other;
     /* types the msgspec structs accept, narrowed to what is handled here */
     if ((cat->type != V_MISSING && cat->type != V_NULL && (cat->type != V_STRING || cat->escaped)) ||
         (name->type != V_MISSING && name->type != V_NULL && name->type != V_STRING) ||
         (ts->type != V_MISSING && ts->type != V_NULL && ts->type != V_INT && ts->type != V_FLOAT) ||
         (dur->type != V_MISSING && dur->type != V_INT && dur->type != V_FLOAT) || pid->type == V_BOOL ||
-        (args->type != V_MISSING && args->type != V_NULL && args->type != V_OBJECT))
+        (args->type != V_MISSING && args->type != V_NULL && args->type != V_OBJECT) ||
+        (stream.type != V_MISSING && stream.type != V_NULL && stream.type != V_INT) ||
+        (correlation.type != V_MISSING && correlation.type != V_INT))
         return 1;
-    Value stream = {0}, correlation = {0}, nbytes = {0}, key, value;
-    int other_args = 0; /* keys of kineto_scan._Args besides these three */
-    if (args->type == V_OBJECT) {
-        Members m = {args->start + 1, args->end, 1, 0};
-        int more;
-        while ((more = next_member(&m, &key, &value)) == 1) {
-            Value *slot = key_is(&key, "stream") ? &stream : key_is(&key, "correlation") ? &correlation
-                          : key_is(&key, "bytes") ? &nbytes : NULL;
-            if (slot != NULL) {
-                if (slot->type != V_MISSING)
-                    return 1;
-                *slot = value;
-            } else if (key_is(&key, "Collective name") || key_is(&key, "Process Group Name") ||
-                       key_is(&key, "Process Group Ranks") || key_is(&key, "Seq") || key_is(&key, "seq") ||
-                       key_is(&key, "In msg nelems") || key_is(&key, "dtype")) {
-                other_args |= key_is(&key, "Collective name") ? 3 : 1;
-            }
-        }
-        if (more < 0)
-            return 1;
-        if ((stream.type != V_MISSING && stream.type != V_NULL && stream.type != V_INT) ||
-            (correlation.type != V_MISSING && correlation.type != V_INT))
-            return 1;
-    }
     long long stream_id = -1, correlation_id = -1, bytes_count = 0, pid_value;
     if ((stream.type == V_INT && !int64_of(&stream, &stream_id)) ||
         (correlation.type == V_INT && !int64_of(&correlation, &correlation_id)) ||
@@ -459,16 +476,26 @@ static int complete_event(Scan *s, Value *cat, Value *name, Value *ts, Value *du
 
 /* One element of traceEvents, p at '{'; returns the position after it, or UNSUPPORTED (*error set on a Python error). */
 static const char *event_end(Scan *s, const char *p, const char *end, int *error) {
-    Value ph = {0}, cat = {0}, name = {0}, ts = {0}, dur = {0}, pid = {0}, args = {0}, key, value;
+    Value ph = {0}, cat = {0}, name = {0}, ts = {0}, dur = {0}, pid = {0}, key, value;
+    Args args = {0};
     Members m = {p + 1, end, 1, 1};
     int more;
-    while ((more = next_member(&m, &key, &value)) == 1) {
+    while ((more = next_key(&m, &key)) == 1) {
         Value *slot = NULL;
         switch (key.end - key.start) {
         case 2: slot = key_is(&key, "ph") ? &ph : key_is(&key, "ts") ? &ts : NULL; break;
         case 3: slot = key_is(&key, "cat") ? &cat : key_is(&key, "dur") ? &dur : key_is(&key, "pid") ? &pid : NULL; break;
-        case 4: slot = key_is(&key, "name") ? &name : key_is(&key, "args") ? &args : NULL; break;
+        case 4:
+            if (key_is(&key, "args")) {
+                if (args.object.type != V_MISSING || (m.p = args_end(m.p, end, &args)) == UNSUPPORTED)
+                    return UNSUPPORTED;
+                continue;
+            }
+            slot = key_is(&key, "name") ? &name : NULL;
+            break;
         }
+        if ((m.p = value_end(m.p, end, &value, 1)) == UNSUPPORTED)
+            return UNSUPPORTED;
         if (slot != NULL) {
             if (slot->type != V_MISSING)
                 return UNSUPPORTED;

@@ -15,6 +15,11 @@ importer reads), or None whenever the input is not the plain case (msgspec not
 installed, invalid JSON, NaN, a non-object event or args, no complete event):
 the caller then takes the dict path, which also produces the precise error
 message.
+
+Before msgspec, the C scan (_kineto_c.c, built by setup.py where a compiler is)
+gets the text when it is ASCII: the same result at ~0.10 s instead of ~0.25 s
+per 216k-event file, as it builds objects only for the events it keeps. It
+hands anything unusual to msgspec (native_scan returns None).
 """
 from typing import Any, Optional, Union
 
