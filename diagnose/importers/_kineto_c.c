@@ -278,8 +278,10 @@ static PyObject *number_object(const Value *v) {
     memcpy(text, v->start, n);
     text[n] = '\0';
     double d = PyOS_string_to_double(text, NULL, NULL);
-    if (d == -1.0 && PyErr_Occurred())
+    if (d == -1.0 && PyErr_Occurred()) { /* (not after the grammar check above; unsupported if ever) */
+        PyErr_Clear();
         return NULL;
+    }
     if (Py_IS_INFINITY(d)) /* (out of range: left to msgspec) */
         return NULL;
     return PyFloat_FromDouble(d);
