@@ -532,29 +532,10 @@ static int scan_text(Scan *s, const char *text, const char *end, Value *base_tim
         return 1;
     Members top = {p + 1, end, 1, 1};
     Value key, value;
-    for (;;) {
-        const char *member = ws(top.p, end);
-        /* traceEvents is walked here instead of by next_member (which would only validate it) */
-        if (!top.first) {
-            if (member < end && *member == ',')
-                member = ws(member + 1, end);
-            else if (member < end && *member == '}') {
-                top.p = member + 1;
-                break;
-            } else
-                return 1;
-        } else if (member < end && *member == '}') {
-            top.p = member + 1;
-            break;
-        }
-        top.first = 0;
-        if (member >= end || *member != '"' || (p = string_end(member, end, &key)) == UNSUPPORTED || key.escaped)
-            return 1;
-        p = ws(p, end);
-        if (p >= end || *p != ':')
-            return 1;
-        p = ws(p + 1, end);
-        if (key_is(&key, "traceEvents")) {
+    int more;
+    while ((more = next_key(&top, &key)) == 1) {
+        p = top.p;
+        if (key_is(&key, "traceEvents")) { /* walked event by event, not merely validated */
             if (have_events++ || p >= end || *p != '[')
                 return 1;
             p = ws(p + 1, end);
@@ -578,9 +559,8 @@ static int scan_text(Scan *s, const char *text, const char *end, Value *base_tim
             top.p = p;
             continue;
         }
-        if ((p = value_end(p, end, &value, 1)) == UNSUPPORTED)
+        if ((top.p = value_end(p, end, &value, 1)) == UNSUPPORTED)
             return 1;
-        top.p = p;
         Value *slot = key_is(&key, "baseTimeNanoseconds") ? base_time : key_is(&key, "distributedInfo") ? dist : NULL;
         if (slot != NULL) {
             if (slot->type != V_MISSING)
@@ -592,7 +572,7 @@ static int scan_text(Scan *s, const char *text, const char *end, Value *base_tim
             }
         }
     }
-    if (!have_events || ws(top.p, end) != end)
+    if (more < 0 || !have_events || ws(top.p, end) != end)
         return 1;
     return flush_pid(s) < 0 ? (*error = 1) : 0;
 }

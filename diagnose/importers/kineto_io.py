@@ -4,7 +4,7 @@ at once. One-line UserErrors say why a file is not a profiler trace.
 Parsing: orjson (stdlib json as fallback) with the garbage collector paused.
 On the 216k-event fixture the pause alone takes the stdlib parse from 1.4 s to
 0.4-0.8 s, and orjson takes it to about 0.45 s (median of 5, a busy 2-core box).
-The importer itself goes through msgspec when it can (kineto_scan.py).
+The importer itself scans in C or through msgspec when it can (kineto_scan.py).
 
 Gunzip: libdeflate (`deflate`) when installed: 0.053 s for a 4 MB gzip of
 47 MB of JSON here, against 0.087 s with ISA-L (`isal`) and 0.15 s with zlib;
