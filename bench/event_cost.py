@@ -12,7 +12,7 @@ median over batches of (recorded - plain) per call:
     data         the patched DataLoader __next__ vs the original
     nvtx         nvtx_ranges.push + pop with no tool attached (part of each above)
 
-The recorder is real (writer thread, 0.5 s parts to a temporary folder), so
+The recorder is real (writer thread, 0.8 s parts to a temporary folder), so
 the flushes' share of the GIL is included.
 
     .venv/bin/python bench/event_cost.py

@@ -6,7 +6,7 @@ threat is a killed process, not a lost machine, and the page cache survives the
 former.
 
 Size on disk. Every Parquet file carries a footer and per-column headers (about
-2 KB for the event schema), so a 0.5 s part of a job that records little costs
+2 KB for the event schema), so a 0.8 s part of a job that records little costs
 hundreds of bytes per event. The writer therefore compacts: every
 COMPACT_EVERY parts, and at a clean exit, the single parts written since the
 last compaction are merged into one file named by the range it replaces,
@@ -15,7 +15,7 @@ the parts are deleted, so a kill in between leaves both; readers use
 `files_to_read`, which drops any file whose range lies inside another's, and
 so never count an event twice.
 
-Encoding. The 0.5 s parts live for at most COMPACT_EVERY flushes, so they are
+Encoding. The 0.8 s parts live for at most COMPACT_EVERY flushes, so they are
 written for speed (no compression, no dictionaries: 3x less CPU in the rank's
 writer thread); a killed rank leaves at most that many of them. Merged files
 are written for size: timestamps delta-encoded (they rise almost
@@ -68,7 +68,7 @@ def _compact_json(obj) -> bytes:
 
 def write_parquet_atomic(table: pa.Table, path: str, small: bool = True) -> None:
     """One Parquet file, written under a temporary name and renamed into place;
-    `small`: encoded for size (merged files), else for speed (0.5 s parts)."""
+    `small`: encoded for size (merged files), else for speed (the recorder's parts)."""
     tmp = f"{path}.tmp-{os.getpid()}"
     if small:
         delta = [c for c in table.column_names if c in _DELTA_COLUMNS]

@@ -87,7 +87,7 @@ _NUMPY_DTYPES = {pa.int32(): np.int32, pa.int64(): np.int64, pa.float64(): np.fl
 
 
 def events_table(rows) -> pa.Table:
-    # Table.from_arrays: pa.table(..., schema=) costs 4x as much for a 0.5 s part
+    # Table.from_arrays: pa.table(..., schema=) costs 4x as much for a recorder's part
     columns = list(zip(*rows)) if rows else [[] for _ in EVENT_FIELDS]
     return pa.Table.from_arrays([arrow_array(col, typ) for col, (_, typ) in zip(columns, EVENT_FIELDS)],
                                 schema=EVENT_SCHEMA)

@@ -281,7 +281,7 @@ class LiveMonitor:
         """A step-time departure is reported only when no rank's compute explains it:
         wait until compute is known up to the next step (a compute departure is
         confirmed a step later, too), or long enough for that to have happened: two
-        event polls, the parts' 0.5 s flush, and the next steps (the reader holds
+        event polls, the parts' 0.8 s flush, and the next steps (the reader holds
         the newest step back one step), with a margin."""
         # events are read for this job: a rank whose compute is not followed yet (no
         # part of it read: the first polls, a starved monitor) is waited for too
