@@ -6,7 +6,7 @@
  * the importer skips. Here a skipped event costs a validation pass and no
  * allocation.
  *
- * Contract (kineto_scan.native_scan wraps it): scan(text, gpu_only,
+ * Contract (kineto_scan.native_scan wraps it): scan(text, gpu_only, other_phases,
  * launch_cats, sync_calls, classified_first, empty_args, decode) returns what
  * kineto_scan._scan gets from the msgspec decode, or None whenever the input is
  * anything but the plain case: invalid JSON, an escaped key, a type the
@@ -312,7 +312,7 @@ static PyObject *string_object(const Value *v, PyObject *decode) {
 
 typedef struct {
     int gpu_only;
-    PyObject *launch_cats, *sync_calls, *classified_first, *empty_args, *decode; /* borrowed */
+    PyObject *other_phases, *launch_cats, *sync_calls, *classified_first, *empty_args, *decode; /* borrowed */
     const char *text;
     PyObject *gpu, *to_decode, *launches, *candidates, *pids; /* owned */
     int any_complete;
@@ -320,8 +320,6 @@ typedef struct {
     Py_ssize_t last_pid_run; /* consecutive events of last_pid not yet added to pids */
 } Scan;
 
-static const char *const PHASES[] = {"X", "B", "E", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P",
-                                     "N", "O", "D", "M", "V", "v", "R", "c", "(", ")", NULL};
 
 static int flush_pid(Scan *s) {
     if (s->last_pid_run == 0)
@@ -504,19 +502,15 @@ static const char *event_end(Scan *s, const char *p, const char *end, int *error
             *slot = value;
         }
     }
-    if (more < 0 || ph.type != V_STRING || ph.escaped || ph.end - ph.start > 1)
+    if (more < 0 || ph.type != V_STRING || ph.escaped || ph.end - ph.start != 1)
         return UNSUPPORTED;
-    for (const char *const *phase = PHASES; *phase; phase++) {
-        if (ph.end - ph.start == 1 && **phase == *ph.start) {
-            if (*ph.start != 'X')
-                return m.p;
-            int rc = complete_event(s, &cat, &name, &ts, &dur, &pid, &args);
-            if (rc < 0)
-                *error = 1;
-            return rc == 0 ? m.p : UNSUPPORTED;
-        }
-    }
-    return UNSUPPORTED;
+    if (*ph.start != 'X') /* one of the other phases msgspec knows, else unsupported */
+        return memchr(PyBytes_AS_STRING(s->other_phases), *ph.start, PyBytes_GET_SIZE(s->other_phases))
+                   ? m.p : UNSUPPORTED;
+    int rc = complete_event(s, &cat, &name, &ts, &dur, &pid, &args);
+    if (rc < 0)
+        *error = 1;
+    return rc == 0 ? m.p : UNSUPPORTED;
 }
 
 static PyObject *span_or_none(const Value *v, const char *text) {
@@ -580,8 +574,9 @@ static int scan_text(Scan *s, const char *text, const char *end, Value *base_tim
 static PyObject *scan(PyObject *module, PyObject *arguments) {
     Py_buffer text;
     Scan s = {0};
-    if (!PyArg_ParseTuple(arguments, "y*pO!O!O!OO", &text, &s.gpu_only, &PyTuple_Type, &s.launch_cats, &PyTuple_Type,
-                          &s.sync_calls, &PyBytes_Type, &s.classified_first, &s.empty_args, &s.decode))
+    if (!PyArg_ParseTuple(arguments, "y*pO!O!O!O!OO", &text, &s.gpu_only, &PyBytes_Type, &s.other_phases, &PyTuple_Type,
+                          &s.launch_cats, &PyTuple_Type, &s.sync_calls, &PyBytes_Type, &s.classified_first,
+                          &s.empty_args, &s.decode))
         return NULL;
     s.text = text.buf;
     s.gpu = PyList_New(0);

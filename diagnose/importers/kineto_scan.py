@@ -35,6 +35,11 @@ try:
 except ImportError:
     _kineto_c = None
 
+# the phases of the Trace Event Format besides complete events ("X"); the C scan
+# accepts the same ones
+OTHER_PHASES = ("B", "E", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P",
+                "N", "O", "D", "M", "V", "v", "R", "c", "(", ")")
+
 if msgspec is not None:
     UNSET = msgspec.UNSET
 
@@ -81,8 +86,7 @@ if msgspec is not None:
 
     # every other phase of the Trace Event Format
     _OTHER_PHASES = tuple(msgspec.defstruct(f"_Phase{i}", [], tag_field="ph", tag=ph, gc=False)
-                          for i, ph in enumerate(("B", "E", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P",
-                                                  "N", "O", "D", "M", "V", "v", "R", "c", "(", ")")))
+                          for i, ph in enumerate(OTHER_PHASES))
 
     class _Trace(msgspec.Struct):
         traceEvents: list[Union[(_Event, *_OTHER_PHASES)]]
@@ -115,7 +119,7 @@ def native_scan(raw: bytes, gpu_only: bool, classify):
     with no complete event; None where the C scan leaves the text to msgspec.
     Raises msgspec's errors where _scan's decode would."""
     from diagnose.importers.kineto import _CLASSIFIED_FIRST, _LAUNCH_CATS, _SYNC_CALLS
-    scanned = _kineto_c.scan(raw, gpu_only, tuple(c.encode() for c in _LAUNCH_CATS),
+    scanned = _kineto_c.scan(raw, gpu_only, "".join(OTHER_PHASES).encode(), tuple(c.encode() for c in _LAUNCH_CATS),
                              tuple(c.encode() for c in _SYNC_CALLS), "".join(_CLASSIFIED_FIRST).encode(),
                              _NO_ARGS, msgspec.json.decode)
     if scanned is None:
@@ -127,9 +131,7 @@ def native_scan(raw: bytes, gpu_only: bool, classify):
         for index, start, end in args_to_decode:  # the activities with collective keys, or odd bytes
             args = _ARGS.decode(text[start:end])
             name, ts, dur, stream, correlation, _, collective, _ = gpu[index]
-            nbytes = args.bytes
-            gpu[index] = (name, ts, dur, stream, correlation,
-                          0 if nbytes is UNSET else max(as_int(nbytes, 0), 0), collective, args)
+            gpu[index] = (name, ts, dur, stream, correlation, _bytes(args.bytes), collective, args)
         facts = {"baseTimeNanoseconds": None if base_time is None else msgspec.json.decode(text[slice(*base_time)]),
                  "distributedInfo": None if dist is None else msgspec.json.decode(text[slice(*dist)])}
     cpu = []
@@ -138,6 +140,11 @@ def native_scan(raw: bytes, gpu_only: bool, classify):
         if row is not None:
             cpu.append(row)
     return facts, cpu, gpu, launches, pids
+
+
+def _bytes(nbytes) -> int:
+    """A GPU activity's args["bytes"] as the importer counts it."""
+    return 0 if nbytes is UNSET else max(as_int(nbytes, 0), 0)
 
 
 def _scan(trace, gpu_only: bool, classify):
@@ -161,7 +168,7 @@ def _scan(trace, gpu_only: bool, classify):
             correlation = args.correlation
             nbytes = args.bytes
             gpu.append((name, ts, dur, stream, -1 if correlation is UNSET else correlation,
-                        0 if nbytes is UNSET else max(as_int(nbytes, 0), 0),
+                        _bytes(nbytes),
                         args.collective_name is not UNSET, args))
             continue
         pid = e.pid
