@@ -28,8 +28,10 @@ class LiveProcess:
 
     def _spawn(self) -> None:
         import subprocess
+        # its own session: see yield_to_the_job
         self.proc = subprocess.Popen([sys.executable, "-m", "diagnose.live", self.run_dir],
-                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                                     start_new_session=True)
 
     def tick(self, progress) -> None:
         if self.proc is None:
@@ -92,6 +94,15 @@ def yield_to_the_job() -> None:
     time on a saturated 2-core box (bench/overhead.py: +4.6% against +0.7% for
     the collectors alone), though it used only 3.5% of one core: in a
     synchronous job, a rank that loses its core for a few ms holds up the others.
+
+    SCHED_IDLE yields only to the threads of its own scheduling group, and on a
+    kernel with autogroups (the default on most distributions, where no cpu
+    cgroup is set up) every session is a group: torchrun starts each rank in a
+    session of its own, so a child in the launcher's session weighed as much
+    as a rank. The child therefore runs in its own session (LiveProcess) and
+    sets that group's nice value to 19 (/proc/self/autogroup): weight 15
+    against each rank's 1024.
+
     On a machine with no idle CPU at all, live alerts and metrics lag; the
     launcher's hang watchdog and the analysis do not depend on this process."""
     try:
@@ -103,6 +114,12 @@ def yield_to_the_job() -> None:
             os.nice(19)
         except OSError:
             pass
+    if os.getsid(0) == os.getpid():  # never lower a group that holds more than this process
+        try:
+            with open("/proc/self/autogroup", "w") as f:
+                f.write("19")
+        except OSError:
+            pass  # no autogroups (a cpu cgroup, or not Linux): SCHED_IDLE is enough
 
 
 def main(argv=None) -> int:

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -205,9 +206,11 @@ def test_baseline_is_robust_and_floored():
     assert flat.threshold()[1] == 10.0 + 5 * 5.0  # the floor, not MAD = 0
 
 
-def test_the_live_child_runs_at_idle_priority_on_every_thread():
+def test_the_live_child_runs_at_idle_priority_on_every_thread(tmp_path, monkeypatch):
     """The child must never take a core from a rank (diagnose.live.yield_to_the_job):
-    every thread, including one started before the call, is SCHED_IDLE."""
+    every thread, including one started before the call, is SCHED_IDLE; and the
+    child the launcher spawns is alone in its session, whose autogroup (where the
+    kernel has them) is at nice 19, so that it does not weigh as much as a rank."""
     script = ("import os, threading, time\n"
               "threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n"
               "from diagnose.live import yield_to_the_job\n"
@@ -216,3 +219,24 @@ def test_the_live_child_runs_at_idle_priority_on_every_thread():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str([os.SCHED_IDLE]), out.stdout
+
+    from diagnose import rundir
+    from diagnose.live import LiveProcess
+    monkeypatch.setenv("DIAGNOSE_TRACKING", "off")  # no MLflow store: not what is tested
+    rundir.write_manifest(str(tmp_path), {"run_id": "t", "command": "true"})
+    live = LiveProcess(str(tmp_path))
+    live.tick({0: {"recent_steps": [], "events_total": 1}})
+    try:
+        pid = live.proc.pid
+        assert os.getsid(pid) == pid and os.getsid(pid) != os.getsid(0)
+        deadline = time.monotonic() + 30
+        while os.sched_getscheduler(pid) != os.SCHED_IDLE and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+        if os.path.exists("/proc/self/autogroup"):
+            while "nice 19" not in open(f"/proc/{pid}/autogroup").read() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert open(f"/proc/{pid}/autogroup").read().strip().endswith("nice 19")
+            assert not open("/proc/self/autogroup").read().strip().endswith("nice 19")
+    finally:
+        live.close(0, timeout=60)
