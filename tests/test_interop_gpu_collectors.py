@@ -207,6 +207,30 @@ def test_sync_debug_warnings_become_sync_events_with_callsite():
     assert seen == ["something else"]
 
 
+def test_sync_debug_adds_no_global_module_hook_on_a_cuda_build():
+    """On a CUDA build sync_debug waits for the first forward without a global
+    module hook (one would slow every module call of the job): it rides on
+    forward_backward's outermost-forward callbacks. The build is the only fake."""
+    code = """
+import torch
+import torch.nn.modules.module as mm
+torch.backends.cuda.is_built = lambda: True
+from collectors.recorder import Recorder
+from collectors.instrument import forward_backward, sync_debug
+rec = Recorder(None)
+forward_backward.install(rec)
+sync_debug.install(rec)
+assert not mm._global_forward_pre_hooks and not mm._global_forward_hooks
+torch.nn.Sequential(torch.nn.Linear(4, 4))(torch.randn(2, 4))
+print(rec.meta["gpu"]["off"])
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env={"PATH": "/usr/bin:/bin", "RANK": "0", "LOCAL_RANK": "0",
+                                            "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['sync_debug']"  # enable() ran at the forward: no GPU here
+
+
 def test_torch_profiler_window_over_steps(tmp_path):
     class FakeProfiler:
         def __init__(self):

@@ -10,7 +10,7 @@ drained its queue and so serialize CPU and GPU. Times are the moment of the
 call (the warning comes before the wait, whose length torch does not report).
 
 The warnings are taken by a hook on `warnings.showwarning` and not printed;
-other warnings pass through untouched. The mode is set at the first forward or
+other warnings pass through untouched. The mode is set at the first outermost forward or
 optimizer step (setting it initialises CUDA, which must wait until the script
 has picked its device). Off on machines without CUDA (one info line) and with
 DIAGNOSE_SYNC_DEBUG=0.
@@ -61,8 +61,9 @@ def install(rec):
     if not torch.backends.cuda.is_built():
         gpu_unavailable(rec, "sync_debug", "CPU-only torch build")
         return
-    from torch.nn.modules.module import register_module_forward_pre_hook
     from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    from collectors.instrument.forward_backward import on_outermost_forward
     done = []
 
     def first_use(*_):
@@ -74,5 +75,7 @@ def install(rec):
         except Exception as exc:
             rec.record_error("sync_debug", exc)
 
-    register_module_forward_pre_hook(first_use)
+    # not a global module hook: one would send every module call of the job
+    # through Module._call_impl's slow path (forward_backward says how dear)
+    on_outermost_forward(first_use, lambda: None)
     register_optimizer_step_pre_hook(first_use)
