@@ -64,7 +64,7 @@ def main() -> int:
     args = p.parse_args()
     work = tempfile.mkdtemp(prefix="diagnose-live-cost-")
     run_dir = os.path.join(work, "run")
-    command, _ = jobs(args.steps, os.path.join(work, "steps.log"))[args.job]
+    command = jobs(args.steps, pin=False)[args.job][0](os.path.join(work, "steps.log"))
     proc = subprocess.Popen([PY, "-m", "diagnose", "run", "--out", run_dir, "--no-analyze", "--", *command],
                             cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)

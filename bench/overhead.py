@@ -1,37 +1,52 @@
 """Overhead of `diagnose run` on real 2-rank jobs, side by side with torch.profiler.
 
-    .venv/bin/python bench/overhead.py [--rounds 4] [--steps 150]
+    .venv/bin/python bench/overhead.py [--rounds 4] [--steps 400] [--jobs reference,ddp_mlp]
 
-Two jobs (both torchrun, gloo, 2 ranks, sized to ~50 ms steps on a 2-core box):
-the reference trainer (`--dp 2 --microbatches 7`) and samples/ddp_mlp.py
-(`--dim 512 --hidden 1536 --batch-size 40`). Each
-is launched plain, under `diagnose run --no-analyze`, with the collectors only
-(the bootstrap `diagnose run` gives the ranks, without the launcher and its
-live monitor: the in-rank part of the overhead), and under torch.profiler
-(CPU activities, every step: bench/profiler_site), interleaved round by round
-(plain, diagnose, collectors, profiler; the next round starts one mode later) so
-that the machine's drift, and the speed of the first run after a pause, hit
-every mode alike. Step times come from the jobs' own logs (reference trainer
---log-jsonl step_time_s, ddp_mlp --log-step-times), the first --warmup steps
-dropped: the per-step overhead of an always-on tool is its steady state. What
-`diagnose run` costs once at start-up (the launcher's live monitor creating the
-MLflow store: seconds of CPU; the first Parquet writes) lands in those first
-steps on a 2-core machine; it is printed apart, as the extra seconds the warm-up
-steps took (median over rounds of mode minus plain). 150 warm-up steps: in a
-300-step run at ~50 ms per step, diagnose's first 50 steps were 10-45% slower
-than plain and the later windows of 50 within noise of plain.
+Duet design: every measured run has a plain twin of the same job running at the
+same time on the same cores, and the figure is the ratio of the two runs' median
+step times over the wall-clock window in which both run past their warm-up.
+On this VM, runs of the same plain job a minute apart differ by 10-20% (the
+host's load moves; each run also has a speed of its own), far more than the
+1-3% to be measured; a twin sharing the machine at the same moment suffers the
+same drift. Measured with a plain job as the tested one (the "plain" row, an
+A/A control printed with the rest): per-duet ratios spread 1.2-1.9% (sd),
+against 8-10% for runs one after another.
 
-Figures: median step time per mode over all rounds, its ratio to plain, the
-per-round ratios (their spread is the noise floor of this machine), how many
-times lower diagnose's overhead is than the profiler's, the trace's size on
-disk per event, and the cost per recorded event (bench/event_cost.py).
-Goal (issue 8): diagnose <= 1.01 of plain (<= 1.03 on this noisy machine),
-and >= 10x lower overhead than torch.profiler.
+Fairness between the twins comes from the kernel: each job is started in its
+own session, and torchrun starts every rank in a session of its own, so with
+autogroups every rank is a scheduling group and the two twins' ranks share a
+core evenly whatever threads they run; local rank i of both jobs is pinned to
+core i (taskset), so each core holds one rank of each. What the tested job
+adds inside its ranks (recorded events, the writer thread) is paid by its own
+ranks; its launcher and live monitor run in groups of their own, at normal
+weight for the launcher (its share is taken from both twins alike: 0.2-0.3% of
+a core, so the figure is low by about a tenth of a point) and at the lowest
+weight for the live monitor (diagnose.live.yield_to_the_job).
+
+Jobs, sized to ~50-90 ms steps as twins on this 2-core box: the reference trainer
+(`--dp 2 --microbatches 2`) and samples/ddp_mlp.py (`--dim 256 --hidden 768
+--batch-size 40`). Modes: plain (the A/A control), `diagnose run --no-analyze`,
+the collectors only (the bootstrap `diagnose run` gives the ranks, without the
+launcher and its live monitor), and torch.profiler (CPU activities, every step:
+bench/profiler_site). Each round runs every mode once beside a plain twin, in an
+order rotated per round, the tested job launched first in every other round.
+Step times and ends come from the jobs' own logs (reference trainer
+--log-jsonl, ddp_mlp --log-step-times).
+
+Figures per mode: the geometric mean of the per-round ratios and its 95%
+confidence interval (Student's t over rounds), the ratios themselves, how many
+times lower diagnose's overhead is than the profiler's, the trace's size on disk
+per event, and the modelled main-thread cost (events x cost per event,
+bench/event_cost.py). Goal (issue 8): diagnose <= 1.01 of plain (<= 1.03 on
+this noisy machine), and >= 10x lower overhead than torch.profiler; the exit
+status is 0 only when, for every job, the upper end of diagnose's 95% interval
+is within 3% and its mean overhead is >= 10x below the profiler's.
 """
 import argparse
 import collections
 import glob
 import json
+import math
 import os
 import shutil
 import signal
@@ -43,31 +58,43 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
 MODES = ("plain", "diagnose", "collectors", "profiler")
+T_95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 
-def jobs(steps: int, log: str) -> dict:
-    torchrun = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+def torchrun(pin: bool) -> list:
+    """2 local ranks; with `pin`, local rank i runs on core i (modulo the cores)."""
+    launcher = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    if not pin:
+        return launcher
+    return launcher + ["--no-python", "bash", "-c",
+                       f'exec taskset -c $((LOCAL_RANK % {os.cpu_count()})) "$0" "$@"', PY]
+
+
+def jobs(steps: int, pin: bool) -> dict:
+    """job -> (command for a log path, reader of that log: [(step_s, end_unix_s)])."""
+    run = torchrun(pin)
     return {
-        "reference": (torchrun + ["-m", "reference_trainer", "--dp", "2", "--microbatches", "7",
-                                  "--steps", str(steps), "--log-jsonl", log], _jsonl_times),
-        "ddp_mlp": (torchrun + ["samples/ddp_mlp.py", "--steps", str(steps), "--dim", "512",
-                                "--hidden", "1536", "--batch-size", "40", "--log-step-times", log],
-                    _line_times),
+        "reference": (lambda log: run + ["-m", "reference_trainer", "--dp", "2", "--microbatches", "2",
+                                         "--steps", str(steps), "--log-jsonl", log], _jsonl_steps),
+        "ddp_mlp": (lambda log: run + ["samples/ddp_mlp.py", "--steps", str(steps), "--dim", "256",
+                                       "--hidden", "768", "--batch-size", "40", "--log-step-times", log],
+                    _line_steps),
     }
 
 
-def _jsonl_times(path):
+def _jsonl_steps(path):
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line)["step_time_s"] for line in f if line.strip()]
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [(row["step_time_s"], row["end_unix_s"]) for row in rows]
 
 
-def _line_times(path):
+def _line_steps(path):
     with open(path, encoding="utf-8") as f:
-        return [float(line) for line in f if line.strip()]
+        return [tuple(map(float, line.split())) for line in f if line.strip()]
 
 
-def launch(command: list, mode: str, work: str) -> str | None:
-    """Run one job in one mode; returns the run dir for `diagnose` mode."""
+def start(command: list, mode: str, work: str) -> tuple:
+    """Start one job in one mode, in a session of its own; (process, run dir or None)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     run_dir = None
     if mode == "diagnose":
@@ -80,23 +107,49 @@ def launch(command: list, mode: str, work: str) -> str | None:
     elif mode == "profiler":
         site = os.path.join(ROOT, "bench", "profiler_site")
         env["PYTHONPATH"] = os.pathsep.join([site, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
+    return proc, run_dir
+
+
+def duet(job: tuple, mode: str, work: str, tested_first: bool, warmup: int) -> tuple:
+    """Run `mode` beside a plain twin; (ratio of median step times over the common
+    window, steps of the tested run in it, the twin's median step in s, the tested
+    run's run dir)."""
+    command, read_steps = job
+    roles = ("tested", "twin") if tested_first else ("twin", "tested")
+    logs = {role: os.path.join(work, f"{role}.log") for role in roles}
+    for log in logs.values():
+        if os.path.exists(log):
+            os.remove(log)
+    procs, run_dir = {}, None
     try:
-        stdout, stderr = proc.communicate(timeout=300)
-    finally:  # interrupted or timed out: take the whole job (torchrun and its ranks) down
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    if proc.returncode:
-        raise SystemExit(f"{mode} run failed ({proc.returncode}):\n{stdout[-1500:]}\n{stderr[-1500:]}")
-    return run_dir
+        for role in roles:
+            procs[role], made = start(command(logs[role]), mode if role == "tested" else "plain", work)
+            run_dir = made or run_dir
+        for role, proc in procs.items():
+            output, _ = proc.communicate(timeout=900)
+            if proc.returncode:
+                raise SystemExit(f"{mode if role == 'tested' else 'plain'} run failed "
+                                 f"({proc.returncode}):\n{output[-3000:]}")
+    finally:  # interrupted or failed: take both jobs (launchers, torchrun, ranks) down
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    steps = {role: read_steps(log) for role, log in logs.items()}
+    begin = max(s[warmup][1] for s in steps.values())   # both past their warm-up...
+    end = min(s[-1][1] for s in steps.values())         # ...and neither finished
+    window = {role: [d for d, e in s if begin < e <= end] for role, s in steps.items()}
+    if min(len(w) for w in window.values()) < 30:
+        raise SystemExit(f"only {min(len(w) for w in window.values())} steps in the common window "
+                         "of a duet: raise --steps")
+    twin_s = statistics.median(window["twin"])
+    return statistics.median(window["tested"]) / twin_s, len(window["tested"]), twin_s, run_dir
 
 
 def trace_size(run_dir: str) -> tuple[int, int, dict]:
     """(bytes of the traces folder, events recorded, events per kind)."""
-    import collections
-
     import pyarrow.parquet as pq
     total = events = 0
     kinds = collections.Counter()
@@ -135,61 +188,67 @@ def event_costs() -> dict:
     return costs
 
 
+def geometric_mean_ci(ratios: list) -> tuple[float, float, float]:
+    """Geometric mean of the ratios and its 95% confidence interval (t over rounds)."""
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(mean), float("nan"), float("nan")
+    half = T_95.get(len(logs) - 1, 2.0) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
 def main() -> int:
-    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))  # so that launch() cleans up
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))  # so that duet() cleans up
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--warmup", type=int, default=150, help="first steps of each run left out (start-up)")
+    p.add_argument("--warmup", type=int, default=100, help="first steps of each run left out (start-up)")
     p.add_argument("--jobs", default="reference,ddp_mlp")
     args = p.parse_args()
+    pin = shutil.which("taskset") is not None and (os.cpu_count() or 1) >= 2
+    if not pin:
+        print("note: ranks not pinned (no taskset or one core): the twins share cores less evenly")
     work = tempfile.mkdtemp(prefix="diagnose-overhead-")
-    log = os.path.join(work, "steps.log")
-    chosen = {k: v for k, v in jobs(args.steps, log).items() if k in args.jobs.split(",")}
-    times = {(job, mode): [] for job in chosen for mode in MODES}
-    per_round = {(job, mode): [] for job in chosen for mode in MODES}
-    startup_s = {(job, mode): [] for job in chosen for mode in MODES}  # seconds of the warm-up steps
+    chosen = {k: v for k, v in jobs(args.steps, pin).items() if k in args.jobs.split(",")}
+    ratios = {(job, mode): [] for job in chosen for mode in MODES}
+    twin_s = {job: [] for job in chosen}
     sizes = {job: [] for job in chosen}
     try:
         for r in range(args.rounds):
-            for job, (command, read_times) in chosen.items():
-                # each round starts with another mode: the first run after a pause
-                # tends to be the fastest, and that must not always be plain
+            for job_name, job in chosen.items():
                 for mode in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:
-                    if os.path.exists(log):
-                        os.remove(log)
-                    run_dir = launch(command, mode, work)
-                    all_steps = read_times(log)
-                    steps = all_steps[args.warmup:]
-                    startup_s[job, mode].append(sum(all_steps[:args.warmup]))
-                    times[job, mode] += steps
-                    per_round[job, mode].append(statistics.median(steps))
+                    ratio, n, twin, run_dir = duet(job, mode, work, tested_first=r % 2 == 0,
+                                                   warmup=args.warmup)
+                    ratios[job_name, mode].append(ratio)
+                    twin_s[job_name].append(twin)
                     if run_dir:
                         if mode == "diagnose":
-                            sizes[job].append(trace_size(run_dir))
+                            sizes[job_name].append(trace_size(run_dir))
                         shutil.rmtree(run_dir, ignore_errors=True)
-                    print(f"round {r + 1}/{args.rounds} {job:9s} {mode:8s} median step "
-                          f"{per_round[job, mode][-1] * 1e3:6.1f} ms", flush=True)
+                    print(f"round {r + 1}/{args.rounds} {job_name:9s} {mode:10s} vs its plain twin "
+                          f"{ratio:.4f} ({n} steps in the common window, twin's median step "
+                          f"{twin * 1e3:.1f} ms)", flush=True)
         costs = event_costs()
-        return report(chosen, times, per_round, startup_s, sizes, costs, args)
+        return report(chosen, ratios, twin_s, sizes, costs, args)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def report(chosen, times, per_round, startup_s, sizes, costs, args) -> int:
-    print(f"\n{args.rounds} interleaved rounds x {args.steps} steps (first {args.warmup} dropped), 2 ranks, gloo")
-    print(f"{'job':10s} {'mode':9s} {'steps':>6s} {'median ms':>10s} {'vs plain':>9s}  per-round ratios")
+def report(chosen, ratios, twin_s, sizes, costs, args) -> int:
+    print(f"\n{args.rounds} rounds x {args.steps} steps (first {args.warmup} left out), 2 ranks, gloo, "
+          "each mode beside a plain twin")
+    print(f"{'job':10s} {'mode':10s} {'vs twin':>8s} {'95% CI':>17s}  per-round ratios")
     ok = True
     for job in chosen:
-        plain = statistics.median(times[job, "plain"])
+        means = {}
         for mode in MODES:
-            med = statistics.median(times[job, mode])
-            rounds = [m / p for m, p in zip(per_round[job, mode], per_round[job, "plain"])]
-            print(f"{job:10s} {mode:9s} {len(times[job, mode]):6d} {med * 1e3:10.2f} {med / plain:9.4f}  "
-                  + " ".join(f"{x:.3f}" for x in rounds))
-        ours = statistics.median(times[job, "diagnose"]) / plain - 1
-        ranks_only = statistics.median(times[job, "collectors"]) / plain - 1
-        prof = statistics.median(times[job, "profiler"]) / plain - 1
+            mean, low, high = geometric_mean_ci(ratios[job, mode])
+            means[mode] = (mean, high)
+            print(f"{job:10s} {mode:10s} {mean:8.4f} {low:8.4f}-{high:.4f}  "
+                  + " ".join(f"{x:.4f}" for x in ratios[job, mode]))
+        ours, ours_high = means["diagnose"][0] - 1, means["diagnose"][1] - 1
+        prof = means["profiler"][0] - 1
         lower = f"{prof / ours:.1f}x lower" if ours > 0 else "diagnose within noise of plain"
         total = sum(size[0] for size in sizes[job])
         events = sum(size[1] for size in sizes[job])
@@ -197,19 +256,16 @@ def report(chosen, times, per_round, startup_s, sizes, costs, args) -> int:
         for size in sizes[job]:
             kinds.update(size[2])
         rank_steps = max(len(sizes[job]), 1) * 2 * args.steps
-        per_step = events / rank_steps
-        print(f"overhead {job}: diagnose run {ours:+.2%} (collectors alone {ranks_only:+.2%}), "
-              f"torch.profiler {prof:+.2%} ({lower}); "
-              f"trace {total / max(events, 1):.1f} bytes/event ({events:,} events, {per_step:.0f}/rank/step)")
-        extra = {mode: statistics.median(m - p for m, p in zip(startup_s[job, mode], startup_s[job, "plain"]))
-                 for mode in MODES if mode != "plain"}
-        print(f"start-up {job}: the first {args.warmup} steps took "
-              + ", ".join(f"{extra[m]:+.2f} s ({m})" for m in extra) + " more than plain (median over rounds)")
+        print(f"overhead {job}: diagnose run {ours:+.2%} (95% CI up to {ours_high:+.2%}; collectors alone "
+              f"{means['collectors'][0] - 1:+.2%}; A/A control {means['plain'][0] - 1:+.2%}), "
+              f"torch.profiler {prof:+.2%} ({lower}); trace {total / max(events, 1):.1f} bytes/event "
+              f"({events:,} events, {events / rank_steps:.0f}/rank/step)")
         if costs:
             modelled = hot_path_ms(kinds, rank_steps, costs)
+            plain_ms = statistics.median(twin_s[job]) * 1e3
             print(f"hot path {job}: {modelled:.3f} ms per step modelled from events x cost per event "
-                  f"({modelled / (plain * 1e3):.2%} of the plain median step)")
-        ok &= ours <= 0.03 and (ours <= 0 or prof / ours >= 10)
+                  f"({modelled / plain_ms:.2%} of the twins' median step, {plain_ms:.1f} ms)")
+        ok &= ours_high <= 0.03 and (ours <= 0 or prof / ours >= 10)
     if costs:
         print("cost per recorded event (us, recorded minus plain call): "
               + ", ".join(f"{k.removesuffix('_us')} {v:.2f}" for k, v in costs.items()))

@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
         step_time_s = time.perf_counter() - t0
         if mesh.logs_loss:
             log.write({"step": step, "loss": loss, "step_time_s": round(step_time_s, 6),
-                       "tokens_per_s": round(tokens_per_step / step_time_s, 3)})
+                       "tokens_per_s": round(tokens_per_step / step_time_s, 3),
+                       "end_unix_s": round(time.time(), 4)})
         debug.write({"step": step, "rank": mesh.rank, "dp_rank": mesh.dp_rank, "pp_rank": mesh.pp_rank,
                      "tp_rank": mesh.tp_rank, "max_inflight_activations": runner.max_inflight,
                      "optimizer_state_numel": optimizer_state_numel(optimizer),

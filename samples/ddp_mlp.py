@@ -61,7 +61,8 @@ def parse_args():
     p.add_argument("--jitter-ms", type=float, default=0.0)
     p.add_argument("--result-json", default="")
     p.add_argument("--log-step-times", default="", metavar="PATH",
-                   help="rank 0 writes each step's wall time (s), one per line (for bench/overhead.py)")
+                   help="rank 0 writes each step's wall time (s) and its end (Unix s), one step per line "
+                        "(for bench/overhead.py)")
     return p.parse_args()
 
 
@@ -111,13 +112,13 @@ def main():
         loss_check = loss.detach().clone()
         dist.all_reduce(loss_check)
         loss_value = loss_check.item() / world
-        step_times.append(time.perf_counter() - t_step)
+        step_times.append((time.perf_counter() - t_step, time.time()))
 
     if rank == 0:
         print(f"final loss {loss_value!r}")
         if args.log_step_times:
             with open(args.log_step_times, "w") as f:
-                f.writelines(f"{t:.6f}\n" for t in step_times)
+                f.writelines(f"{t:.6f} {end:.4f}\n" for t, end in step_times)
         if args.result_json:
             params = torch.cat([p.detach().flatten() for p in model.parameters()])
             with open(args.result_json, "w") as f:

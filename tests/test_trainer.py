@@ -183,7 +183,7 @@ def test_losses_match_across_layouts_schedules_and_zero1(launched):
 def test_loss_goes_down_and_log_schema(launched):
     rows = launched("base").rows
     assert [r["step"] for r in rows] == list(range(30))
-    assert set(rows[0]) == {"step", "loss", "step_time_s", "tokens_per_s"}
+    assert set(rows[0]) == {"step", "loss", "step_time_s", "tokens_per_s", "end_unix_s"}
     first, last = sum(r["loss"] for r in rows[:3]) / 3, sum(r["loss"] for r in rows[-3:]) / 3
     assert first > 5.0 and last < first - 0.5, (first, last)
     assert all(r["step_time_s"] > 0 and r["tokens_per_s"] > 0 for r in rows)
