@@ -62,8 +62,7 @@ def render_compare(result: dict) -> str:
     f = result["findings"]
     rows = (_findings_rows(f["gained"], "gained") + _findings_rows(f["lost"], "lost")
             + "".join(_findings_rows([p["b"]], "changed",
-                                     lambda _f, p=p: f"{esc(p['a'].get('severity'))} &rarr; "
-                                                     f"{esc(p['b'].get('severity'))}")
+                                     lambda _f, p=p: esc(p["change"]).replace(" -&gt; ", " &rarr; "))
                       for p in f["changed"]))
     if not rows:
         rows = "<tr><td colspan='5'>no warning or critical finding gained or lost</td></tr>"

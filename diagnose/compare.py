@@ -5,6 +5,10 @@ median), the breakdown per phase (ms per step, steady-state mean over ranks),
 and findings gained, lost and changed. Findings are matched by (kind, ranks,
 stage, callsite); only warning and critical ones count as gained or lost (a
 clean run may have info-level ones), info-level differences are listed apart.
+A finding in both runs has changed when its severity did, or its impact per
+step grew or shrank IMPACT_CHANGE times (by 1 ms at least): a straggler that a
+busy machine made critical in a clean run and that a real fault made 40x dearer
+is not "the same".
 """
 import math
 
@@ -12,6 +16,7 @@ from dashboards.common import PARTS, PART_LABELS
 from dashboards.tables import steady
 
 ACTIONABLE = ("critical", "warning")
+IMPACT_CHANGE = 2.0
 
 
 def finding_key(f: dict) -> tuple:
@@ -43,6 +48,17 @@ def summarize(run, findings=None) -> dict:
     return out
 
 
+def _change(fa: dict, fb: dict) -> str | None:
+    """How a finding kept from A to B changed, or None if it did not."""
+    sa, sb = fa.get("severity"), fb.get("severity")
+    ia, ib = (float(f.get("impact_ms_per_step") or 0.0) for f in (fa, fb))
+    low, high = sorted((ia, ib))
+    impact = high - low >= 1.0 and high >= IMPACT_CHANGE * low
+    if sa == sb and not impact:
+        return None
+    return f"{sa} -> {sb}" + (f", impact {ia:.1f} -> {ib:.1f} ms/step" if impact else "")
+
+
 def _ratio(a, b):
     if a is None or b is None or not a:
         return None
@@ -64,8 +80,8 @@ def compare(a: dict, b: dict) -> dict:
     act_b = {k: f for k, f in fb.items() if f.get("severity") in ACTIONABLE}
     gained = [f for k, f in act_b.items() if k not in act_a]
     lost = [f for k, f in act_a.items() if k not in act_b]
-    changed = [{"a": act_a[k], "b": f} for k, f in act_b.items()
-               if k in act_a and act_a[k].get("severity") != f.get("severity")]
+    changed = [{"a": act_a[k], "b": f, "change": change} for k, f in act_b.items()
+               if k in act_a and (change := _change(act_a[k], f))]
     info_gained = [f for k, f in fb.items() if k not in fa and f.get("severity") not in ACTIONABLE]
     info_lost = [f for k, f in fa.items() if k not in fb and f.get("severity") not in ACTIONABLE]
     return {
@@ -142,7 +158,7 @@ def print_comparison(result: dict, out=None) -> None:
     for finding in f["lost"]:
         row("lost", finding)
     for pair in f["changed"]:
-        row("changed", pair["b"], f"{pair['a'].get('severity')} -> {pair['b'].get('severity')}")
+        row("changed", pair["b"], pair["change"])
     if not (f["gained"] or f["lost"] or f["changed"]):
         table.add_row("same", "", "", "", Text("no warning or critical finding gained or lost"))
     out.print(table)

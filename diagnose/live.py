@@ -99,9 +99,9 @@ def yield_to_the_job() -> None:
     kernel with autogroups (the default on most distributions, where no cpu
     cgroup is set up) every session is a group: torchrun starts each rank in a
     session of its own, so a child in the launcher's session weighed as much
-    as a rank. The child therefore runs in its own session (LiveProcess) and
-    sets that group's nice value to 19 (/proc/self/autogroup): weight 15
-    against each rank's 1024.
+    as a rank. The child therefore runs in its own session (LiveProcess), and
+    lower_group_weight() takes that group down to nice 19 once the job's
+    MLflow run exists.
 
     On a machine with no idle CPU at all, live alerts and metrics lag; the
     launcher's hang watchdog and the analysis do not depend on this process."""
@@ -114,12 +114,20 @@ def yield_to_the_job() -> None:
             os.nice(19)
         except OSError:
             pass
-    if os.getsid(0) == os.getpid():  # never lower a group that holds more than this process
-        try:
-            with open("/proc/self/autogroup", "w") as f:
-                f.write("19")
-        except OSError:
-            pass  # no autogroups (a cpu cgroup, or not Linux): SCHED_IDLE is enough
+
+
+def lower_group_weight() -> None:
+    """This process's autogroup to nice 19: weight 15 against each rank's 1024
+    (yield_to_the_job says why). Only once the MLflow run exists: creating a
+    store costs seconds of CPU, and at weight 15 on a saturated box it ended
+    after a short job did, leaving no live metrics at all."""
+    if os.getsid(0) != os.getpid():  # never lower a group that holds more than this process
+        return
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write("19")
+    except OSError:
+        pass  # no autogroups (a cpu cgroup, or not Linux): SCHED_IDLE is enough
 
 
 def main(argv=None) -> int:
@@ -135,6 +143,7 @@ def main(argv=None) -> int:
     from diagnose.monitor import read_progress
     monitor = LiveMonitor(run_dir, rundir.read_manifest(run_dir))
     exit_status = None
+    lowered = False
     while True:
         ready, _, _ = select.select([sys.stdin], [], [], TICK_S)
         if ready:
@@ -143,6 +152,10 @@ def main(argv=None) -> int:
             exit_status = int(text) if text.lstrip("-").isdigit() else None
             break
         monitor.tick(read_progress(run_dir))
+        streamer = monitor.streamer
+        if not lowered and (streamer is None or streamer.run_id is not None or streamer.failed):
+            lower_group_weight()
+            lowered = True
     monitor.close(exit_status)
     return 0
 
