@@ -86,11 +86,13 @@ def test_ctrl_c_leaves_an_analyzable_run(tmp_path):
                              *torchrun(2, "samples/ddp_mlp.py", "--steps", 3000)],
                             cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
-    progress = out / "traces" / "rank-00000" / "progress.json"
+    # both ranks past step 5 (rank 1 can trail rank 0 by a step: waiting for rank 0
+    # alone once left 5 + 4 steps)
+    progress = [out / "traces" / f"rank-{r:05d}" / "progress.json" for r in (0, 1)]
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            if json.loads(progress.read_text())["steps_done"] >= 5:
+            if all(json.loads(p.read_text())["steps_done"] >= 5 for p in progress):
                 break
         except (OSError, ValueError, KeyError):
             pass
