@@ -44,12 +44,17 @@ _PART_NAME = re.compile(r"^(?P<prefix>[a-z]+)-(?P<lo>\d{6})(?:-(?P<hi>\d{6}))?\.
 _DELTA_COLUMNS = ("start_ns", "end_ns", "ts_ns")
 
 
-def atomic_write_bytes(path: str, data: bytes) -> None:
+def atomic_write_bytes(path: str, data) -> None:
     # per thread: the writer thread and close() on the main thread may both
     # write progress.json at exit; a shared temporary name would race
     tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
 
 
@@ -68,18 +73,20 @@ def _compact_json(obj) -> bytes:
 
 def write_parquet_atomic(table: pa.Table, path: str, small: bool = True) -> None:
     """One Parquet file, written under a temporary name and renamed into place;
-    `small`: encoded for size (merged files), else for speed (the recorder's parts)."""
-    tmp = f"{path}.tmp-{os.getpid()}"
+    `small`: encoded for size (merged files), else for speed (the recorder's parts).
+    Encoded in memory and written with one write(): Arrow's own file output
+    cost a recorder's part 0.15 ms more (0.96 against 0.81 ms for 350 events)."""
+    sink = pa.BufferOutputStream()
     if small:
         delta = [c for c in table.column_names if c in _DELTA_COLUMNS]
-        pq.write_table(table, tmp, compression="zstd", write_statistics=False, store_schema=False,
+        pq.write_table(table, sink, compression="zstd", write_statistics=False, store_schema=False,
                        use_dictionary=[c for c in table.column_names if c not in delta],
                        column_encoding={c: "DELTA_BINARY_PACKED" for c in delta},
                        row_group_size=1 << 20)
     else:
-        pq.write_table(table, tmp, compression="none", use_dictionary=False, write_statistics=False,
+        pq.write_table(table, sink, compression="none", use_dictionary=False, write_statistics=False,
                        store_schema=False)
-    os.replace(tmp, path)
+    atomic_write_bytes(path, sink.getvalue())
 
 
 def part_range(name: str):

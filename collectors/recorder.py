@@ -13,6 +13,7 @@ the buffer is full, new rows are counted as dropped rather than growing memory.
 """
 import atexit
 import os
+import queue
 import socket
 import sys
 import threading
@@ -61,7 +62,10 @@ class Recorder:
         self._writer = PartWriter(rank_dir, live=True) if rank_dir else None
         self._flush_lock = threading.Lock()  # serialises writers, never taken on the hot path
         self._stop = threading.Event()
-        self._step_done = threading.Event()  # set by the step hook: publish progress now
+        # the step hook puts here: publish progress now. A SimpleQueue, not an Event:
+        # put() and get() are C, where Event.set/wait run Python Condition code on
+        # both threads at every step
+        self._step_ends: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = None
 
     @property
@@ -121,12 +125,10 @@ class Recorder:
         dumped = False
         next_flush = time.monotonic() + self.flush_interval_s
         while not self._stop.is_set():
-            self._step_done.wait(max(next_flush - time.monotonic(), 0))
-            if self._step_done.is_set():
+            if self._wait_for_step_end(next_flush - time.monotonic()):
                 # a step ended: progress.json (one pwrite of ~2 KB) now, so the
                 # launcher and the report of a SIGKILLed rank see every step;
                 # events keep their own cadence
-                self._step_done.clear()
                 self.write_progress()
             now = time.monotonic()
             if now < next_flush:
@@ -140,6 +142,21 @@ class Recorder:
                 # thread does it because the main one may be stuck inside C++.
                 dumped = True
                 self.dump()
+
+    def _wait_for_step_end(self, timeout_s: float) -> bool:
+        """True when a step ended within timeout_s (several ends count as one)."""
+        try:
+            if timeout_s > 0:
+                self._step_ends.get(timeout=timeout_s)
+            else:
+                self._step_ends.get_nowait()
+        except queue.Empty:
+            return False
+        try:
+            while True:
+                self._step_ends.get_nowait()
+        except queue.Empty:
+            return True
 
     def dump(self) -> None:
         from collectors.stacks import thread_stacks
@@ -170,7 +187,8 @@ class Recorder:
         self.write_progress()
 
     def notify_step(self) -> None:
-        self._step_done.set()
+        if self._writer is not None:  # a forked child has no writer to drain the queue
+            self._step_ends.put(None)
 
     def write_progress(self) -> None:
         if self._writer is None:
@@ -196,7 +214,7 @@ class Recorder:
         if self._writer is None:
             return
         self._stop.set()
-        self._step_done.set()
+        self._step_ends.put(None)
         self.flush()
         with self._flush_lock:
             self._writer.compact()  # a clean exit: one file per rank, not one per flush

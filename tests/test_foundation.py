@@ -116,15 +116,15 @@ def test_progress_is_rewritten_in_place_and_always_whole_json(tmp_path):
 def test_writing_parts_and_parsing_kineto_never_import_pandas(tmp_path):
     """pa.array() imports pandas at its first call (0.3 s of CPU holding the GIL):
     a rank's writer thread and the Kineto parse workers build Arrow arrays
-    without it, and keep the same values."""
+    without it, and keep the same values (non-ASCII strings too)."""
     kineto = sorted((REPO.parent / "shared" / "data" / "kineto").glob("**/*.json*"))
     script = f"""
 import sys
 from collectors.part_writer import PartWriter
 from collectors.schema import event_row
 writer = PartWriter({str(tmp_path / "rank-00000")!r})
-writer.write_events([event_row("step", "step", 1, 2, step=0), event_row("sync", "item", 3, 4, async_op=True,
-                                                                        detail="cuda", callsite="t.py:1")])
+writer.write_events([event_row("step", "step", 1, 2, step=0, callsite="été.py:7"),
+                     event_row("sync", "item", 3, 4, async_op=True, detail="cuda", callsite="t.py:1")])
 writer.write_samples([(5, "gpu_util", 0.5)])
 if {bool(kineto)!r}:
     import tempfile
@@ -135,6 +135,7 @@ print(sorted(m for m in sys.modules if m.split(".")[0] == "pandas")[:3])
     out = subprocess.run([PYTHON, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
     events = pq.read_table(next((tmp_path / "rank-00000").glob("events-*.parquet"))).to_pylist()
+    assert events[0]["callsite"] == "été.py:7" and events[0]["detail"] == ""
     assert events[1] == {"kind": "sync", "name": "item", "start_ns": 3, "end_ns": 4, "step": -1, "microbatch": -1,
                          "stage": -1, "group": "", "group_ranks": "", "seq": -1, "peer": -1, "bytes": 0,
                          "async_op": True, "callsite": "t.py:1", "detail": "cuda"}

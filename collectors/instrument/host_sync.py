@@ -20,19 +20,20 @@ def install(rec):
     def wrap(name, orig):
         @functools.wraps(orig)
         def method(self, *args, **kwargs):
+            caller = sys._getframe(1)
+            if not is_user_frame(caller):  # torch's own calls (Adam: one .item() per parameter)
+                return orig(self, *args, **kwargs)
             t0 = now_ns()
             result = orig(self, *args, **kwargs)
             t1 = now_ns()
-            caller = sys._getframe(1)
-            if is_user_frame(caller):
-                try:
-                    if fail:
-                        raise InjectedFailure("host_sync")
-                    rec.add(("sync", name, t0, t1, st.step, st.microbatch, st.stage, "", "", -1,
-                             -1, 0, False, f"{caller.f_code.co_filename}:{caller.f_lineno}",
-                             "cuda" if self.is_cuda else "cpu"))
-                except Exception as exc:
-                    rec.record_error("host_sync", exc)
+            try:
+                if fail:
+                    raise InjectedFailure("host_sync")
+                rec.add(("sync", name, t0, t1, st.step, st.microbatch, st.stage, "", "", -1,
+                         -1, 0, False, f"{caller.f_code.co_filename}:{caller.f_lineno}",
+                         "cuda" if self.is_cuda else "cpu"))
+            except Exception as exc:
+                rec.record_error("host_sync", exc)
             return result
         return method
 
