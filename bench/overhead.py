@@ -112,6 +112,21 @@ def start(command: list, mode: str, work: str) -> tuple:
     return proc, run_dir
 
 
+def stop(procs) -> None:
+    """SIGTERM first: torchrun passes it on to its ranks, which run in sessions
+    of their own, so a SIGKILL to the launcher's group alone would leave them
+    running (they did, when this bench was interrupted)."""
+    running = [p for p in procs if p.poll() is None]
+    for proc in running:
+        os.killpg(proc.pid, signal.SIGTERM)
+    for proc in running:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def duet(job: tuple, mode: str, work: str, tested_first: bool, warmup: int) -> tuple:
     """Run `mode` beside a plain twin; (ratio of median step times over the common
     window, steps of the tested run in it, the twin's median step in s, the tested
@@ -133,10 +148,7 @@ def duet(job: tuple, mode: str, work: str, tested_first: bool, warmup: int) -> t
                 raise SystemExit(f"{mode if role == 'tested' else 'plain'} run failed "
                                  f"({proc.returncode}):\n{output[-3000:]}")
     finally:  # interrupted or failed: take both jobs (launchers, torchrun, ranks) down
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop(procs.values())
     steps = {role: read_steps(log) for role, log in logs.items()}
     begin = max(s[warmup][1] for s in steps.values())   # both past their warm-up...
     end = min(s[-1][1] for s in steps.values())         # ...and neither finished
