@@ -1,6 +1,7 @@
 """Issue 2: `diagnose run` wraps an unmodified torchrun job and leaves crash-safe traces."""
 import gzip
 import json
+import os
 import re
 import subprocess
 
@@ -94,6 +95,21 @@ def test_sigkilled_rank_leaves_readable_parts_up_to_one_second_before(tmp_path):
     rank1 = out / "traces" / "rank-00001"
     last_ns = max(pq.read_table(p).column("end_ns").to_pylist()[-1] for p in rank1.glob("events-*.parquet"))
     assert last_ns >= killed_at_ns - 1_000_000_000
+
+
+def test_nvtx_ranges_are_mirrored_only_where_a_tool_is_attached(tmp_path):
+    """Without NVTX_INJECTION64_PATH every NVTX call is a no-op, so the ranks skip
+    them; with it (nsys sets it), ranges are pushed and popped, even when the
+    tool library fails to load."""
+    script = ("from collectors import nvtx_ranges\n"
+              "nvtx_ranges.push('forward', 'forward'); nvtx_ranges.pop()\n"
+              "print(nvtx_ranges.mirroring())")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVTX_INJECTION")}
+    for injection, expected in ((None, "False"), (str(tmp_path / "libmissing-tool.so"), "True")):
+        run_env = dict(env, **({"NVTX_INJECTION64_PATH": injection} if injection else {}))
+        out = subprocess.run([PYTHON, "-c", script], cwd=REPO, env=run_env, capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.strip() == expected, out.stdout + out.stderr
 
 
 def test_progress_is_rewritten_in_place_and_always_whole_json(tmp_path):

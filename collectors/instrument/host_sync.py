@@ -5,7 +5,7 @@ device is kept in `detail`, since on a CPU tensor these are not device syncs."""
 import functools
 import sys
 
-from collectors.callsite import is_user_frame
+from collectors.callsite import INTERNAL_FILES, is_internal, is_user_frame
 from collectors.clock import now_ns
 from collectors.instrument import InjectedFailure, injected_failure
 
@@ -21,7 +21,12 @@ def install(rec):
         @functools.wraps(orig)
         def method(self, *args, **kwargs):
             caller = sys._getframe(1)
-            if not is_user_frame(caller):  # torch's own calls (Adam: one .item() per parameter)
+            # torch's own calls (AdamW: one .item() per parameter per step) leave
+            # at once, on a dict hit without another Python call
+            internal = INTERNAL_FILES.get(caller.f_code.co_filename)
+            if internal is None:
+                internal = is_internal(caller.f_code.co_filename)
+            if internal:
                 return orig(self, *args, **kwargs)
             t0 = now_ns()
             result = orig(self, *args, **kwargs)
