@@ -112,6 +112,25 @@ def test_nvtx_ranges_are_mirrored_only_where_a_tool_is_attached(tmp_path):
         assert out.returncode == 0 and out.stdout.strip() == expected, out.stdout + out.stderr
 
 
+def test_collector_threads_run_as_batch_and_never_above_their_creator():
+    """A woken collector thread must not preempt the training thread (SCHED_BATCH),
+    the clock-sync thread keeps its wake-up latency (SCHED_OTHER), and a thread
+    started from an idle-priority one (the live monitor's) stays idle."""
+    script = """
+import os
+from collectors.daemon_thread import start_daemon
+seen = {}
+def probe(key): seen[key] = os.sched_getscheduler(0)
+start_daemon(lambda: probe("writer"), "diagnose-writer").join()
+start_daemon(lambda: probe("clock"), "diagnose-clock-sync", batch=False).join()
+os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+start_daemon(lambda: probe("under_idle"), "diagnose-live-mlflow").join()
+print(seen["writer"] == os.SCHED_BATCH, seen["clock"] == os.SCHED_OTHER, seen["under_idle"] == os.SCHED_IDLE)
+"""
+    out = subprocess.run([PYTHON, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.split() == ["True", "True", "True"], out.stdout + out.stderr
+
+
 def test_progress_is_rewritten_in_place_and_always_whole_json(tmp_path):
     """progress.json: one pwrite per step end on the same file (no temporary file
     and rename); a shorter content is padded, and readers parse every version."""
