@@ -3,12 +3,13 @@ that `top -H`, py-spy and Nsight Systems show "dg-writer" instead of one more
 "python" thread next to the job's own (Python 3.11 names only the Python object).
 
 They run under SCHED_BATCH (Linux): same weight as the job's threads, but a
-batch thread that wakes does not preempt the running one. The training thread
-wakes the writer at every step end; as a normal thread the writer preempted it
-at once, found the GIL held and went back to sleep, and with the core shared
-the scheduler then often ran another process's turn first: py-spy put the
-reference trainer's main thread inside that wake-up (`notify_step`) for 2.4% of
-its time beside a twin job. A batch thread starts when the training thread
+batch thread that wakes does not preempt the running one. When the training
+thread still woke the writer at every step end (it no longer does: see
+Recorder.step_done), the writer as a normal thread preempted it at once, found
+the GIL held and went back to sleep, and with the core shared the scheduler
+then often ran another process's turn first: py-spy put the reference
+trainer's main thread inside that wake-up for 2.4% of its time beside a twin
+job (0.4% as SCHED_BATCH). A batch thread starts when the training thread
 blocks (a collective, a GPU wait) or its time slice ends. Weight is kept, so a
 batch thread holding the GIL is never starved behind the job's other work (an
 idle-priority writer could be, with the training thread waiting on it).

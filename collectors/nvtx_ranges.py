@@ -5,7 +5,8 @@ Only when an NVTX tool is attached: tools attach through NVTX_INJECTION64_PATH
 (nsys, ncu and `diagnose run --nsys` set it for the job), read by the NVTX
 library at its first call, so without it every NVTX call is a no-op that still
 cost the rank's main thread three Python-level calls per range (~70 per step
-of the reference trainer). Domain and per-(name, kind) event attributes are
+of the reference trainer). Callers test MIRRORING before they call push/pop,
+so that without a tool a range costs an attribute read, not a call. Domain and per-(name, kind) event attributes are
 created once and cached: registration is the costly part of NVTX.
 """
 import os
@@ -18,11 +19,8 @@ if os.environ.get("NVTX_INJECTION64_PATH") or os.environ.get("NVTX_INJECTION32_P
     except Exception:  # nvtx missing or broken: ranges are simply not mirrored
         _DOMAIN = None
 
+MIRRORING = _DOMAIN is not None
 _ATTRIBUTES: dict = {}
-
-
-def mirroring() -> bool:
-    return _DOMAIN is not None
 
 
 def push(name: str, kind: str) -> None:

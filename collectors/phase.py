@@ -19,7 +19,7 @@ from collectors.recorder import get_recorder
 
 
 class phase:
-    __slots__ = ("name", "microbatch", "stage", "_t0", "_step", "_saved")
+    __slots__ = ("name", "microbatch", "stage", "_rec", "_t0", "_step", "_saved")
 
     def __init__(self, name: str, microbatch: int | None = None, stage: int | None = None):
         self.name = name
@@ -29,15 +29,17 @@ class phase:
     def __enter__(self):
         rec = get_recorder()
         if not rec.active:
-            self._t0 = None
+            self._rec = None
             return self
+        self._rec = rec  # the exit records into the recorder the entry saw
         st = rec.state
         self._saved = (st.microbatch, st.stage)
         if self.microbatch is not None:
             st.microbatch = self.microbatch
         if self.stage is not None:
             st.stage = self.stage
-        nvtx_ranges.push(self.name, "phase")
+        if nvtx_ranges.MIRRORING:
+            nvtx_ranges.push(self.name, "phase")
         self._t0 = now_ns()
         self._step = st.step  # a phase around optimizer.step() belongs to the step it ends
         if st.step_start_ns is None:
@@ -45,11 +47,12 @@ class phase:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if self._t0 is None:
+        rec = self._rec
+        if rec is None:
             return False
         t1 = now_ns()
-        nvtx_ranges.pop()
-        rec = get_recorder()
+        if nvtx_ranges.MIRRORING:
+            nvtx_ranges.pop()
         st = rec.state
         rec.add(("phase", self.name, self._t0, t1, self._step, st.microbatch, st.stage, "", "", -1,
                  -1, 0, False, "", ""))

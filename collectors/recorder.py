@@ -13,7 +13,6 @@ the buffer is full, new rows are counted as dropped rather than growing memory.
 """
 import atexit
 import os
-import queue
 import socket
 import sys
 import threading
@@ -22,7 +21,7 @@ import time
 from collectors import clock
 from collectors.daemon_thread import start_daemon
 from collectors.part_writer import PartWriter
-from collectors.schema import rank_dir_name
+from collectors.schema import STEPS_DONE_FILE, rank_dir_name
 
 DUMP_REQUEST = "dump-request"  # file in the run dir the launcher creates on a suspected hang
 
@@ -41,6 +40,10 @@ class StepState:
 
 
 FLUSH_INTERVAL_S = 0.8  # (module docstring: why)
+# progress.json is rewritten this often while steps end (the launcher polls every
+# 0.25 s), on the writer's own clock: waking it at every step end cost the
+# training thread a wake-up per step (Recorder.step_done says what replaced it)
+PROGRESS_INTERVAL_S = 0.25
 
 
 class Recorder:
@@ -60,17 +63,12 @@ class Recorder:
                                "recent_steps": []}
         self.dump_providers: list = []  # callables -> dict, merged into a watchdog dump
         self._writer = PartWriter(rank_dir, live=True) if rank_dir else None
+        self.active = self._writer is not None  # an attribute, not a property: read by every phase
         self._flush_lock = threading.Lock()  # serialises writers, never taken on the hot path
         self._stop = threading.Event()
-        # the step hook puts here: publish progress now. A SimpleQueue, not an Event:
-        # put() and get() are C, where Event.set/wait run Python Condition code on
-        # both threads at every step
-        self._step_ends: queue.SimpleQueue = queue.SimpleQueue()
+        self._steps_done_cell = None  # int64 view of the mapped STEPS_DONE_FILE
+        self._published_steps = None  # steps_done in the last progress.json written
         self._thread = None
-
-    @property
-    def active(self) -> bool:
-        return self._writer is not None
 
     # -- hot path ---------------------------------------------------------
     def add(self, row: tuple) -> None:
@@ -110,6 +108,10 @@ class Recorder:
             **meta,
         }
         self.write_meta()
+        try:
+            self._steps_done_cell = self._writer.map_counter(STEPS_DONE_FILE)
+        except (OSError, ValueError) as exc:
+            self.record_error("writer", exc)
         self._thread = start_daemon(self._run, "diagnose-writer")
         atexit.register(self.close)
         os.register_at_fork(after_in_child=self._disable_in_child)
@@ -117,6 +119,8 @@ class Recorder:
     def _disable_in_child(self) -> None:
         # A forked DataLoader worker inherits the buffer but not the writer thread.
         self._writer = None
+        self.active = False
+        self._steps_done_cell = None
         self.max_buffered = 0
         self.events, self.samples = [], []
 
@@ -124,14 +128,11 @@ class Recorder:
         dump_request = os.path.join(os.path.dirname(os.path.dirname(self.rank_dir)), DUMP_REQUEST)
         dumped = False
         next_flush = time.monotonic() + self.flush_interval_s
-        while not self._stop.is_set():
-            if self._wait_for_step_end(next_flush - time.monotonic()):
-                # a step ended: progress.json (one pwrite of ~2 KB) now, so the
-                # launcher and the report of a SIGKILLed rank see every step;
-                # events keep their own cadence
-                self.write_progress()
+        while not self._stop.wait(max(0.0, min(PROGRESS_INTERVAL_S, next_flush - time.monotonic()))):
             now = time.monotonic()
             if now < next_flush:
+                if self.progress["steps_done"] != self._published_steps:
+                    self.write_progress()  # one pwrite of ~2 KB; events keep their own cadence
                 continue
             next_flush += self.flush_interval_s
             if next_flush <= now:  # far behind (a stalled process): start afresh
@@ -142,21 +143,6 @@ class Recorder:
                 # thread does it because the main one may be stuck inside C++.
                 dumped = True
                 self.dump()
-
-    def _wait_for_step_end(self, timeout_s: float) -> bool:
-        """True when a step ended within timeout_s (several ends count as one)."""
-        try:
-            if timeout_s > 0:
-                self._step_ends.get(timeout=timeout_s)
-            else:
-                self._step_ends.get_nowait()
-        except queue.Empty:
-            return False
-        try:
-            while True:
-                self._step_ends.get_nowait()
-        except queue.Empty:
-            return True
 
     def dump(self) -> None:
         from collectors.stacks import thread_stacks
@@ -186,13 +172,19 @@ class Recorder:
                 self.record_error("writer", exc)
         self.write_progress()
 
-    def notify_step(self) -> None:
-        if self._writer is not None:  # a forked child has no writer to drain the queue
-            self._step_ends.put(None)
+    def step_done(self) -> None:
+        """A step ended: its count goes into a file mapped into memory, one store
+        with no system call and no thread woken (a kill leaves the page in the
+        page cache, so a SIGKILLed rank's last step is exact on disk);
+        progress.json follows on the writer's own clock."""
+        cell = self._steps_done_cell
+        if cell is not None:
+            cell[0] = self.progress["steps_done"]
 
     def write_progress(self) -> None:
         if self._writer is None:
             return
+        self._published_steps = self.progress["steps_done"]
         try:
             self._writer.overwrite_json("progress.json", {
                 **self.progress, "wall_ns": time.time_ns(), "dropped": self.dropped,
@@ -214,7 +206,6 @@ class Recorder:
         if self._writer is None:
             return
         self._stop.set()
-        self._step_ends.put(None)
         self.flush()
         with self._flush_lock:
             self._writer.compact()  # a clean exit: one file per rank, not one per flush

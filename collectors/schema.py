@@ -44,6 +44,9 @@ SAMPLE_FIELDS = (
 SAMPLE_SCHEMA = pa.schema(SAMPLE_FIELDS)
 
 EVENT_PART_GLOB = "events-*.parquet"
+# a rank's steps done, kept current at every step end: 8 bytes, a little-endian
+# int64, in a file the recorder maps into memory (PartWriter.map_counter)
+STEPS_DONE_FILE = "steps_done.bin"
 SAMPLE_PART_GLOB = "samples-*.parquet"
 
 

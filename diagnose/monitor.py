@@ -1,11 +1,14 @@
 """What `diagnose run` watches while the job runs: each rank's progress.json
-(written by its recorder every flush), turned into a one-line progress display."""
+(written by its recorder several times a second) and its steps-done counter,
+turned into a one-line progress display."""
 import json
 import os
 import sys
 import time
 
 from collectors.daemon_thread import start_daemon
+from collectors.part_writer import read_counter
+from collectors.schema import STEPS_DONE_FILE
 from diagnose import rundir
 
 
@@ -27,6 +30,13 @@ def read_progress(run_dir: str) -> dict[int, dict]:
                 break  # not written yet, or gone
             except ValueError:
                 continue
+        # progress.json trails by up to a quarter second; the mapped counter does not
+        steps_done = read_counter(os.path.join(rank_dir, STEPS_DONE_FILE))
+        entry = progress.get(rank, {}) if steps_done else None
+        if isinstance(entry, dict):
+            if not isinstance(entry.get("steps_done"), int) or entry["steps_done"] < steps_done:
+                entry["steps_done"] = steps_done
+            progress[rank] = entry
     return progress
 
 

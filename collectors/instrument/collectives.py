@@ -156,7 +156,8 @@ def _wrap_collective(tracker, op, orig):
             tracker.rec.record_error("collectives", exc)
             return orig(*args, **kwargs)
         tracker.depth += 1
-        nvtx_ranges.push(nvtx_name, "collective")
+        if nvtx_ranges.MIRRORING:
+            nvtx_ranges.push(nvtx_name, "collective")
         t0 = now_ns()
         st = tracker.rec.state
         tracker.blocked_in = ("collective", op, t0, t0, st.step, st.microbatch, st.stage, group,
@@ -166,7 +167,8 @@ def _wrap_collective(tracker, op, orig):
         finally:
             t1 = now_ns()
             tracker.blocked_in = None
-            nvtx_ranges.pop()
+            if nvtx_ranges.MIRRORING:
+                nvtx_ranges.pop()
             tracker.depth -= 1
         is_work = work is not None and hasattr(work, "wait") and not isinstance(work, list)
         tracker.issued("collective", op, group, ranks, seq, -1, nbytes, callsite, t0, t1,
@@ -248,14 +250,16 @@ def _wrap_wait(tracker, orig):
             completed_before = self.is_completed()
         except Exception:
             completed_before = False
-        nvtx_ranges.push("wait", "collective")
+        if nvtx_ranges.MIRRORING:
+            nvtx_ranges.push("wait", "collective")
         tracker.waiting_on = rows
         try:
             return orig(self, *args, **kwargs)
         finally:
             t1 = now_ns()
             tracker.waiting_on = None
-            nvtx_ranges.pop()
+            if nvtx_ranges.MIRRORING:
+                nvtx_ranges.pop()
             try:
                 tracker.waited(self, t0, t1, user_callsite(2), completed_before)
             except Exception as exc:

@@ -18,11 +18,13 @@ def install(rec):
         t0 = now_ns()
         if st.step_start_ns is None:
             st.step_start_ns = t0
-        nvtx_ranges.push("data_wait", "data")
+        if nvtx_ranges.MIRRORING:
+            nvtx_ranges.push("data_wait", "data")
         try:
             batch = orig(self)
         finally:
-            nvtx_ranges.pop()
+            if nvtx_ranges.MIRRORING:
+                nvtx_ranges.pop()
         t1 = now_ns()
         st.data_wait_ns += t1 - t0
         workers = getattr(self, "_num_workers", -1)

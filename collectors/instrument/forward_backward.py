@@ -41,7 +41,8 @@ def install(rec):
         t0 = now_ns()
         if st.step_start_ns is None:
             st.step_start_ns = t0
-        nvtx_ranges.push("forward", "forward")
+        if nvtx_ranges.MIRRORING:
+            nvtx_ranges.push("forward", "forward")
         for start, _ in _CALLBACKS:
             start()
         try:
@@ -53,7 +54,8 @@ def install(rec):
             try:
                 if fail:
                     raise InjectedFailure("forward_backward")
-                nvtx_ranges.pop()
+                if nvtx_ranges.MIRRORING:
+                    nvtx_ranges.pop()
                 rec.add(("forward", "forward", t0, now_ns(), st.step, st.microbatch, st.stage, "", "",
                          -1, -1, 0, False, "", ""))
             except Exception as exc:
@@ -70,12 +72,14 @@ def install(rec):
             t0 = now_ns()
             if st.step_start_ns is None:
                 st.step_start_ns = t0
-            nvtx_ranges.push("backward", "backward")
+            if nvtx_ranges.MIRRORING:
+                nvtx_ranges.push("backward", "backward")
             try:
                 return orig(*args, **kwargs)
             finally:
                 depth[1] = 0
-                nvtx_ranges.pop()
+                if nvtx_ranges.MIRRORING:
+                    nvtx_ranges.pop()
                 rec.add(("backward", "backward", t0, now_ns(), st.step, st.microbatch, st.stage,
                          "", "", -1, -1, 0, False, "", ""))
 

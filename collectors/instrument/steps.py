@@ -29,7 +29,8 @@ def install(rec):
                 primary.append(id(optimizer))
             if st.step_start_ns is None:
                 st.step_start_ns = t
-            nvtx_ranges.push("optimizer", "optimizer")
+            if nvtx_ranges.MIRRORING:
+                nvtx_ranges.push("optimizer", "optimizer")
         except Exception as exc:
             rec.record_error("steps", exc)
 
@@ -39,7 +40,8 @@ def install(rec):
             t0 = started.pop(id(optimizer), None)
             if t0 is None:
                 return
-            nvtx_ranges.pop()
+            if nvtx_ranges.MIRRORING:
+                nvtx_ranges.pop()
             rec.add(("optimizer", "optimizer", t0, t, st.step, -1, -1, "", "", -1, -1, 0, False,
                      "", ""))
             if id(optimizer) == primary[0]:
@@ -54,7 +56,7 @@ def install(rec):
                 if len(recent) > RECENT_STEPS:
                     del recent[0]
                 st.data_wait_ns = 0
-                rec.notify_step()
+                rec.step_done()
                 st.step += 1
                 prog["step"] = st.step
                 st.step_start_ns = t
