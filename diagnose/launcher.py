@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from collectors.part_writer import merge_row_parts
 from diagnose import rundir
 from diagnose.errors import UserError
 from diagnose.interop_run import after_job, before_job
@@ -121,6 +122,8 @@ def launch(opts: RunOptions) -> tuple[str, int]:
         progress.close()
         live.close(proc.returncode)
     status = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+    for rank_dir in rundir.rank_dirs(run_dir):
+        merge_row_parts(rank_dir)  # what a killed rank left as JSON rows becomes Parquet
     manifest.update(end_wall_ns=time.time_ns(), exit_status=status,
                     interrupted=bool(interrupted_at), hang=watchdog.report,
                     rank_exits=liveness.close())

@@ -30,20 +30,25 @@ class ComputeReader:
         """The parts written since the last poll, as one Arrow table with a rank column."""
         import pyarrow as pa
         import pyarrow.parquet as pq
+
+        from collectors.part_writer import read_part
+        from collectors.schema import EVENT_PART_GLOBS
         tables = []
         for rank in ranks:
             rank_dir = os.path.join(self.run_dir, rundir.TRACES, f"rank-{rank:05d}")
             seen = self.parts_read.setdefault(rank, set())
-            for path in sorted(glob.glob(os.path.join(glob.escape(rank_dir), "events-*.parquet"))):
+            paths = [p for pattern in EVENT_PART_GLOBS
+                     for p in glob.glob(os.path.join(glob.escape(rank_dir), pattern))]
+            for path in sorted(paths):
                 name = os.path.basename(path)
                 if name in seen:
                     continue
                 seen.add(name)
                 try:  # ParquetFile: pq.read_table's dataset discovery cost more than the read
-                    table = pq.ParquetFile(path).read(columns=self.COLUMNS)
+                    table = (read_part(path) if name.endswith(".json")
+                             else pq.ParquetFile(path).read(columns=self.COLUMNS)).select(self.COLUMNS)
                 except Exception:
                     continue  # unreadable part: the analysis will say so
-                table = table.select(self.COLUMNS)
                 tables.append(table.append_column("rank", pa.array([rank] * table.num_rows, pa.int64())))
         return pa.concat_tables(tables, promote_options="permissive") if tables else None
 

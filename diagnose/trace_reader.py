@@ -1,6 +1,7 @@
 """Read one rank's folder defensively: every part file that is readable is used,
 every one that is not yields one warning line and is skipped. Trace content is
-data: Parquet and JSON only, never pickle or eval."""
+data: Parquet and JSON only, never pickle or eval. A running or killed rank's
+newest parts are JSON rows (collectors.part_writer says why)."""
 import glob
 import json
 import os
@@ -9,8 +10,8 @@ import re
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collectors.part_writer import files_to_read
-from collectors.schema import (EVENT_FIELDS, EVENT_PART_GLOB, SAMPLE_FIELDS, SAMPLE_PART_GLOB,
+from collectors.part_writer import files_to_read, read_part
+from collectors.schema import (EVENT_FIELDS, EVENT_PART_GLOBS, SAMPLE_FIELDS, SAMPLE_PART_GLOBS,
                                SCHEMA_VERSION)
 
 _RANK_DIR = re.compile(r"^rank-(\d+)$")
@@ -75,22 +76,31 @@ def _dictionary(column):
     return column.cast(pa.string()).dictionary_encode()
 
 
-def read_parts(rank_dir: str, pattern: str, fields, required, defaults, warn) -> pa.Table | None:
+def _read_part(path: str, strings: list, required) -> pa.Table:
+    if path.endswith(".json"):
+        table = read_part(path)
+        names = table.column_names
+    else:
+        part = pq.ParquetFile(path, read_dictionary=strings)
+        table, names = None, part.schema_arrow.names
+    missing = [c for c in required if c not in names]
+    if missing:
+        raise ValueError(f"not a diagnose trace part (no {', '.join(missing)})")
+    return table if table is not None else part.read(use_threads=False)
+
+
+def read_parts(rank_dir: str, patterns, fields, required, defaults, warn) -> pa.Table | None:
     """All readable parts of one rank, concatenated. String columns are read as
     dictionaries straight from Parquet's dictionary pages: a repeated name or
     callsite is never materialised per row, which halves the read time and the
     memory of a large run (the loader turns them into pandas categoricals)."""
     strings = [name for name, typ in fields if typ == pa.string()]
     tables = []
-    paths = glob.glob(os.path.join(glob.escape(rank_dir), pattern))
+    paths = [p for pattern in patterns for p in glob.glob(os.path.join(glob.escape(rank_dir), pattern))]
     names = files_to_read(os.path.basename(p) for p in paths)  # a compacted range replaces its parts
     for path in (os.path.join(rank_dir, n) for n in names):
         try:
-            part = pq.ParquetFile(path, read_dictionary=strings)
-            missing = [c for c in required if c not in part.schema_arrow.names]
-            if missing:
-                raise ValueError(f"not a diagnose trace part (no {', '.join(missing)})")
-            tables.append(_conform(part.read(use_threads=False), fields, defaults))
+            tables.append(_conform(_read_part(path, strings, required), fields, defaults))
         except Exception as exc:
             reason = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
             warn(f"{_safe_name(path)}: skipped ({reason})")
@@ -100,10 +110,10 @@ def read_parts(rank_dir: str, pattern: str, fields, required, defaults, warn) ->
 
 
 def read_events(rank_dir: str, warn) -> pa.Table | None:
-    return read_parts(rank_dir, EVENT_PART_GLOB, EVENT_FIELDS, REQUIRED_EVENT_COLUMNS,
+    return read_parts(rank_dir, EVENT_PART_GLOBS, EVENT_FIELDS, REQUIRED_EVENT_COLUMNS,
                       _EVENT_DEFAULTS, warn)
 
 
 def read_samples(rank_dir: str, warn) -> pa.Table | None:
-    return read_parts(rank_dir, SAMPLE_PART_GLOB, SAMPLE_FIELDS, ("ts_ns", "metric", "value"),
+    return read_parts(rank_dir, SAMPLE_PART_GLOBS, SAMPLE_FIELDS, ("ts_ns", "metric", "value"),
                       {}, warn)

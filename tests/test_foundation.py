@@ -242,3 +242,42 @@ def test_bootstrap_chains_an_existing_sitecustomize(tmp_path):
     proc = run_diagnose(["run", "--out", out, "--no-analyze", "--", PYTHON, "-c",
                          "import os; print('other', os.environ.get('OTHER_SITE_RAN'))"], env=env)
     assert "other 1" in proc.stdout
+
+
+def test_live_row_parts_read_like_parquet_and_become_parquet_after_the_job(tmp_path):
+    """The recorder's parts are JSON rows (no Arrow table built in the rank); the
+    loader reads them as it reads Parquet, a corrupt one is one warning, and
+    merge_row_parts (run by the launcher when the job ends) leaves Parquet only,
+    even after a merge cut short left both a part and its Parquet copy."""
+    from collectors.part_writer import PartWriter, files_to_read, merge_row_parts, write_parquet_atomic
+    from collectors.schema import event_row, events_table
+    from diagnose.trace_reader import read_events, read_samples
+    rank_dir = tmp_path / "rank-00000"
+    writer = PartWriter(str(rank_dir), live=True)
+    rows = [event_row("phase", f"ph{i}", 10**15 + i, 10**15 + i + 5, step=i, callsite="é.py:1")
+            for i in range(6)]
+    for part in (rows[:2], rows[2:4], rows[4:]):
+        writer.write_events(part)
+    writer.write_samples([(10**15, "cpu_util", 0.5), (10**15 + 1, "rss_mb", float("nan"))])
+    assert sorted(p.name for p in rank_dir.glob("*-0*")) == [
+        "events-000001.json", "events-000002.json", "events-000003.json", "samples-000001.json"]
+
+    def rows_of(table):
+        return [tuple(map(str, r.values())) for r in table.to_pylist()]
+
+    warnings = []
+    expected = rows_of(events_table(rows))
+    assert rows_of(read_events(str(rank_dir), warnings.append)) == expected
+    samples = read_samples(str(rank_dir), warnings.append).to_pylist()
+    assert samples[0]["value"] == 0.5 and samples[1]["value"] != samples[1]["value"]  # NaN kept
+    # a merge cut short after its Parquet file was renamed into place: counted once
+    write_parquet_atomic(events_table(rows[4:]), str(rank_dir / "events-000003.parquet"))
+    assert "events-000003.json" not in files_to_read(p.name for p in rank_dir.iterdir())
+    assert rows_of(read_events(str(rank_dir), warnings.append)) == expected
+    merge_row_parts(str(rank_dir))
+    assert sorted(p.name for p in rank_dir.glob("*-0*")) == [
+        "events-000001-000002.parquet", "events-000003.parquet", "samples-000001.parquet"]
+    assert rows_of(read_events(str(rank_dir), warnings.append)) == expected and not warnings
+    (rank_dir / "events-000004.json").write_bytes(b'{"columns": ["kind"], "rows": [[')
+    assert rows_of(read_events(str(rank_dir), warnings.append)) == expected
+    assert len(warnings) == 1 and "events-000004.json: skipped" in warnings[0]
