@@ -281,3 +281,43 @@ def test_live_row_parts_read_like_parquet_and_become_parquet_after_the_job(tmp_p
     (rank_dir / "events-000004.json").write_bytes(b'{"columns": ["kind"], "rows": [[')
     assert rows_of(read_events(str(rank_dir), warnings.append)) == expected
     assert len(warnings) == 1 and "events-000004.json: skipped" in warnings[0]
+
+
+def test_outermost_forwards_after_step_0_cost_inner_modules_nothing(tmp_path):
+    """Step 0 learns which classes are called outermost; from then on only they
+    are wrapped, so inner module calls run no collector code, and every step
+    still has its forward (one per outermost call) and backward."""
+    script = f"""
+import sys, collections, torch
+from collectors.recorder import start_recorder
+from collectors.instrument import forward_backward
+rec = start_recorder({str(tmp_path)!r})
+original = torch.nn.Module.__call__
+forward_backward.install(rec)
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(5)])
+    def forward(self, x):
+        return self.layers(x)
+net, loss_fn = Net(), torch.nn.MSELoss()
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+calls = collections.Counter()
+def count(frame, event, arg):
+    if event == "call" and frame.f_code.co_filename == forward_backward.__file__:
+        calls[frame.f_code.co_name] += 1
+for step in range(3):
+    if step == 2:
+        sys.setprofile(count)
+    loss_fn(net(torch.randn(4, 8)), torch.zeros(4, 8)).backward()
+    sys.setprofile(None)
+    opt.step()
+kinds = collections.Counter(row[0] for row in rec.events)
+print(torch.nn.Module.__call__ is original, Net.__call__ is not original,
+      torch.nn.MSELoss.__call__ is not original, torch.nn.Linear.__call__ is original,
+      calls["__call__"], kinds["forward"], kinds["backward"])
+"""
+    out = subprocess.run([PYTHON, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    # step 2: two outermost calls (net, loss) and no inner ones; 2 forwards x 3 steps
+    assert out.stdout.split() == ["True", "True", "True", "True", "2", "6", "3"], out.stdout
