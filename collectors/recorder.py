@@ -2,11 +2,12 @@
 
 The hot path is one `list.append` of a tuple (no lock: appends are atomic under
 the GIL). A daemon thread swaps the list out every `flush_interval_s` and writes
-it as a Parquet part file, on a fixed cadence (a slow write or a late wake-up
-does not push the next one back). FLUSH_INTERVAL_S is 0.8 s: the design allows
-at most the last second lost to a SIGKILL, and each part costs the rank's writer
-3.6-4.3 ms of CPU, so 0.5 s parts took 1.1-1.6% of a core per rank; the 0.2 s
-left is the margin for the write itself and a late wake-up on a busy box. No
+it as a part file (JSON rows, collectors.part_writer), on a fixed cadence (a
+slow write or a late wake-up does not push the next one back). FLUSH_INTERVAL_S
+is 0.8 s: the design allows at most the last second lost to a SIGKILL, and the
+0.2 s left is the margin for the write itself and a late wake-up on a busy box
+(when parts were Parquet, each cost the writer 3.6-4.3 ms of CPU and 0.5 s parts
+took 1.1-1.6% of a core per rank). No
 signal handlers are installed: a Python SIGTERM handler would delay the death of
 a rank blocked in C++, which changes how the user's job tears down. When
 the buffer is full, new rows are counted as dropped rather than growing memory.

@@ -46,10 +46,10 @@ SAMPLE_COLUMNS = tuple(name for name, _ in SAMPLE_FIELDS)
 
 # parts are Parquet, or JSON row parts while a rank runs (collectors.part_writer)
 EVENT_PART_GLOBS = ("events-*.parquet", "events-*.json")
+SAMPLE_PART_GLOBS = ("samples-*.parquet", "samples-*.json")
 # a rank's steps done, kept current at every step end: 8 bytes, a little-endian
 # int64, in a file the recorder maps into memory (PartWriter.map_counter)
 STEPS_DONE_FILE = "steps_done.bin"
-SAMPLE_PART_GLOBS = ("samples-*.parquet", "samples-*.json")
 
 
 def rank_dir_name(rank: int) -> str:
