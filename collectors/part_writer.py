@@ -167,11 +167,13 @@ def _rows_table(columns: tuple, rows: list) -> pa.Table:
     return pa.table({name: [row[i] for row in rows] for i, name in enumerate(columns)})
 
 
-def read_part(path: str) -> pa.Table:
-    """One part file, Parquet or JSON rows, as an Arrow table (raises on a bad file)."""
+def read_part(path: str, columns=None) -> pa.Table:
+    """One part file, Parquet or JSON rows, as an Arrow table of `columns` (all
+    by default; raises on a bad file or a missing column)."""
     if path.endswith(".json"):
-        return _rows_table(*_load_row_part(path))
-    return pq.ParquetFile(path).read()
+        table = _rows_table(*_load_row_part(path))
+        return table if columns is None else table.select(columns)
+    return pq.ParquetFile(path).read(columns=columns)
 
 
 def _read_parts(paths) -> pa.Table:

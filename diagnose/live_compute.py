@@ -29,7 +29,6 @@ class ComputeReader:
     def _new_parts(self, ranks):
         """The parts written since the last poll, as one Arrow table with a rank column."""
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         from collectors.part_writer import read_part
         from collectors.schema import EVENT_PART_GLOBS
@@ -44,9 +43,8 @@ class ComputeReader:
                 if name in seen:
                     continue
                 seen.add(name)
-                try:  # ParquetFile: pq.read_table's dataset discovery cost more than the read
-                    table = (read_part(path) if name.endswith(".json")
-                             else pq.ParquetFile(path).read(columns=self.COLUMNS)).select(self.COLUMNS)
+                try:  # (read_part: ParquetFile, as pq.read_table's dataset discovery cost more than the read)
+                    table = read_part(path, self.COLUMNS).select(self.COLUMNS)
                 except Exception:
                     continue  # unreadable part: the analysis will say so
                 tables.append(table.append_column("rank", pa.array([rank] * table.num_rows, pa.int64())))
