@@ -174,6 +174,8 @@ app.add_typer(import_app, name="import")
 
 
 def main(argv=None) -> None:
+    from diagnose.allocator import keep_freed_memory
+    keep_freed_memory()
     try:
         status = app(args=argv, standalone_mode=False, prog_name="diagnose")
     except USAGE_ERRORS as exc:
