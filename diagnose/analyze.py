@@ -1,6 +1,7 @@
 """Run every detector over a loaded run; write analysis/*.parquet and findings.json."""
 import importlib
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 from collectors.part_writer import atomic_write_json
 from diagnose import rundir
@@ -49,11 +50,22 @@ def write_analysis(run) -> list[dict]:
     os.makedirs(out, exist_ok=True)
     tables = {"steps": run.steps(), "breakdown": run.breakdown(), "collectives": run.collectives(),
               "arrivals": run.arrivals()}
+    # Writing Parquet is C++ that releases the GIL: on a second core it costs
+    # the analysis nothing (1,024 ranks: ~5 s of writing hidden behind the detectors).
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        written = pool.submit(_write_tables, tables, out)
+        findings = detect(run)
+        for message in written.result():
+            run.warn(message)
+    atomic_write_json(os.path.join(run.root, rundir.FINDINGS), findings)
+    return findings
+
+
+def _write_tables(tables: dict, out: str) -> list[str]:
+    failures = []
     for name, table in tables.items():
         try:
             table.to_parquet(os.path.join(out, f"{name}.parquet"), index=False)
         except Exception as exc:
-            run.warn(f"analysis/{name}.parquet not written: {type(exc).__name__}: {exc}")
-    findings = detect(run)
-    atomic_write_json(os.path.join(run.root, rundir.FINDINGS), findings)
-    return findings
+            failures.append(f"analysis/{name}.parquet not written: {type(exc).__name__}: {exc}")
+    return failures

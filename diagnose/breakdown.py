@@ -18,6 +18,8 @@ reducer waits for buckets still in flight).
 import numpy as np
 import pandas as pd
 
+from diagnose.per_rank import rank_slice, sorted_by_rank
+
 CATEGORIES = ("data_wait", "exposed_comm", "pipeline_wait", "host_sync", "optimizer", "backward",
               "forward")
 PART_COLUMNS = tuple(f"{c}_ms" for c in CATEGORIES) + ("other_ms",)
@@ -84,20 +86,23 @@ def ddp_tail_intervals(events: pd.DataFrame) -> pd.DataFrame:
     all-reduce (timing hook), or the last gradient computed (DDP's timer)."""
     kind_codes, kinds = _codes(events["kind"])
     ddp = _is_ddp(events)
-    buckets = events[_lookup(kind_codes, kinds, lambda k: k == "collective") & ddp]
-    backward = events[_lookup(kind_codes, kinds, lambda k: k == "backward")]
-    if buckets.empty or backward.empty:
+    bucket = _lookup(kind_codes, kinds, lambda k: k == "collective") & ddp
+    backward = _lookup(kind_codes, kinds, lambda k: k == "backward")
+    if not bucket.any() or not backward.any():
         return pd.DataFrame({"rank": [], "start_ns": [], "end_ns": []})
-    dones = events[_lookup(kind_codes, kinds, lambda k: k == "done") & ddp]
-    bwd_by_rank = _by_rank(backward, "start_ns")
-    done_by_rank = _by_rank(dones, "start_ns")
+    done = _lookup(kind_codes, kinds, lambda k: k == "done") & ddp
+    rank = events["rank"].to_numpy(np.int64)
+    start, end = events["start_ns"].to_numpy(np.int64), events["end_ns"].to_numpy(np.int64)
+    # each kind's rows sorted by (rank, time): a rank's rows are then one slice
+    bwd_rank, bwd_start, bwd_end = sorted_by_rank(rank[backward], start[backward], end[backward])
+    bucket_rank, bucket_issue = sorted_by_rank(rank[bucket], end[bucket])
+    done_rank, done_at = sorted_by_rank(rank[done], start[done])
     rows = []
-    for rank, rank_buckets in buckets.groupby("rank", observed=True):
-        if rank not in bwd_by_rank:
+    for r in np.unique(bucket_rank):
+        starts, ends = rank_slice(bwd_rank, r, bwd_start, bwd_end)
+        if len(starts) == 0:
             continue
-        bwd = bwd_by_rank[rank]
-        starts, ends = bwd["start_ns"].to_numpy(), bwd["end_ns"].to_numpy()
-        issue = rank_buckets["end_ns"].to_numpy()
+        (issue,) = rank_slice(bucket_rank, r, bucket_issue)
         which = np.searchsorted(starts, issue, side="right") - 1
         inside = (which >= 0) & (issue <= ends[np.clip(which, 0, None)])
         if not inside.any():
@@ -106,26 +111,21 @@ def ddp_tail_intervals(events: pd.DataFrame) -> pd.DataFrame:
         held = np.unique(which[inside])
         last_issue = np.full(len(starts), np.iinfo(np.int64).min, dtype=np.int64)
         np.maximum.at(last_issue, which[which >= 0], issue[which >= 0])
-        last_issue, bwd_end = last_issue[held], ends[held]
+        last_issue, bwd_end_held = last_issue[held], ends[held]
         # the latest bucket completion by the end of the backward, if after that issue
-        end = bwd_end
-        done = done_by_rank.get(rank)
-        if done is not None:
-            done = done["start_ns"].to_numpy()
-            j = np.searchsorted(done, bwd_end + 1, side="right") - 1
-            latest = done[np.clip(j, 0, None)]
-            end = np.where((j >= 0) & (latest >= last_issue), np.minimum(bwd_end, latest), bwd_end)
-        keep = end > last_issue
-        rows.append(pd.DataFrame({"rank": rank, "start_ns": last_issue[keep], "end_ns": end[keep]}))
+        tail_end = bwd_end_held
+        (rank_done,) = rank_slice(done_rank, r, done_at)
+        if len(rank_done):
+            j = np.searchsorted(rank_done, bwd_end_held + 1, side="right") - 1
+            latest = rank_done[np.clip(j, 0, None)]
+            tail_end = np.where((j >= 0) & (latest >= last_issue), np.minimum(bwd_end_held, latest),
+                                bwd_end_held)
+        keep = tail_end > last_issue
+        rows.append((np.full(int(keep.sum()), r), last_issue[keep], tail_end[keep]))
     if not rows:
         return pd.DataFrame({"rank": [], "start_ns": [], "end_ns": []})
-    return pd.concat(rows, ignore_index=True)
-
-
-def _by_rank(frame: pd.DataFrame, sort_column: str) -> dict:
-    """rank -> that rank's rows sorted by sort_column, in one pass over the frame."""
-    frame = frame.sort_values(["rank", sort_column], kind="stable")
-    return {rank: part for rank, part in frame.groupby("rank", observed=True, sort=False)}
+    return pd.DataFrame({name: np.concatenate(column)
+                         for name, column in zip(("rank", "start_ns", "end_ns"), zip(*rows))})
 
 
 def _sorted_unique(values: np.ndarray) -> np.ndarray:
@@ -180,23 +180,22 @@ def step_breakdown(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     rank, start, end, prio = rank[order], start[order], end[order], prio[order]
     n_cat = len(CATEGORIES)
     key = rank * n_cat + prio
+    step_rank, step_start, step_end, step_order = sorted_by_rank(
+        steps["rank"].to_numpy(np.int64), steps["start_ns"].to_numpy(np.int64),
+        steps["end_ns"].to_numpy(np.int64), np.arange(len(steps)))
+    ranks, first = np.unique(step_rank, return_index=True)
+    last = np.append(first[1:], len(step_rank))
+    category_bounds = np.searchsorted(key, ranks[:, None] * n_cat + np.arange(n_cat + 1))
     empty = (np.empty(0, np.int64), np.empty(0, np.int64))
-    out = []
-    for r, rank_steps in steps.groupby("rank"):
-        rank_steps = rank_steps.sort_values("start_ns")
-        step_starts = rank_steps["start_ns"].to_numpy(np.int64)
-        step_ends = rank_steps["end_ns"].to_numpy(np.int64)
-        bounds = np.searchsorted(key, int(r) * n_cat + np.arange(n_cat + 1))
-        intervals = [(start[a:b], end[a:b]) if b > a else empty
-                     for a, b in zip(bounds[:-1], bounds[1:])]
-        parts = _paint(intervals, step_starts, step_ends)
-        table = pd.DataFrame(parts, columns=[f"{c}_ms" for c in CATEGORIES])
-        table.insert(0, "step_ms", (step_ends - step_starts) / 1e6)
-        table.insert(0, "step", rank_steps["step"].to_numpy())
-        table.insert(0, "rank", r)
-        out.append(table)
-    table = pd.concat(out, ignore_index=True)
-    table["other_ms"] = (table["step_ms"] - table[[f"{c}_ms" for c in CATEGORIES]].sum(axis=1)).clip(lower=0)
+    parts = np.zeros((len(step_rank), n_cat))
+    for a, b, bounds in zip(first, last, category_bounds):
+        intervals = [(start[i:j], end[i:j]) if j > i else empty for i, j in zip(bounds[:-1], bounds[1:])]
+        parts[a:b] = _paint(intervals, step_start[a:b], step_end[a:b])
+    table = pd.DataFrame(parts, columns=[f"{c}_ms" for c in CATEGORIES])
+    table.insert(0, "step_ms", (step_end - step_start) / 1e6)
+    table.insert(0, "step", steps["step"].to_numpy()[step_order])
+    table.insert(0, "rank", step_rank)
+    table["other_ms"] = (table["step_ms"] - parts.sum(axis=1)).clip(lower=0)
     return table[columns]
 
 

@@ -10,6 +10,8 @@ Threshold: >= 80% of the async ops at one callsite waited immediately, >= 1 per
 step; impact is their wait time per step (what overlap would hide), severity
 from impact.
 """
+import pandas as pd
+
 from diagnose.findings import Finding
 
 IMMEDIATE_NS = 500_000
@@ -20,10 +22,12 @@ def detect(ctx):
     calls = ctx.run.collectives()
     if calls.empty or not ctx.steady:
         return []
-    batch = [calls["rank"], calls["issue_ns"]]
-    with_recv = (calls["name"] == "recv").groupby(batch).transform("any")
-    calls = calls[calls["async_op"] & calls["step"].isin(ctx.steady) & ~with_recv
-                  & ~calls["detail"].str.startswith("ddp") & calls["wait_start_ns"].notna()]
+    recvs = calls.loc[calls["name"] == "recv", ["rank", "issue_ns"]]
+    calls = calls[calls["async_op"] & calls["step"].isin(ctx.steady) & calls["wait_start_ns"].notna()]
+    calls = calls[~calls["detail"].str.startswith("ddp")]
+    # a batch (batch_isend_irecv) is the ops one rank issued at one instant
+    batch = pd.MultiIndex.from_frame(calls[["rank", "issue_ns"]])
+    calls = calls[~batch.isin(pd.MultiIndex.from_frame(recvs))]
     if calls.empty:
         return []
     calls = calls.assign(gap_ns=calls["wait_start_ns"] - calls["return_ns"],

@@ -16,7 +16,9 @@ def rank_stages(events: pd.DataFrame) -> dict[int, int]:
     staged = events.loc[events["stage"] >= 0, ["rank", "stage"]]
     if staged.empty:
         return {}
-    return {int(r): int(s) for r, s in staged.groupby("rank")["stage"].agg(lambda x: x.mode().iloc[0]).items()}
+    # the most frequent stage of each rank, the lowest on a tie (as Series.mode)
+    counts = staged.groupby(["rank", "stage"]).size().sort_values(ascending=False, kind="stable")
+    return {int(r): int(s) for r, s in counts.groupby(level="rank").head(1).index}
 
 
 def steady(frame: pd.DataFrame, steps: list) -> pd.DataFrame:

@@ -10,29 +10,14 @@ wait for the slowest, every micro-batch. (b) device syncs (.item/.cpu/.tolist/
 Impact: the time those calls block per step (median rank). Threshold: >= 3% of
 the step for a warning (severity from impact).
 """
-import numpy as np
 import pandas as pd
 
 from diagnose.findings import Finding
 from diagnose.matching import as_str
+from diagnose.per_rank import started_inside
 
 SMALL_BYTES = 1 << 20
 MIN_PER_STEP = 2
-
-
-def _inside(times, starts, ends) -> np.ndarray:
-    idx = np.searchsorted(starts, times, side="right") - 1
-    ok = idx >= 0
-    return ok & (times <= ends[np.clip(idx, 0, None)])
-
-
-def _compute_windows(events):
-    spans = events[events["kind"].isin(["forward", "backward"])]
-    windows = {}
-    for rank, frame in spans.groupby("rank", observed=True):
-        frame = frame.sort_values("start_ns")
-        windows[rank] = (frame["start_ns"].to_numpy(), frame["end_ns"].to_numpy())
-    return windows
 
 
 def candidates(ctx):
@@ -53,15 +38,8 @@ def _candidates(ctx):
     calls = events[(kind == "collective") & (events["bytes"] <= SMALL_BYTES)
                    & (as_str(events["callsite"]) != "") & ~detail.str.startswith("ddp")]
     syncs = events[(kind == "sync") & (detail == "cuda")]
-    windows = _compute_windows(events)
-    keep_calls, keep_syncs = [], []
-    for rank, frame in calls.groupby("rank", observed=True):
-        starts, ends = windows.get(rank, (np.empty(0), np.empty(0)))
-        keep_calls.append(frame[~_inside(frame["start_ns"].to_numpy(), starts, ends)])
-    for rank, frame in syncs.groupby("rank", observed=True):
-        starts, ends = windows.get(rank, (np.empty(0), np.empty(0)))
-        keep_syncs.append(frame[_inside(frame["start_ns"].to_numpy(), starts, ends)])
-    found = pd.concat(keep_calls + keep_syncs) if keep_calls or keep_syncs else events.iloc[0:0]
+    windows = events[events["kind"].isin(["forward", "backward"])]
+    found = pd.concat([calls[~started_inside(calls, windows)], syncs[started_inside(syncs, windows)]])
     found = found.assign(dur_ms=(found["end_ns"] - found["start_ns"]) / 1e6,
                          callsite=as_str(found["callsite"]), name=as_str(found["name"]))
     return found
