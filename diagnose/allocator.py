@@ -8,7 +8,7 @@ that is the dominant cost: in `bench/scale.py` (1,024 ranks, 2 cores) the
 kernel's clear_page took a third of all CPU time, and the analysis spent 28-36 s
 in the kernel against 33 s in Python and C. With the three settings below the
 same analysis spends 6-7 s in the kernel and finishes in 38-40 s instead of
-58-72 s, at a peak RSS within a few percent (measured side by side, same run).
+58-72 s, at a peak RSS 5% higher (measured one after another, same run dir).
 
 Only `diagnose`'s command-line process calls this: a user's own process that
 imports `diagnose.load` keeps its allocator as it was.
