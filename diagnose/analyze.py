@@ -51,7 +51,7 @@ def write_analysis(run) -> list[dict]:
     tables = {"steps": run.steps(), "breakdown": run.breakdown(), "collectives": run.collectives(),
               "arrivals": run.arrivals()}
     # Writing Parquet is C++ that releases the GIL: on a second core it costs
-    # the analysis nothing (1,024 ranks: ~5 s of writing hidden behind the detectors).
+    # the analysis nothing (1,024 ranks: 5-7 s of writing hidden behind the detectors).
     with ThreadPoolExecutor(max_workers=1) as pool:
         written = pool.submit(_write_tables, tables, out)
         findings = detect(run)
