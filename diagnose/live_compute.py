@@ -43,8 +43,8 @@ class ComputeReader:
                 if name in seen:
                     continue
                 seen.add(name)
-                try:  # (read_part: ParquetFile, as pq.read_table's dataset discovery cost more than the read)
-                    table = read_part(path, self.COLUMNS).select(self.COLUMNS)
+                try:
+                    table = read_part(path, self.COLUMNS)
                 except Exception:
                     continue  # unreadable part: the analysis will say so
                 tables.append(table.append_column("rank", pa.array([rank] * table.num_rows, pa.int64())))
