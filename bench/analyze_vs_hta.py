@@ -11,11 +11,11 @@ pool of worker processes; sampling in the timed runs would slow them):
               (what `diagnose import kineto FILES --out RUN` and the notebook API do)
     HTA       TraceAnalysis(trace_dir=...).get_temporal_breakdown(visualize=False)
 
-Sets: every real fixture directory under ../shared/data/kineto that HTA can
+Sets: every real fixture directory under tests/data/kineto that HTA can
 analyse, and one real trace (--source) replicated to 8 and 64 ranks by
 rewriting distributedInfo.rank. The breakdowns are compared as well (max
 absolute difference of idle/compute/non-compute fractions; see
-diagnose/gpu_tables.py for the known sub-microsecond rounding difference).
+diagnose/analysis/gpu_tables.py for the known sub-microsecond rounding difference).
 
 HTA is not a dependency of diagnose: install it in a throwaway venv first
 (bench/hta_reference.py says how). Target (issue 8): >= 10x faster than HTA on
@@ -37,14 +37,14 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]
 from hta_reference import kineto_files  # noqa: E402
 from measure import run_measured  # noqa: E402
 
-FIXTURES = os.path.join(os.path.dirname(ROOT), "shared", "data", "kineto")
+FIXTURES = os.path.join(ROOT, "tests", "data", "kineto")
 SOURCE = os.path.join(FIXTURES, "hta", "df_index_resolver", "df_index_resolver.json.gz")  # the largest
 FRACS = ("idle_frac", "compute_frac", "non_compute_frac")
 
 DIAGNOSE = """
 import json, sys, tempfile, os
 from diagnose.importers.kineto import import_kineto
-from diagnose.loader import load
+from diagnose.analysis.loader import load
 out = os.path.join(tempfile.mkdtemp(prefix="diagnose-vs-hta-"), "run")
 run_dir, _ = import_kineto(sys.argv[1:], out)
 table = load(run_dir, warn=lambda m: None).temporal_breakdown()

@@ -39,7 +39,7 @@ def live_child(run_dir: str) -> int | None:
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if b"diagnose.live" in argv and os.fsencode(run_dir) in argv:
+        if b"diagnose.live.child" in argv and os.fsencode(run_dir) in argv:
             return int(pid)
     return None
 
@@ -49,8 +49,8 @@ def rank0_steps(run_dir: str) -> list:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from diagnose import trace_reader
-    table = trace_reader.read_events(os.path.join(run_dir, "traces", "rank-00000"), print)
+    from diagnose.rundir import rank_reader
+    table = rank_reader.read_events(os.path.join(run_dir, "traces", "rank-00000"), print)
     step_rows = pc.equal(table.column("kind").cast(pa.string()), "step")
     rows = table.filter(step_rows).select(["start_ns", "end_ns"]).to_pydict()
     return sorted(zip(rows["start_ns"], rows["end_ns"]))

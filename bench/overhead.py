@@ -21,7 +21,7 @@ adds inside its ranks (recorded events, the writer thread) is paid by its own
 ranks; its launcher and live monitor run in groups of their own, at normal
 weight for the launcher (its share is taken from both twins alike: 0.2-0.3% of
 a core, so the figure is low by about a tenth of a point) and at the lowest
-weight for the live monitor (diagnose.live.yield_to_the_job).
+weight for the live monitor (diagnose.live.child.yield_to_the_job).
 
 Jobs, sized to ~50-90 ms steps as twins on this 2-core box: the reference trainer
 (`--dp 2 --microbatches 2`) and samples/ddp_mlp.py (`--dim 256 --hidden 768

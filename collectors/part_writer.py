@@ -342,7 +342,7 @@ class PartWriter:
         (1.4 us here, against 280 us to write a temporary file and rename it):
         for progress.json, written several times a second. Shorter contents are padded
         with spaces, which JSON readers skip. A reader may catch a write half
-        done and fail to parse it: it reads again (diagnose.monitor.read_progress).
+        done and fail to parse it: it reads again (diagnose.rundir.progress.read_progress).
         A killed process cannot leave a half write: the syscall is whole or not at all."""
         data = _compact_json(obj)
         fd, length = self._open_in_place.get(name, (None, 0))

@@ -15,6 +15,10 @@ SCHEMA_VERSION = 1
 # future callback, start_ns == end_ns) follow with the same group and seq.
 KINDS = ("step", "forward", "backward", "optimizer", "data", "collective", "p2p",
          "wait", "done", "sync", "phase", "kernel", "error", "mark")
+# The class of a "kernel" row (its `detail`): HTA's kernel types, so that HTA's
+# temporal breakdown can be reproduced (diagnose.importers.gpu_activity).
+COMPUTE, COMMUNICATION, MEMORY, OTHER = "compute", "communication", "memory", "other"
+KERNEL_CLASSES = (COMPUTE, COMMUNICATION, MEMORY, OTHER)
 
 EVENT_FIELDS = (
     ("kind", pa.string()),

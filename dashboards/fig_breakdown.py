@@ -2,9 +2,9 @@
 steps (stacked bars of the mean across ranks, with the slowest rank's step)."""
 import plotly.graph_objects as go
 
-from dashboards.common import (COLORS, LAYOUT, PART_LABELS, Section, bin_steps, compact, esc,
-                               fmt_ms, part_columns)
-from dashboards.tables import steady
+from dashboards.view_parts import COLORS, LAYOUT, Section, bin_steps, compact, esc, fmt_ms, part_columns
+from diagnose.analysis.breakdown import PART_LABELS
+from diagnose.analysis.step_tables import steady
 
 
 def per_rank(breakdown, steady_steps) -> Section | None:

@@ -5,8 +5,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dashboards.common import LAYOUT, Section, esc
-from dashboards.tables import arrival_skew
+from dashboards.view_parts import LAYOUT, Section, esc
+from diagnose.analysis.step_tables import arrival_skew
 
 MAX_KEYS = 24
 

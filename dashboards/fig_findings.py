@@ -1,6 +1,6 @@
 """The findings summary at the top of the report: one row per finding, most
 severe first, each linking to the figure that is its evidence."""
-from dashboards.common import SEVERITY_COLORS, esc
+from dashboards.view_parts import SEVERITY_COLORS, esc
 
 # Which view proves which kind of finding (first one present wins).
 EVIDENCE = {

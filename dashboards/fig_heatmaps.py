@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from dashboards.common import LAYOUT, MAX_STEP_COLUMNS, Section, bin_steps, compact
-from dashboards.tables import waits_caused, waits_suffered
-from diagnose.breakdown import busy_ms
+from dashboards.view_parts import LAYOUT, MAX_STEP_COLUMNS, Section, bin_steps, compact
+from diagnose.analysis.breakdown import busy_ms
+from diagnose.analysis.step_tables import waits_caused, waits_suffered
 
 MAX_CELLS = 400_000
 

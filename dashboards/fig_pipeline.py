@@ -5,8 +5,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from dashboards.common import COLORS, LAYOUT, Section, compact, esc, fmt_ms
-from dashboards.tables import bubbles, pipeline_blocks, steady
+from dashboards.view_parts import COLORS, LAYOUT, Section, compact, esc, fmt_ms
+from diagnose.analysis.step_tables import bubble_frac, bubbles, pipeline_blocks, steady
 
 MAX_ROWS = 16
 
@@ -97,7 +97,7 @@ def per_stage(blocks: pd.DataFrame, steady_steps) -> tuple[go.Figure, pd.DataFra
     fig.update_layout(**LAYOUT)
     fig.update_layout(barmode="stack", height=340, yaxis_title="ms per step (steady mean)",
                       xaxis=dict(type="category"))
-    stage_bubble["bubble_frac"] = stage_bubble["bubble_ms"] / stage_bubble["window_ms"].replace(0, np.nan)
+    stage_bubble["bubble_frac"] = bubble_frac(table, by="stage")
     return fig, stage_bubble
 
 

@@ -6,8 +6,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from dashboards.common import COLORS, LAYOUT, Section, esc, fmt_ms
-from dashboards.tables import timeline_window
+from dashboards.view_parts import COLORS, LAYOUT, Section, esc, fmt_ms
 
 LANES = ("steps", "phases", "compute", "comm", "in flight", "data", "syncs", "gpu")
 CATEGORY_LANE = {"step": "steps", "phase": "phases", "forward": "compute", "backward": "compute",
@@ -28,6 +27,40 @@ LABEL_CHARS = 60
 HOVER_NAME_CHARS = 240
 MAX_KERNEL_BARS = 2500
 MAX_BARS = 6000   # ~1.5 MB of bars and hover text: the timeline is the largest view
+HANG_KINDS = ("hang", "rank_failure")  # findings that move the default window to the end
+
+
+def timeline_window(steps: pd.DataFrame, steady_steps, findings=(), events=None,
+                    window_steps=None, n_steps: int = 3) -> tuple[int, int, str]:
+    """(start_ns, end_ns, description) of the timeline: the steps asked for;
+    around the end of the run when it hung or lost a rank; else a few steady
+    steps from the middle of the run."""
+    end_of_events = int(events["end_ns"].max()) if events is not None and len(events) else 0
+    if steps is None or steps.empty:
+        start = int(events["start_ns"].min()) if events is not None and len(events) else 0
+        return start, end_of_events, "the whole run (no steps recorded)"
+    all_steps = sorted(int(s) for s in steps["step"].unique())
+    if window_steps is not None:
+        first, last = window_steps
+        chosen = [s for s in all_steps if first <= s <= last]
+        if not chosen:
+            raise ValueError(f"no recorded step in {first}-{last} (recorded: "
+                             f"{all_steps[0]}-{all_steps[-1]})")
+        rows = steps[steps["step"].isin(chosen)]
+        return int(rows["start_ns"].min()), int(rows["end_ns"].max()), \
+            f"steps {chosen[0]}-{chosen[-1]}"
+    if any(f.get("kind") in HANG_KINDS for f in findings or ()):
+        chosen = all_steps[-2:]
+        rows = steps[steps["step"].isin(chosen)]
+        end = max(int(rows["end_ns"].max()), end_of_events)
+        return int(rows["start_ns"].min()), end, \
+            f"the end of the run (steps {chosen[0]}-{chosen[-1]} and after)"
+    pool = list(steady_steps) or all_steps
+    middle = len(pool) // 2
+    chosen = pool[max(0, middle - n_steps // 2):][:n_steps]
+    rows = steps[steps["step"].isin(chosen)]
+    return int(rows["start_ns"].min()), int(rows["end_ns"].max()), \
+        f"steady steps {chosen[0]}-{chosen[-1]}"
 
 
 def choose_ranks(ranks: list, findings) -> list:

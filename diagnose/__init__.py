@@ -12,7 +12,7 @@ def __getattr__(name):
     # on first use: the loader imports pandas (~0.3 s), which `diagnose run`'s
     # launcher and a Kineto import's parse workers never need
     if name in __all__:
-        from diagnose import loader
+        from diagnose.analysis import loader
         globals().update(load=loader.load, Run=loader.Run)
         return globals()[name]
     raise AttributeError(f"module 'diagnose' has no attribute {name!r}")

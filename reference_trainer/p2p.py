@@ -14,7 +14,7 @@ uses so that two neighbours never both wait in send.
 import torch
 import torch.distributed as dist
 
-from reference_trainer._phase import phase
+from reference_trainer.optional_collectors import phase
 
 
 class PipelineP2P:

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from reference_trainer._phase import phase
+from reference_trainer.optional_collectors import phase
 from reference_trainer.p2p import PipelineP2P
 
 

@@ -8,7 +8,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from reference_trainer._phase import phase
+from reference_trainer.optional_collectors import phase
 from reference_trainer.config import TrainConfig, parse_args
 from reference_trainer.data import make_loader
 from reference_trainer.dp import GradBuckets

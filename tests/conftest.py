@@ -7,9 +7,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+DATA = REPO / "tests" / "data"   # fixtures, each with its SOURCE.txt (tests/data/README.md)
 PYTHON = sys.executable
 DIAGNOSE = [PYTHON, "-m", "diagnose"]
+
+
+def fixture_path(*parts) -> Path:
+    """A fixture under tests/data; a missing one fails the test module, it does not skip it."""
+    path = DATA.joinpath(*parts)
+    assert path.exists(), f"fixture {path.relative_to(REPO)} is missing (tests/data/README.md)"
+    return path
 
 
 def job_env(**extra) -> dict:

@@ -1,4 +1,4 @@
-"""Write a synthetic run directory (the on-disk contract of DESIGN.md) without
+"""Write a synthetic run directory (the on-disk contract of docs/run-directory.md) without
 running a job: `ranks` ranks in `pp` pipeline stages (GPipe schedule,
 `microbatches` per step), DDP-style async bucket all-reduces per data-parallel
 group, a blocking loss all-reduce, a host sync, data wait, host/GPU samples, and

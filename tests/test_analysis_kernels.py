@@ -1,16 +1,16 @@
 """The analyzer's vectorized kernels against plain per-row Python on small
 random tables: the step breakdown's painting, DDP tails, rank -> stage, and the
 "started inside a window" test of hidden_sync. Plus the analyzer process's
-allocator settings (diagnose/allocator.py)."""
+allocator settings (diagnose/cli/allocator.py)."""
 import random
 import subprocess
 import sys
 
 import pandas as pd
 
-from diagnose.breakdown import CATEGORIES, PRIORITY, ddp_tail_intervals, step_breakdown
-from diagnose.detectors.common import rank_stages
-from diagnose.per_rank import started_inside
+from diagnose.analysis.breakdown import CATEGORIES, PRIORITY, ddp_tail_intervals, step_breakdown
+from diagnose.analysis.detectors.run_structure import rank_stages
+from diagnose.analysis.per_rank import started_inside
 
 UNIT_NS = 1000  # every time is a multiple: the brute force checks each unit
 KINDS = ("data", "sync", "optimizer", "backward", "forward", "collective")

@@ -42,7 +42,7 @@ def test_launcher_sees_which_rank_died_first(tmp_path, monkeypatch, pidfd):
     Without pidfds (kernels < 5.3) it falls back to polling /proc."""
     import socket
 
-    from diagnose.monitor import RankLiveness
+    from diagnose.run.rank_liveness import RankLiveness
     if not pidfd:
         monkeypatch.delattr(os, "pidfd_open", raising=False)
     ranks = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import diagnose
-from conftest import PYTHON, REPO, job_env, run_diagnose, torchrun
+from conftest import PYTHON, REPO, fixture_path, job_env, run_diagnose, torchrun
 
 
 def _lines_of(path, pattern):
@@ -97,7 +97,7 @@ def test_sigkilled_rank_leaves_readable_parts_up_to_one_second_before(tmp_path):
     assert last_ns >= killed_at_ns - 1_000_000_000
     # the steps done are exact: the counter mapped into memory outlives the kill,
     # where progress.json trails by up to a quarter second (12 steps of this job)
-    from diagnose.monitor import read_progress
+    from diagnose.rundir.progress import read_progress
     assert read_progress(str(out))[1]["steps_done"] == 41
 
 
@@ -139,7 +139,7 @@ def test_progress_is_rewritten_in_place_and_always_whole_json(tmp_path):
     """progress.json: one pwrite per step end on the same file (no temporary file
     and rename); a shorter content is padded, and readers parse every version."""
     from collectors.part_writer import PartWriter
-    from diagnose.monitor import read_progress
+    from diagnose.rundir.progress import read_progress
     rank_dir = tmp_path / "traces" / "rank-00003"
     writer = PartWriter(str(rank_dir), live=True)
     long = {"step": 64, "recent_steps": [[i, 50.0 + i, 0.5] for i in range(64)]}
@@ -156,7 +156,8 @@ def test_writing_parts_and_parsing_kineto_never_import_pandas(tmp_path):
     """pa.array() imports pandas at its first call (0.3 s of CPU holding the GIL):
     a rank's writer thread and the Kineto parse workers build Arrow arrays
     without it, and keep the same values (non-ASCII strings too)."""
-    kineto = sorted((REPO.parent / "shared" / "data" / "kineto").glob("**/*.json*"))
+    kineto = sorted(fixture_path("kineto").glob("**/*.json*"))
+    assert kineto
     script = f"""
 import sys
 from collectors.part_writer import PartWriter
@@ -165,10 +166,9 @@ writer = PartWriter({str(tmp_path / "rank-00000")!r})
 writer.write_events([event_row("step", "step", 1, 2, step=0, callsite="été.py:7"),
                      event_row("sync", "item", 3, 4, async_op=True, detail="cuda", callsite="t.py:1")])
 writer.write_samples([(5, "gpu_util", 0.5)])
-if {bool(kineto)!r}:
-    import tempfile
-    from diagnose.importers.kineto import _stage_file
-    _stage_file(tempfile.mkdtemp(dir={str(tmp_path)!r}), {str(kineto[0]) if kineto else ""!r})
+import tempfile
+from diagnose.importers.kineto import _stage_file
+_stage_file(tempfile.mkdtemp(dir={str(tmp_path)!r}), {str(kineto[0])!r})
 print(sorted(m for m in sys.modules if m.split(".")[0] == "pandas")[:3])
 """
     out = subprocess.run([PYTHON, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -251,7 +251,7 @@ def test_live_row_parts_read_like_parquet_and_become_parquet_after_the_job(tmp_p
     even after a merge cut short left both a part and its Parquet copy."""
     from collectors.part_writer import PartWriter, files_to_read, merge_row_parts, write_parquet_atomic
     from collectors.schema import event_row, events_table
-    from diagnose.trace_reader import read_events, read_samples
+    from diagnose.rundir.rank_reader import read_events, read_samples
     rank_dir = tmp_path / "rank-00000"
     writer = PartWriter(str(rank_dir), live=True)
     rows = [event_row("phase", f"ph{i}", 10**15 + i, 10**15 + i + 5, step=i, callsite="é.py:1")

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from diagnose.pipeline import analyze_run
+from diagnose.cli.after_run import analyze_run
 
 CASES = 220
 

@@ -10,9 +10,9 @@ import pytest
 import diagnose
 from collectors.part_writer import PartWriter
 from collectors.schema import event_row, rank_dir_name
-from diagnose.cli import main
-from diagnose.export_nvtxt import write_nvtxt
-from diagnose.export_nsys import write_nsys_rep
+from diagnose.cli.commands import main
+from diagnose.exporters.nsys_rep import write_nsys_rep
+from diagnose.exporters.nvtxt import write_nvtxt
 
 # NVTXT grammar (Nsight's text NVTX): comment, assignment, declaration, instruction.
 COMMENT = re.compile(r"^#.*$")

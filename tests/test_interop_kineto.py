@@ -1,4 +1,4 @@
-"""Issue 7: PyTorch-profiler (Kineto) import of the real fixtures in ../shared/data/kineto.
+"""Issue 7: PyTorch-profiler (Kineto) import of the real fixtures in tests/data/kineto.
 
 HTA's numbers come from tests/data/hta_temporal_breakdown.json, written by
 bench/hta_reference.py with HolisticTraceAnalysis 0.5.0 in a throwaway venv
@@ -12,15 +12,14 @@ from pathlib import Path
 import pytest
 
 import diagnose
+from conftest import fixture_path
 from diagnose.errors import UserError
 from diagnose.importers.kineto import import_kineto
 
 REPO = Path(__file__).resolve().parents[1]
-KINETO = Path(__file__).resolve().parents[2] / "shared" / "data" / "kineto"
-HTA = json.loads((REPO / "tests" / "data" / "hta_temporal_breakdown.json").read_text())["sets"]
+KINETO = fixture_path("kineto")
+HTA = json.loads(fixture_path("hta_temporal_breakdown.json").read_text())["sets"]
 TOLERANCE_PP = 1.0
-
-pytestmark = pytest.mark.skipif(not KINETO.is_dir(), reason="../shared/data/kineto not present")
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +120,7 @@ def test_resnet_input_stall_contrast(imported):
 
 def test_resnet_input_stall_finding(imported):
     """The issue's acceptance: the same detectors as on a native run find the stall."""
-    from diagnose.analyze import detect
+    from diagnose.analysis.run_detectors import detect
     kinds = {}
     for workers in (0, 4):
         run = diagnose.load(imported[f"tb_plugin_resnet50/resnet50_num_workers_{workers}"],

@@ -1,4 +1,4 @@
-"""Issue 7: Nsight Systems SQLite import: the real export in ../shared/data/nsys, and
+"""Issue 7: Nsight Systems SQLite import: the real export in tests/data/nsys, and
 a 2-rank synthetic export built on the real file's own table definitions."""
 import sqlite3
 from pathlib import Path
@@ -6,11 +6,10 @@ from pathlib import Path
 import pytest
 
 import diagnose
+from conftest import fixture_path
 from diagnose.importers.nsys import decode_global_id, import_nsys
 
-NSYS = Path(__file__).resolve().parents[2] / "shared" / "data" / "nsys"
-REAL = NSYS / "tc_report1.sqlite"
-pytestmark = pytest.mark.skipif(not REAL.is_file(), reason="../shared/data/nsys not present")
+REAL = fixture_path("nsys", "tc_report1.sqlite")
 
 # NVTX_EVENTS is not in the real export (it has no NVTX); its definition is the
 # one in Nsight Systems' SQLite export schema reference.

@@ -6,15 +6,14 @@ import os
 import sqlite3
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import diagnose
-from conftest import REPO, job_env, run_diagnose, torchrun
-from diagnose.nsys_wrap import TORCHRUN_FLAGS, nsys_command, split_torchrun, torchrun_python
+from conftest import REPO, fixture_path, job_env, run_diagnose, torchrun
+from diagnose.run.nsys_wrap import TORCHRUN_FLAGS, nsys_command, split_torchrun, torchrun_python
 
-KINETO = Path(__file__).resolve().parents[2] / "shared" / "data" / "kineto"
+KINETO = fixture_path("kineto")
 NSYS_OUT = "-o /r/nsys/rank%q{RANK}".split()
 NSYS = ["nsys", "profile", "-t", "cuda,nvtx,osrt"]
 
@@ -127,7 +126,6 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, fmt, make, reason):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.skipif(not KINETO.is_dir(), reason="../shared/data/kineto not present")
 def test_import_cli_refuses_a_non_empty_out(tmp_path):
     trace = str(KINETO / "hta" / "execution_trace" / "benchmark_simple_add_trace.json.gz")
     first = subprocess.run([*_diagnose_exe(), "import", "kineto", trace, "--out", str(tmp_path / "r")],

@@ -10,7 +10,7 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from diagnose.live_monitor import EVENT_POLL_S, QUIET_POLL_S, Baseline, LiveMonitor
+from diagnose.live.monitor import EVENT_POLL_S, QUIET_POLL_S, Baseline, LiveMonitor
 
 
 def test_live_alert_names_the_slowed_rank_during_the_run(straggler_run):
@@ -207,13 +207,13 @@ def test_baseline_is_robust_and_floored():
 
 
 def test_the_live_child_runs_at_idle_priority_on_every_thread(tmp_path, monkeypatch):
-    """The child must never take a core from a rank (diagnose.live.yield_to_the_job):
+    """The child must never take a core from a rank (diagnose.live.child.yield_to_the_job):
     every thread, including one started before the call, is SCHED_IDLE; and the
     child the launcher spawns is alone in its session, whose autogroup (where the
     kernel has them) is at nice 19, so that it does not weigh as much as a rank."""
     script = ("import os, threading, time\n"
               "threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n"
-              "from diagnose.live import yield_to_the_job\n"
+              "from diagnose.live.child import yield_to_the_job\n"
               "yield_to_the_job()\n"
               "print(sorted({os.sched_getscheduler(int(t)) for t in os.listdir('/proc/self/task')}))\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
@@ -221,7 +221,7 @@ def test_the_live_child_runs_at_idle_priority_on_every_thread(tmp_path, monkeypa
     assert out.stdout.strip() == str([os.SCHED_IDLE]), out.stdout
 
     from diagnose import rundir
-    from diagnose.live import LiveProcess
+    from diagnose.live.child import LiveProcess
     monkeypatch.setenv("DIAGNOSE_TRACKING", "off")  # no MLflow store: not what is tested
     rundir.write_manifest(str(tmp_path), {"run_id": "t", "command": "true"})
     live = LiveProcess(str(tmp_path))

@@ -11,7 +11,7 @@ import diagnose
 from collectors.part_writer import atomic_write_json
 from collectors.schema import event_row, events_table
 from conftest import ARTIFACTS, run_diagnose
-from dashboards.report import write_report
+from dashboards.report_page import write_report
 from synthetic_run import write_synthetic_run
 
 ALL_FIGURES_DRAWN = """(() => {
@@ -181,7 +181,7 @@ def test_compare_shows_straggler_gained_and_step_time_change(ddp_run, straggler_
 
 
 def test_compare_calls_a_kept_finding_changed_on_severity_or_a_2x_impact():
-    from diagnose.compare import compare
+    from diagnose.analysis.run_compare import compare
 
     def summary(findings):
         return {"root": "r", "name": "r", "world_size": 2, "step_ms": 50.0, "mean_step_ms": 50.0,
@@ -207,14 +207,14 @@ def test_compare_calls_a_kept_finding_changed_on_severity_or_a_2x_impact():
 def test_timeline_window_default_chosen_and_at_a_hang(tmp_path, window, findings, expected):
     run_dir = write_synthetic_run(str(tmp_path / "small"), ranks=4, steps=12, pp=2)
     run = diagnose.load(run_dir)
-    from dashboards.report import render
+    from dashboards.report_page import render
     assert expected in render(run, findings, window_steps=window)
 
 
 def test_waiting_is_charged_to_the_last_arriver():
     import pandas as pd
 
-    from dashboards.tables import arrival_skew, waits_caused, waits_suffered
+    from diagnose.analysis.step_tables import arrival_skew, waits_caused, waits_suffered
     ms = 1_000_000
     arrivals = pd.DataFrame({  # 3 ranks, 2 all-reduces; rank 2 is 10 ms late at the first
         "group": ["0"] * 6, "seq": [0, 0, 0, 1, 1, 1], "name": ["all_reduce"] * 6,

@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 import diagnose
 from conftest import ARTIFACTS, DIAGNOSE, REPO, job_env
-from diagnose import tracking
+from diagnose.exporters import mlflow_run as tracking
 
 
 def client_of(run_dir) -> MlflowClient:

@@ -16,25 +16,9 @@ inside the window still writes what was recorded (at exit).
 """
 import atexit
 import os
-import re
 
 from collectors.clock import now_ns
-
-ENV = "DIAGNOSE_TORCH_PROFILER"
-OUT_DIR = "torch_profiler"
-
-
-def parse_window(spec: str) -> tuple[int, int]:
-    """"10-12" -> (10, 12); "10" -> (10, 10)."""
-    m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", spec or "")
-    if not m:
-        raise ValueError(f"--torch-profiler takes STEPS as FIRST-LAST or N (e.g. 10-12), not {spec!r}")
-    first = int(m.group(1))
-    last = int(m.group(2)) if m.group(2) is not None else first
-    if last < first:
-        raise ValueError(f"--torch-profiler {spec}: the last step comes before the first")
-    return first, last
-
+from collectors.profiler_window import ENV, OUT_DIR, parse_window
 
 class Window:
     """Starts the profiler when step `first` begins, marks each step, stops and

@@ -12,7 +12,7 @@ What becomes what (times: the trace's own clock, made absolute with
     "## forward ##", DDP.forward            -> "forward";  "## backward ##" -> "backward"
     cudaDeviceSynchronize / cudaStreamSynchronize / cudaEventSynchronize / cudaMemcpy
                                             -> "sync" (detail "cuda")
-    GPU kernels, memcpy, memset, GPU syncs  -> "kernel" rows (diagnose.importers.common)
+    GPU kernels, memcpy, memset, GPU syncs  -> "kernel" rows (diagnose.importers.run_writer)
     NCCL kernels                            -> also "collective" + "done" rows, from the
                                                kernel's "Collective name", "Process Group
                                                Name/Ranks", "In msg nelems", "dtype", "Seq"
@@ -39,24 +39,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from collectors.part_writer import write_parquet_atomic
+from collectors.profiler_window import OUT_DIR as PROFILER_DIR
 from collectors.schema import events_table
 from diagnose.errors import UserError
 from diagnose.importers import kineto_scan
+from diagnose.importers.gpu_activity import as_int
 from diagnose.importers.kineto_columns import table_and_facts
 from diagnose.importers.kineto_io import (_display, gc_paused, load_trace, map_files, parse_trace,  # noqa: F401 (load_trace: API)
                                           read_trace_bytes)
-from diagnose.importers.common import RunDirWriter, append_rank_events, as_int, clock_meta
+from diagnose.importers.kineto_scan import LAUNCH_CATS, PHASE_FIRST, SYNC_CALLS
+from diagnose.importers.run_writer import RunDirWriter, append_rank_events, clock_meta
 
-PROFILER_DIR = "torch_profiler"  # per-rank folder the torch_profiler collector writes
 _STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
 _DATA_RE = re.compile(r"^enumerate\(DataLoader\)#.*__next__$")
-_SYNC_CALLS = {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-               "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize", "hipMemcpy"}
-_LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "privateuse1_runtime", "hip_runtime"}
 _PHASE_NAMES = {"forward": "forward", "backward": "backward", "optimizer": "optimizer",
                 "distributeddataparallel.forward": "forward"}
-_PHASE_FIRST = frozenset("#fbFBoD")
-_CLASSIFIED_FIRST = _PHASE_FIRST | {"P", "e", "O"}  # first letters _classify can return a row for
 
 
 def file_table(path: str, gpu_only: bool = False) -> tuple[pa.Table, dict]:
@@ -103,10 +100,10 @@ def _scan_events(events, gpu_only: bool):
         pid = e.get("pid")
         if isinstance(pid, int):
             pids[pid] = pids.get(pid, 0) + 1
-        if cat in _LAUNCH_CATS:
+        if cat in LAUNCH_CATS:
             if "correlation" in args:
                 launches[as_int(args["correlation"])] = ts
-            if not gpu_only and name in _SYNC_CALLS:
+            if not gpu_only and name in SYNC_CALLS:
                 cpu.append(("sync", name, ts, dur, "cuda"))
             continue
         if gpu_only or not name or cat == "gpu_user_annotation":  # GPU-side copies of CPU ranges
@@ -130,7 +127,7 @@ def _classify(name: str, cat, ts, dur):
                 "workers=0" if "_SingleProcessDataLoaderIter" in name else name)
     elif first == "O" and name.startswith("Optimizer.step#"):
         return ("optimizer", "optimizer", ts, dur, name)
-    elif first in _PHASE_FIRST and cat in ("user_annotation", "cpu_op", "Operator"):
+    elif first in PHASE_FIRST and cat in ("user_annotation", "cpu_op", "Operator"):
         kind = _PHASE_NAMES.get(name.strip("# ").lower())
         if kind:
             return (kind, kind, ts, dur, name)
@@ -183,13 +180,14 @@ def import_profiler_windows(run_dir: str, warn=print) -> dict:
     its own Kineto trace to its rank folder (the CPU side is already recorded
     natively). Kineto's wall-clock times are put on the rank's monotonic clock
     through its meta.json anchors. Idempotent: a rank already done is skipped."""
-    from diagnose import rundir, trace_reader
+    from diagnose import rundir
+    from diagnose.rundir import rank_reader
     done = {}
     for rank_dir in rundir.rank_dirs(run_dir):
         files = sorted(glob.glob(os.path.join(glob.escape(rank_dir), PROFILER_DIR, "*.json*")))
         if not files or any(n.startswith("events-kineto-") for n in os.listdir(rank_dir)):
             continue
-        clock = trace_reader.read_meta(rank_dir, lambda m: None).get("clock") or {}
+        clock = rank_reader.read_meta(rank_dir, lambda m: None).get("clock") or {}
         shift = int(clock.get("mono_anchor_ns", 0)) - int(clock.get("wall_anchor_ns", 0))
         tables = []
         for path in files:
@@ -205,5 +203,5 @@ def import_profiler_windows(run_dir: str, warn=print) -> dict:
             tables.append(table)
         table = pa.concat_tables(tables) if tables else events_table([])
         append_rank_events(rank_dir, table, "kineto")
-        done[trace_reader.rank_of_dir(rank_dir)] = len(table)
+        done[rank_reader.rank_of_dir(rank_dir)] = len(table)
     return done

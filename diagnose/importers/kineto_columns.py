@@ -12,16 +12,16 @@ Rows, in start order (ties: CPU rows first, then the trace's GPU order, each
 NCCL kernel followed by its collective and done rows):
 
     CPU rows          step, data, forward/backward/optimizer, sync (kineto._classify)
-    kernel rows       one per GPU activity (diagnose/importers/common.py: what is what)
+    kernel rows       one per GPU activity (docs/run-directory.md: what is what)
     collective, done  one each per NCCL kernel
 """
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collectors.schema import EVENT_COLUMNS, EVENT_FIELDS, EVENT_SCHEMA, arrow_array, event_row
-from diagnose.importers.common import (COMMUNICATION, DTYPE_BYTES, as_int, assign_steps, collective_op,
-                                       kernel_class, ranks_string)
+from collectors.schema import COMMUNICATION, EVENT_COLUMNS, EVENT_FIELDS, EVENT_SCHEMA, arrow_array, event_row
+from diagnose.importers.gpu_activity import DTYPE_BYTES, as_int, collective_op, kernel_class, ranks_string
+from diagnose.importers.run_writer import assign_steps
 
 _NUMPY_DTYPES = {pa.int32(): np.int32, pa.int64(): np.int64, pa.bool_(): np.bool_}
 # what a row holds where nothing is said: event_row's defaults, step to detail

@@ -23,7 +23,7 @@ hands anything unusual to msgspec (native_scan returns None).
 """
 from typing import Any, Optional, Union
 
-from diagnose.importers.common import as_int
+from diagnose.importers.gpu_activity import as_int
 
 try:
     import msgspec
@@ -34,6 +34,15 @@ try:
     from diagnose.importers import _kineto_c  # built by setup.py where a C compiler is
 except ImportError:
     _kineto_c = None
+
+# What the importer keeps of a trace's CPU side (kineto.py classifies the rest):
+# runtime calls that launch GPU work or block the host on it, and the first
+# letters of the names kineto._classify can return a row for.
+SYNC_CALLS = {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+              "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize", "hipMemcpy"}
+LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "privateuse1_runtime", "hip_runtime"}
+PHASE_FIRST = frozenset("#fbFBoD")
+CLASSIFIED_FIRST = PHASE_FIRST | {"P", "e", "O"}
 
 # the phases of the Trace Event Format besides complete events ("X"); the C scan
 # accepts the same ones
@@ -118,9 +127,8 @@ def native_scan(raw: bytes, gpu_only: bool, classify):
     """_scan's result through the C scan (_kineto_c.c); False for a trace
     with no complete event; None where the C scan leaves the text to msgspec.
     Raises msgspec's errors where _scan's decode would."""
-    from diagnose.importers.kineto import _CLASSIFIED_FIRST, _LAUNCH_CATS, _SYNC_CALLS
-    scanned = _kineto_c.scan(raw, gpu_only, "".join(OTHER_PHASES).encode(), tuple(c.encode() for c in _LAUNCH_CATS),
-                             tuple(c.encode() for c in _SYNC_CALLS), "".join(_CLASSIFIED_FIRST).encode(),
+    scanned = _kineto_c.scan(raw, gpu_only, "".join(OTHER_PHASES).encode(), tuple(c.encode() for c in LAUNCH_CATS),
+                             tuple(c.encode() for c in SYNC_CALLS), "".join(CLASSIFIED_FIRST).encode(),
                              _NO_ARGS, msgspec.json.decode)
     if scanned is None:
         return None
@@ -148,9 +156,8 @@ def _bytes(nbytes) -> int:
 
 
 def _scan(trace, gpu_only: bool, classify):
-    from diagnose.importers.kineto import _CLASSIFIED_FIRST, _LAUNCH_CATS, _SYNC_CALLS
     launches, cpu, gpu, pids = {}, [], [], {}
-    classified_first = _CLASSIFIED_FIRST
+    classified_first = CLASSIFIED_FIRST
     any_complete = False
     complete = _Event
     for e in trace.traceEvents:
@@ -175,10 +182,10 @@ def _scan(trace, gpu_only: bool, classify):
         if isinstance(pid, int):
             pids[pid] = pids.get(pid, 0) + 1
         cat = e.cat
-        if cat in _LAUNCH_CATS:
+        if cat in LAUNCH_CATS:
             if args is not None and args.correlation is not UNSET:
                 launches[args.correlation] = ts
-            if not gpu_only and name in _SYNC_CALLS:
+            if not gpu_only and name in SYNC_CALLS:
                 cpu.append(("sync", name, ts, dur, "cuda"))
             continue
         if gpu_only or not name or name[0] not in classified_first or cat == "gpu_user_annotation":

@@ -3,7 +3,7 @@
 Read, per profiled process (one process = one rank):
 
     CUPTI_ACTIVITY_KIND_KERNEL / _MEMCPY / _MEMSET -> "kernel" rows (classes as in
-        diagnose.importers.common; names from StringIds via demangledName/shortName)
+        diagnose.importers.run_writer; names from StringIds via demangledName/shortName)
     NCCL kernels (ncclDevKernel_*, ncclKernel_*)   -> also "collective" + "done" rows,
         group "nccl:stream<id>", seq = order on that stream (an export has no
         process-group metadata; one PG per NCCL stream, as torch creates them)
@@ -32,10 +32,10 @@ import sqlite3
 
 import numpy as np
 
-from collectors.schema import KINDS
+from collectors.schema import COMMUNICATION, KINDS, MEMORY
 from diagnose.errors import UserError
-from diagnose.importers.common import (COMMUNICATION, MEMORY, RunDirWriter, assign_steps, clock_meta,
-                                       collective_op, kernel_class)
+from diagnose.importers.gpu_activity import collective_op, kernel_class
+from diagnose.importers.run_writer import RunDirWriter, assign_steps, clock_meta
 
 NVTX_RANGE_TYPES = (59, 60)      # NvtxPushPopRange, NvtxStartEndRange
 NVTX_CATEGORY, NVTX_DOMAIN = 33, 75

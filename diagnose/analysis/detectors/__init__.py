@@ -1,0 +1,8 @@
+"""The detectors: one module per kind of finding (HTA style). Each exposes
+`detect(ctx) -> list[Finding]` over a loaded run (its tables, manifest and
+progress) and states its signal, threshold and why in its docstring;
+run_structure holds the helpers several share (robust statistics, stages).
+run_detectors runs them in DETECTORS order."""
+
+DETECTORS = ("hang", "rank_failure", "straggler", "stage_imbalance", "pipeline_bubble",
+             "input_stall", "hidden_sync", "blocking_async", "exposed_comm", "memory_imbalance")

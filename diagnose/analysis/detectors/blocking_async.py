@@ -1,0 +1,58 @@
+"""blocking_async: asynchronous operations waited immediately after issue.
+
+Signal: async collectives and p2p sends (isend via batch_isend_irecv,
+async_op=True) whose Work.wait() starts within 0.5 ms of the issue call
+returning: nothing ran in between, so the "non-blocking" op blocked. Receives
+are excluded (a pipeline must wait for the activation it is about to use), and
+so are sends batched with a receive (Megatron's combined send+recv exchange:
+the wait is for the receive).
+Threshold: >= 80% of the async ops at one callsite waited immediately, >= 1 per
+step; impact is their wait time per step (what overlap would hide), severity
+from impact.
+"""
+import pandas as pd
+
+from diagnose.analysis.findings import Finding
+
+IMMEDIATE_NS = 500_000
+IMMEDIATE_FRAC = 0.8
+
+
+def detect(ctx):
+    calls = ctx.run.collectives()
+    if calls.empty or not ctx.steady:
+        return []
+    recvs = calls.loc[calls["name"] == "recv", ["rank", "issue_ns"]]
+    calls = calls[calls["async_op"] & calls["step"].isin(ctx.steady) & calls["wait_start_ns"].notna()]
+    calls = calls[~calls["detail"].str.startswith("ddp")]
+    # a batch (batch_isend_irecv) is the ops one rank issued at one instant
+    batch = pd.MultiIndex.from_frame(calls[["rank", "issue_ns"]])
+    calls = calls[~batch.isin(pd.MultiIndex.from_frame(recvs))]
+    if calls.empty:
+        return []
+    calls = calls.assign(gap_ns=calls["wait_start_ns"] - calls["return_ns"],
+                         wait_ms=(calls["wait_end_ns"] - calls["wait_start_ns"]) / 1e6,
+                         site=calls["wait_callsite"].where(calls["wait_callsite"] != "", calls["callsite"]))
+    findings = []
+    n_steps = len(ctx.steady)
+    for site, at_site in calls.groupby("site"):
+        immediate = at_site["gap_ns"] <= IMMEDIATE_NS
+        frac = float(immediate.mean())
+        per_step = len(at_site) / n_steps / max(at_site["rank"].nunique(), 1)
+        if frac < IMMEDIATE_FRAC or per_step < 1:
+            continue
+        waited = at_site[immediate]
+        per_rank_ms = waited.groupby("rank")["wait_ms"].sum() / n_steps
+        impact_ms = float(per_rank_ms.median())
+        where = ctx.relpath(site)
+        ops = "/".join(sorted(at_site["name"].unique()))
+        findings.append(Finding(
+            kind="blocking_async", callsite=where, ranks=sorted(int(r) for r in per_rank_ms.index),
+            impact_ms_per_step=impact_ms,
+            title=(f"{where}: async {ops} waited immediately after issue ({frac:.0%} of "
+                   f"{len(at_site)} ops), {impact_ms:.1f} ms/step of non-overlapped waiting"),
+            recommendation=("Issue the operation earlier and wait only where its result is needed "
+                            "(e.g. start the send, run the next micro-batch's compute, then wait)."),
+            metrics={"immediate_wait_frac": frac, "ops_per_step": per_step,
+                     "blocked_ms_per_step": impact_ms}))
+    return findings

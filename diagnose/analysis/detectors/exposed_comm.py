@@ -1,0 +1,75 @@
+"""exposed_comm: communication not hidden behind compute dominates the step.
+
+Signal: the breakdown's exposed_comm (time the training thread is blocked in
+communication) as a fraction of the step, less the small per-micro-batch
+collectives that hidden_sync reports (one cause, one finding), on the rank that
+exposes the LEAST:
+waiting for a straggler also shows up as blocked communication on the fast
+ranks, so the least-exposed rank (typically the straggler itself) is the pure
+transfer cost. Threshold: >= 35% of the step is a warning, >= 50% critical;
+10-35% is reported as info. Evidence: algorithm and bus bandwidth per
+collective kind (nccl-tests formulas: busbw = algbw x 2(n-1)/n for all-reduce,
+(n-1)/n for all-gather/reduce-scatter/all-to-all, 1 for broadcast/reduce) and
+the groups with the most communication time.
+"""
+from diagnose.analysis.detectors import hidden_sync
+from diagnose.analysis.findings import Finding
+
+INFO_FRAC, WARNING_FRAC, CRITICAL_FRAC = 0.10, 0.35, 0.50
+BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+              "all_gather_into_tensor": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
+              "reduce_scatter_tensor": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+              "all_to_all_single": lambda n: (n - 1) / n}
+
+
+def bandwidth_table(ctx):
+    arrivals = ctx.run.arrivals()
+    arrivals = arrivals[(arrivals["kind"] == "collective") & arrivals["step"].isin(ctx.steady)
+                        & (arrivals["bytes"] > 0) & (arrivals["transfer_ms"] > 0)]
+    if arrivals.empty:
+        return arrivals
+    per_instance = arrivals.groupby(["group", "seq"]).agg(
+        name=("name", "first"), bytes=("bytes", "max"), transfer_ms=("transfer_ms", "first"),
+        members=("members", "first"), group_ranks=("group_ranks", "first"))
+    per_instance["algbw_gbps"] = per_instance["bytes"] / (per_instance["transfer_ms"] / 1e3) / 1e9
+    factor = [BUS_FACTOR.get(n, lambda m: 1.0)(m) for n, m in zip(per_instance["name"], per_instance["members"])]
+    per_instance["busbw_gbps"] = per_instance["algbw_gbps"] * factor
+    return per_instance
+
+
+def detect(ctx):
+    b = ctx.breakdown
+    if b.empty:
+        return []
+    per_rank = b.groupby("rank")[["exposed_comm_ms", "step_ms"]].median()
+    syncs = hidden_sync.candidates(ctx)
+    syncs = syncs[syncs["kind"].astype(str) == "collective"]
+    if len(syncs) and ctx.steady:
+        per_rank["exposed_comm_ms"] = (per_rank["exposed_comm_ms"]
+                                       - syncs.groupby("rank")["dur_ms"].sum().reindex(per_rank.index).fillna(0)
+                                       / len(ctx.steady)).clip(lower=0)
+    frac = per_rank["exposed_comm_ms"] / per_rank["step_ms"]
+    least = int(frac.idxmin())
+    exposed = float(frac.min())
+    if exposed < INFO_FRAC:
+        return []
+    severity = "critical" if exposed >= CRITICAL_FRAC else "warning" if exposed >= WARNING_FRAC else "info"
+    metrics = {"exposed_comm_frac": exposed, "exposed_comm_ms_per_step": float(per_rank.loc[least, "exposed_comm_ms"]),
+               "max_rank_exposed_comm_frac": float(frac.max())}
+    bandwidth = bandwidth_table(ctx)
+    slowest = ""
+    if len(bandwidth):
+        by_kind = bandwidth.groupby("name").agg(busbw=("busbw_gbps", "median"), algbw=("algbw_gbps", "median"))
+        for name, row in by_kind.iterrows():
+            metrics[f"{name}_busbw_gbps"] = float(row["busbw"])
+            metrics[f"{name}_algbw_gbps"] = float(row["algbw"])
+        by_group = bandwidth.groupby("group_ranks")["transfer_ms"].sum().sort_values(ascending=False)
+        slowest = f"; most communication time in group [{by_group.index[0]}]"
+    return [Finding(
+        kind="exposed_comm", ranks=sorted(int(r) for r in frac.index), severity=severity,
+        impact_ms_per_step=float(per_rank.loc[least, "exposed_comm_ms"]),
+        title=f"communication not overlapped with compute takes {exposed:.0%} of the step{slowest}",
+        recommendation=("Overlap communication with compute (bucketed async all-reduce during backward, "
+                        "prefetching all-gathers), shrink what is communicated (bf16 gradients, "
+                        "larger micro-batches per sync), or use a faster interconnect/topology-aware groups."),
+        metrics=metrics)]

@@ -1,0 +1,57 @@
+"""pipeline_bubble: pipeline stages sit idle for a large part of the step.
+
+Signal: per pipeline rank, the part of the steady step not spent in forward or
+backward compute, against the schedule's theoretical bubble (p-1)/(m+p-1) for p
+stages and m micro-batches. Threshold: the theoretical bubble is >= 20% (too few
+micro-batches for the depth); impact is the idle above a 10% target, severity
+from impact. Measured idle far above theory (>= 30 points) with enough
+micro-batches is reported as info only: its causes (a slow stage, blocking p2p,
+CPU contention between co-located stages) have findings of their own. The
+recommendation gives the micro-batch count that brings theory under 10%.
+"""
+import math
+
+from diagnose.analysis.detectors.run_structure import rank_stages
+from diagnose.analysis.findings import Finding
+
+THEORY_GATE_FRAC = 0.2
+EXCESS_GATE_FRAC = 0.3
+TARGET_FRAC = 0.1
+
+
+def detect(ctx):
+    events = ctx.run.events()
+    stages = rank_stages(events)
+    n_stages = len(set(stages.values()))
+    if n_stages < 2 or ctx.breakdown.empty:
+        return []
+    pipeline = ctx.breakdown[ctx.breakdown["rank"].isin(stages)]
+    per_rank = pipeline.groupby("rank")[["step_ms", "forward_ms", "backward_ms"]].median()
+    idle_frac = 1 - (per_rank["forward_ms"] + per_rank["backward_ms"]) / per_rank["step_ms"]
+    measured = float(idle_frac.mean())
+    phases = events[(events["kind"] == "phase") & (events["microbatch"] >= 0)]
+    phases = phases[phases["step"].isin(ctx.steady)]
+    microbatches = int(phases.groupby(["rank", "step"])["microbatch"].nunique().median()) if len(phases) else 0
+    if microbatches <= 0:
+        return []
+    theory = (n_stages - 1) / (microbatches + n_stages - 1)
+    if theory < THEORY_GATE_FRAC and measured - theory < EXCESS_GATE_FRAC:
+        return []
+    severity = None if theory >= THEORY_GATE_FRAC else "info"
+    needed_m = math.ceil((n_stages - 1) * (1 - TARGET_FRAC) / TARGET_FRAC)
+    impact_ms = max(measured - TARGET_FRAC, 0.0) * ctx.step_ms
+    worst = int(idle_frac.idxmax())
+    stalls = measured - theory >= EXCESS_GATE_FRAC
+    recommendation = (f"Use at least {needed_m} micro-batches per step for {n_stages} stages "
+                      f"(now {microbatches}), or an interleaved schedule"
+                      + ("; the measured idle is well above theory, so also check stage balance "
+                         "and point-to-point waits." if stalls else "."))
+    return [Finding(
+        kind="pipeline_bubble", severity=severity, ranks=sorted(int(r) for r in idle_frac.index), stage=stages.get(worst),
+        impact_ms_per_step=impact_ms,
+        title=(f"pipeline stages idle {measured:.0%} of the step (theory for {n_stages} stages x "
+               f"{microbatches} micro-batches: {theory:.0%})"),
+        recommendation=recommendation,
+        metrics={"bubble_frac": measured, "theoretical_bubble_frac": theory,
+                 "microbatches": microbatches, "stages": n_stages,
+                 "microbatches_for_10pct": needed_m, "worst_rank_bubble_frac": float(idle_frac.max())})]

@@ -1,0 +1,146 @@
+"""straggler: the rank whose late arrival at collectives makes the others wait.
+
+Signal: every collective instance is matched across its members; the last to
+arrive caused the others' waits (last arrival - own arrival). Per rank we sum
+the waiting it caused per steady step (the typical other member's wait, per
+instance it was last at). Only groups whose members run the same pipeline stage
+are used: across stages, arriving last is the schedule, not a straggler.
+
+Threshold: the rank must cause >= 2x the median of what its stage peers cause
+plus 0.5 ms per step (jitter makes everyone last sometimes), be the top
+waiter-maker among its peers in >= 50% of steady steps ("persistent"; 20-50%
+"intermittent"),
+its busy time (step minus time blocked waiting on others) must be >= 1.4x the
+median of its pipeline-stage peers' (clean 4-rank runs sharing 2 cores have
+shown up to 1.31x: the scheduler favours some ranks; a 30 ms slowdown of a
+~50 ms step is ~1.7x), and it must cost >= 3% of the step to be a warning (severity
+from impact). Evidence: busy and compute (forward+backward+optimizer) ratios to
+the median rank, and which part of its step is slow.
+"""
+import numpy as np
+import pandas as pd
+
+from diagnose.analysis.detectors.run_structure import rank_stages
+from diagnose.analysis.findings import Finding
+
+CAUSED_RATIO = 2.0
+FLOOR_MS = 0.5
+PERSISTENT_FRAC = 0.5
+INTERMITTENT_FRAC = 0.2
+BUSY_RATIO = 1.4
+
+
+def _same_stage_groups(arrivals, stages):
+    if not stages:
+        return arrivals
+    member_stage = arrivals["rank"].map(stages)
+    n_stages = member_stage.groupby(arrivals["group"]).nunique(dropna=False)
+    return arrivals[arrivals["group"].isin(n_stages[n_stages <= 1].index)]
+
+
+def union_ms(frame, keys, start, end) -> pd.Series:
+    """Per group of `keys`, the length (ms) of the union of its [start, end]
+    intervals: one sort and a running max instead of a Python loop per group
+    (1,024 ranks x 200 steps is ~10^6 groups). Touching intervals merge."""
+    frame = frame.sort_values([*keys, start], kind="stable")
+    group = frame.groupby(keys, sort=False).ngroup().to_numpy()
+    s, e = frame[start].to_numpy(np.int64), frame[end].to_numpy(np.int64)
+    reach = pd.Series(e).groupby(group).cummax().to_numpy()  # furthest end so far in the group
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = (group[1:] != group[:-1]) | (s[1:] > reach[:-1])
+    first = np.flatnonzero(new)
+    last = np.append(first[1:], len(s)) - 1
+    lengths = reach[last] - s[first]  # each merged interval: its start to its furthest end
+    per_interval = frame.iloc[first][keys].assign(_ns=lengths)
+    return (per_interval.groupby(keys)["_ns"].sum() / 1e6).rename(None)
+
+
+def waiting_caused(ctx):
+    """(rank x steady step) -> ms the other members spent waiting for this rank.
+
+    Waits of overlapping async collectives (DDP buckets) overlap in time, so a
+    member's waiting is the union of its [own arrival, last arrival] intervals,
+    not their sum; the typical (median) member's union is what the rank caused.
+    """
+    arrivals = ctx.run.arrivals()
+    if arrivals.empty:
+        return None
+    # Only the columns used here, and the group as an integer code: every filter
+    # below then copies a few numeric columns, not the table's strings.
+    arrivals = arrivals[["kind", "group", "rank", "step", "members", "expected_members", "last_rank",
+                         "wait_ms", "arrival_ns", "last_arrival_ns"]]
+    arrivals = arrivals[(arrivals["kind"] == "collective") & arrivals["step"].isin(ctx.steady)
+                        & (arrivals["members"] == arrivals["expected_members"])]
+    arrivals = arrivals.drop(columns="kind").assign(group=pd.factorize(arrivals["group"])[0])
+    arrivals = _same_stage_groups(arrivals, rank_stages(ctx.run.events()))
+    others = arrivals[(arrivals["rank"] != arrivals["last_rank"]) & (arrivals["wait_ms"] > 0)]
+    if others.empty:
+        return None
+    per_member = union_ms(others, ["last_rank", "step", "rank"], "arrival_ns", "last_arrival_ns")
+    caused = per_member.groupby(["last_rank", "step"]).median()
+    caused = caused.unstack("step").reindex(columns=ctx.steady).fillna(0.0)
+    return caused.reindex(sorted(arrivals["rank"].unique())).fillna(0.0)
+
+
+def _busy_ratio(ctx, rank, stages, steps):
+    """The rank's busy time (step minus waiting on others) over the median of the
+    ranks doing the same work (its pipeline stage), over the given steps."""
+    breakdown = ctx.breakdown
+    if len(steps):
+        breakdown = breakdown[breakdown["step"].isin(steps)]
+    breakdown = breakdown.groupby("rank").median(numeric_only=True)
+    if stages:
+        breakdown = breakdown[breakdown.index.map(lambda r: stages.get(r) == stages.get(rank))]
+    if rank not in breakdown.index or len(breakdown) < 2:
+        return None, breakdown
+    busy = breakdown["step_ms"] - breakdown["exposed_comm_ms"] - breakdown["pipeline_wait_ms"]
+    return float(busy[rank] / busy.drop(rank).median()), breakdown
+
+
+def detect(ctx):
+    caused = waiting_caused(ctx)
+    if caused is None or caused.empty or len(caused) < 2:
+        return []
+    per_rank_ms = caused.mean(axis=1)
+    stages = rank_stages(ctx.run.events())
+    # A rank downstream of a straggler in a pipeline arrives late too, but it is
+    # not slow itself: take the biggest waiter-maker that is also busier than its peers.
+    for top in per_rank_ms.sort_values(ascending=False).index.astype(int):
+        peers = [r for r in caused.index if not stages or stages.get(r) == stages.get(top)]
+        others = [r for r in peers if r != top] or [r for r in caused.index if r != top]
+        baseline_ms = float(per_rank_ms[others].median())
+        top_ms = float(per_rank_ms[top])
+        if top_ms < CAUSED_RATIO * baseline_ms + FLOOR_MS:
+            continue
+        straggling = caused.loc[peers].idxmax(axis=0) == top
+        top_in_steps = float(straggling.mean())
+        # a persistent straggler is judged on every step; an intermittent one on
+        # the steps it straggled in (its median over all steps is a normal step)
+        judged = straggling.index if top_in_steps >= PERSISTENT_FRAC else straggling[straggling].index
+        busy_ratio, breakdown = _busy_ratio(ctx, top, stages, judged)
+        if top_in_steps >= INTERMITTENT_FRAC and busy_ratio is not None and busy_ratio >= BUSY_RATIO:
+            break
+    else:
+        return []
+    persistent = top_in_steps >= PERSISTENT_FRAC
+    compute = breakdown["forward_ms"] + breakdown["backward_ms"] + breakdown["optimizer_ms"]
+    compute_ratio = float(compute[top] / compute.drop(top).median())
+    parts = ["data_wait_ms", "forward_ms", "backward_ms", "optimizer_ms", "host_sync_ms", "other_ms"]
+    excess = {p: float(breakdown.loc[top, p] - breakdown[p].drop(top).median()) for p in parts}
+    slow_part = max(excess, key=excess.get)
+    impact_ms = top_ms - baseline_ms
+    where = slow_part.removesuffix("_ms").replace("_", " ")
+    title = (f"rank {top} is {'a persistent' if persistent else 'an intermittent'} straggler: it works "
+             f"{busy_ratio:.2f}x as long per step as the median rank (most in {where}, "
+             f"+{excess[slow_part]:.1f} ms); the others wait {top_ms:.1f} ms/step for it in collectives")
+    advice = {"data wait": "its input pipeline is slower: check its data shard, disk and loader workers",
+              "other": "it spends more time outside the recorded phases: check for extra work "
+                       "(logging, checkpointing, Python overhead) on that rank"}.get(
+        where, "check that rank's host and device (thermal throttling, a noisy neighbour, "
+               "a slower GPU or CPU affinity) or rebalance its work")
+    return [Finding(
+        kind="straggler", title=title, ranks=[top], impact_ms_per_step=impact_ms,
+        recommendation=f"Rank {top} is slowest in {where}: {advice}.",
+        metrics={"waiting_caused_ms_per_step": top_ms, "others_caused_median_ms": baseline_ms,
+                 "compute_ratio_x": compute_ratio, "busy_ratio_x": busy_ratio, "last_in_steps_frac": top_in_steps,
+                 "persistent": float(persistent)})]

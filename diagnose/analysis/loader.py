@@ -1,0 +1,272 @@
+"""`diagnose.load(RUN)`: all ranks' traces merged onto one clock, as pandas tables.
+
+Times in every table are ns since the run's first event, on rank 0's clock
+(`Run.wall_t0_ns` converts back to wall time). Derived tables are computed on
+first use and cached.
+"""
+import functools
+import glob
+import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from diagnose import rundir
+from diagnose.analysis import clock_align
+from diagnose.errors import UserError
+from diagnose.rundir import rank_reader
+
+STRING_COLUMNS = ("kind", "name", "group", "group_ranks", "callsite", "detail")
+
+
+class Run:
+    def __init__(self, run_dirs, warn=None):
+        if isinstance(run_dirs, (str, os.PathLike)):
+            run_dirs = [run_dirs]
+        self.run_dirs = [rundir.require_run_dir(str(d)) for d in run_dirs]
+        if not self.run_dirs:
+            raise UserError("no run directory given")
+        self.root = self.run_dirs[0]
+        self.warnings: list[str] = []
+        self._warn_sink = warn
+        self.manifest = rundir.read_manifest(self.root)
+        self.rank_meta: dict[int, dict] = {}
+        self.rank_dirs: dict[int, str] = {}
+        todo = []  # (rank, rank_dir) to read, or a warning, in directory order
+        for run_dir in self.run_dirs:
+            for rank_dir in rundir.rank_dirs(run_dir):
+                rank = rank_reader.rank_of_dir(rank_dir)
+                if rank is None:
+                    continue
+                if rank in self.rank_dirs:
+                    todo.append(f"{rank_dir}: rank {rank} already read from {self.rank_dirs[rank]}; ignored")
+                    continue
+                self.rank_dirs[rank] = rank_dir
+                todo.append((rank, rank_dir))
+        event_tables, sample_tables = [], []
+        for item, result in zip(todo, _read_ranks(todo)):
+            if isinstance(item, str):
+                self.warn(item)
+                continue
+            (rank, rank_dir), (meta, events, samples, notes) = item, result
+            for note in notes:  # in the order a sequential read would have said them
+                self.warn(note)
+            self.rank_meta[rank] = meta
+            if events is None:
+                self.warn(f"{rank_dir}: no readable events")
+            else:
+                event_tables.append(_with_rank(events, rank))
+            if samples is not None:
+                sample_tables.append(_with_rank(samples, rank))
+        self._events = _to_pandas(event_tables, _empty_events())
+        self._samples = _to_pandas(sample_tables, None)
+        self.offsets_ns, self.offset_errors_ns, bounded = clock_align.measured_offsets(self.rank_meta)
+        self._shift(self._events, self.offsets_ns, ("start_ns", "end_ns"))
+        self.refinements_ns = clock_align.refine_offsets(self._events, self.offset_errors_ns, bounded)
+        self._shift(self._events, self.refinements_ns, ("start_ns", "end_ns"))
+        for rank, extra in self.refinements_ns.items():
+            self.offsets_ns[rank] = self.offsets_ns.get(rank, 0) + extra
+        self.t0_ns = int(self._events["start_ns"].min()) if len(self._events) else 0
+        self._events["start_ns"] -= self.t0_ns
+        self._events["end_ns"] -= self.t0_ns
+        if self._samples is not None:
+            self._shift(self._samples, self.offsets_ns, ("ts_ns",))
+            self._samples["ts_ns"] -= self.t0_ns
+        self.wall_t0_ns = self._wall_of(self.t0_ns)
+
+    # -- plumbing -----------------------------------------------------------
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+        if self._warn_sink is not None:
+            self._warn_sink(message)
+
+    @staticmethod
+    def _shift(frame, offsets: dict, columns) -> None:
+        if frame is None or not offsets or frame.empty:
+            return
+        shift = frame["rank"].map(offsets).fillna(0).astype("int64")
+        for column in columns:
+            frame[column] -= shift
+
+    def _wall_of(self, t_ns: int) -> int | None:
+        for rank in sorted(self.rank_meta):
+            clock = self.rank_meta[rank].get("clock") or {}
+            try:
+                return int(clock["wall_anchor_ns"] + (t_ns + self.offsets_ns.get(rank, 0)
+                                                       - clock["mono_anchor_ns"]))
+            except (KeyError, TypeError):
+                continue
+        return None
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.rank_dirs)
+
+    @property
+    def world_size(self) -> int:
+        sizes = [m.get("world_size") for m in self.rank_meta.values() if isinstance(m.get("world_size"), int)]
+        return max(sizes + [len(self.rank_dirs), self.manifest.get("world_size") or 0])
+
+    def cwd(self) -> str:
+        for meta in self.rank_meta.values():
+            if isinstance(meta.get("cwd"), str):
+                return meta["cwd"]
+        return self.manifest.get("cwd", os.getcwd())
+
+    # -- tables -------------------------------------------------------------
+    def events(self) -> pd.DataFrame:
+        """Every recorded row, aligned."""
+        return self._events
+
+    def spans(self) -> pd.DataFrame:
+        """Ranges (not the wait/done bookkeeping rows), with duration."""
+        spans = self._events[~self._events["kind"].isin(["wait", "done"])]  # a new frame already
+        return spans.assign(dur_ms=(spans["end_ns"] - spans["start_ns"]) / 1e6)
+
+    def samples(self) -> pd.DataFrame:
+        return self._samples if self._samples is not None else pd.DataFrame(
+            {"ts_ns": [], "metric": [], "value": [], "rank": []})
+
+    @functools.lru_cache(maxsize=None)
+    def steps(self) -> pd.DataFrame:
+        from diagnose.analysis.step_tables import steps_table
+        return steps_table(self._events)
+
+    @functools.lru_cache(maxsize=None)
+    def collectives(self) -> pd.DataFrame:
+        from diagnose.analysis.matching import collectives_table
+        return collectives_table(self._events)
+
+    @functools.lru_cache(maxsize=None)
+    def arrivals(self) -> pd.DataFrame:
+        from diagnose.analysis.matching import arrivals_table
+        return arrivals_table(self.collectives())
+
+    @functools.lru_cache(maxsize=None)
+    def breakdown(self) -> pd.DataFrame:
+        from diagnose.analysis.breakdown import step_breakdown
+        return step_breakdown(self._events, self.steps())
+
+    @functools.lru_cache(maxsize=None)
+    def steady_steps(self) -> list[int]:
+        from diagnose.analysis.step_tables import steady_state_steps
+        return steady_state_steps(self.steps())
+
+    @functools.cached_property
+    def progress(self) -> dict[int, dict]:
+        """rank -> its last progress.json (steps done, recent step times)."""
+        from diagnose.rundir.progress import read_progress
+        return {r: p for r, p in read_progress(self.root).items() if r in self.rank_dirs}
+
+    @functools.cached_property
+    def watchdog_dumps(self) -> dict[int, dict]:
+        """rank -> the hang dump its writer thread left (in-flight collectives, stacks)."""
+        dumps = {}
+        for rank, rank_dir in self.rank_dirs.items():
+            for path in sorted(glob.glob(os.path.join(glob.escape(rank_dir), "watchdog-*.json"))):
+                try:
+                    with open(path, encoding="utf-8") as f:
+                        dump = json.load(f)
+                    if isinstance(dump, dict):
+                        dumps[rank] = dump
+                except (OSError, ValueError, UnicodeDecodeError):
+                    self.warn(f"{path}: unreadable watchdog dump; skipped")
+        return dumps
+
+    # GPU tables (imported Kineto / Nsight traces): definitions in diagnose/analysis/gpu_tables.py
+    @functools.lru_cache(maxsize=None)
+    def kernels(self) -> pd.DataFrame:
+        from diagnose.analysis.gpu_tables import kernels_table
+        return kernels_table(self._events)
+
+    @functools.lru_cache(maxsize=None)
+    def temporal_breakdown(self) -> pd.DataFrame:
+        from diagnose.analysis.gpu_tables import temporal_breakdown
+        return temporal_breakdown(self.kernels(), self.steps())
+
+    @functools.lru_cache(maxsize=None)
+    def comm_comp_overlap(self) -> pd.DataFrame:
+        from diagnose.analysis.gpu_tables import comm_comp_overlap
+        return comm_comp_overlap(self.kernels(), self.steps())
+
+    @functools.lru_cache(maxsize=None)
+    def input_wait(self) -> pd.DataFrame:
+        from diagnose.analysis.gpu_tables import input_wait
+        return input_wait(self.breakdown(), self.steps(), self._events, self.kernels())
+
+    @property
+    def findings(self) -> list[dict]:
+        path = os.path.join(self.root, rundir.FINDINGS)
+        try:
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            from diagnose.analysis.run_detectors import detect
+            return detect(self)
+
+    def __repr__(self) -> str:
+        return f"Run({self.root!r}, ranks={len(self.rank_dirs)}, events={len(self._events)})"
+
+
+def _read_rank(item):
+    if isinstance(item, str):
+        return None
+    notes = []
+    _, rank_dir = item
+    meta = rank_reader.read_meta(rank_dir, notes.append)
+    events = rank_reader.read_events(rank_dir, notes.append)
+    samples = rank_reader.read_samples(rank_dir, lambda m: None)
+    return meta, events, samples, notes
+
+
+def _read_ranks(todo) -> list:
+    """Rank folders read by a few threads (Parquet decoding releases the GIL):
+    on 1,024 ranks the per-file overhead, not the bytes, is what costs."""
+    if len(todo) < 8:
+        return [_read_rank(item) for item in todo]
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        return list(pool.map(_read_rank, todo))
+
+
+def _with_rank(table: pa.Table, rank: int) -> pa.Table:
+    return table.append_column("rank", pa.array(np.full(table.num_rows, rank, np.int32)))
+
+
+def _empty_events() -> pd.DataFrame:
+    from collectors.schema import EVENT_SCHEMA
+    frame = EVENT_SCHEMA.empty_table().to_pandas()
+    frame["rank"] = pd.Series([], dtype="int32")
+    return frame
+
+
+def _to_pandas(tables, empty):
+    """One frame for all ranks: STRING_COLUMNS become categoricals (the readers
+    hand them over dictionary-encoded), other string columns plain objects.
+    Converted on this thread: Arrow's thread pool made a process's first
+    conversion cost 0.16 s of CPU instead of 0.014 s (8 Kineto ranks, 210k rows:
+    its threads touch fresh memory), and was no faster on 9.8 M rows (2.6-2.8 s
+    either way, 2 cores)."""
+    if not tables:
+        return empty
+    table = pa.concat_tables(tables, promote_options="none")
+    del tables[:]  # the per-rank tables are in `table` now; let them go as it converts
+    for index, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type) and field.name not in STRING_COLUMNS:
+            table = table.set_column(index, field.name, table.column(index).cast(pa.string()))
+    table = table.unify_dictionaries()
+    frame = table.to_pandas(split_blocks=True, self_destruct=True, use_threads=False)
+    del table
+    pa.default_memory_pool().release_unused()
+    return frame
+
+
+def load(*run_dirs, warn=None) -> Run:
+    """Load one run (or one per node of a multi-node run) for analysis."""
+    if warn is None:
+        def warn(message):
+            print(f"diagnose: warning: {message}", file=sys.stderr)
+    return Run(list(run_dirs), warn=warn)

@@ -1,0 +1,71 @@
+"""Run every detector over a loaded run; write analysis/*.parquet and findings.json."""
+import importlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from collectors.part_writer import atomic_write_json
+from diagnose import rundir
+from diagnose.analysis.detectors import DETECTORS
+from diagnose.analysis.findings import sort_findings, with_severity
+
+
+class Context:
+    """What detectors read: the run and its steady-state tables, computed once."""
+
+    def __init__(self, run):
+        self.run = run
+        self.steps = run.steps()
+        self.steady = run.steady_steps()
+        breakdown = run.breakdown()
+        self.breakdown = breakdown[breakdown["step"].isin(self.steady)] if len(breakdown) else breakdown
+        self.step_ms = float(self.breakdown["step_ms"].median()) if len(self.breakdown) else 0.0
+
+    def relpath(self, callsite: str) -> str:
+        if not callsite:
+            return callsite
+        path, _, line = callsite.rpartition(":")
+        try:
+            rel = os.path.relpath(path, self.run.cwd())
+        except ValueError:
+            rel = path
+        return f"{path if rel.startswith('..') else rel}:{line}"
+
+
+def detect(run) -> list[dict]:
+    ctx = Context(run)
+    findings = []
+    for name in DETECTORS:
+        module = importlib.import_module(f"diagnose.analysis.detectors.{name}")
+        try:
+            found = module.detect(ctx)
+        except Exception as exc:  # one broken detector must not hide the others
+            run.warn(f"detector {name} failed: {type(exc).__name__}: {exc}")
+            continue
+        findings.extend(with_severity(f, ctx.step_ms).to_dict() for f in found)
+    return sort_findings(findings)
+
+
+def write_analysis(run) -> list[dict]:
+    out = os.path.join(run.root, rundir.ANALYSIS)
+    os.makedirs(out, exist_ok=True)
+    tables = {"steps": run.steps(), "breakdown": run.breakdown(), "collectives": run.collectives(),
+              "arrivals": run.arrivals()}
+    # Writing Parquet is C++ that releases the GIL: on a second core it costs
+    # the analysis nothing (1,024 ranks: 5-7 s of writing hidden behind the detectors).
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        written = pool.submit(_write_tables, tables, out)
+        findings = detect(run)
+        for message in written.result():
+            run.warn(message)
+    atomic_write_json(os.path.join(run.root, rundir.FINDINGS), findings)
+    return findings
+
+
+def _write_tables(tables: dict, out: str) -> list[str]:
+    failures = []
+    for name, table in tables.items():
+        try:
+            table.to_parquet(os.path.join(out, f"{name}.parquet"), index=False)
+        except Exception as exc:
+            failures.append(f"analysis/{name}.parquet not written: {type(exc).__name__}: {exc}")
+    return failures

@@ -1,0 +1,37 @@
+"""After a run (or on demand): load, analyze, export, report, track."""
+import os
+
+from diagnose import rundir
+from diagnose.analysis.loader import load
+from diagnose.analysis.run_detectors import write_analysis
+from diagnose.exporters.chrome_trace import write_chrome_trace
+
+
+def analyze_run(run_dirs, outputs: bool = True, warn=None):
+    """Analyze and write findings.json and the tables; with `outputs`, also the
+    merged trace, report.html and the MLflow run. Returns (run, findings)."""
+    run = load(*run_dirs, warn=warn)
+    findings = write_analysis(run)
+    if outputs:
+        write_chrome_trace(run, os.path.join(run.root, rundir.CHROME_TRACE))
+        for step in _optional_outputs():
+            try:
+                step(run, findings)
+            except Exception as exc:  # a report or tracker failure must not lose the analysis
+                run.warn(f"{step.__module__}: {type(exc).__name__}: {exc}")
+    return run, findings
+
+
+def _optional_outputs():
+    steps = []
+    try:
+        from dashboards.report_page import write_report
+        steps.append(lambda run, findings: write_report(run, findings))
+    except ImportError:
+        pass
+    try:
+        from diagnose.exporters.mlflow_run import log_run
+        steps.append(lambda run, findings: log_run(run, findings))
+    except ImportError:
+        pass
+    return steps

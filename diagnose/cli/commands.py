@@ -1,0 +1,197 @@
+"""The `diagnose` command line (typer). Misuse is one line on stderr and exit 2."""
+import json
+import os
+import sys
+from typing import List, Optional
+
+import click
+import typer
+
+try:  # recent typer vendors its own click
+    from typer._click import exceptions as _typer_click
+    USAGE_ERRORS = (click.exceptions.UsageError, _typer_click.UsageError)
+    ABORTS = (click.exceptions.Abort, getattr(_typer_click, "Abort", KeyboardInterrupt),
+              KeyboardInterrupt)
+except ImportError:
+    USAGE_ERRORS = (click.exceptions.UsageError,)
+    ABORTS = (click.exceptions.Abort, KeyboardInterrupt)
+
+from diagnose.errors import UserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,
+                  help="Profile and diagnose distributed PyTorch training jobs.")
+PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def _finish(run_dir: str, status: int, analyze: bool) -> int:
+    from diagnose.cli.after_run import analyze_run
+    from diagnose.cli.console import print_findings
+    if analyze:
+        run, findings = analyze_run([run_dir])
+        print_findings(findings)
+    print(f"diagnose: run directory {run_dir}")
+    if analyze:
+        for name in ("analysis/findings.json", "trace.json.gz", "report.html"):
+            if os.path.exists(os.path.join(run_dir, name)):
+                print(f"diagnose:   {name}")
+    if os.path.exists(os.path.join(run_dir, "mlflow_run_id")):
+        print(f"diagnose:   tracked in MLflow: diagnose ui --runs-root {os.path.dirname(run_dir)}")
+    if status:
+        print(f"diagnose: the job exited with status {status}")
+    return status
+
+
+@app.command(context_settings=PASSTHROUGH)
+def run(ctx: typer.Context,
+        out: Optional[str] = typer.Option(None, "--out", help="run directory (default runs/<timestamp>)"),
+        name: Optional[str] = typer.Option(None, "--name", help="a name for the run"),
+        no_analyze: bool = typer.Option(False, "--no-analyze", help="skip analysis at the end"),
+        force: bool = typer.Option(False, "--force", help="reuse a non-empty --out"),
+        hang_timeout: float = typer.Option(1800.0, "--hang-timeout",
+                                           help="seconds without progress before the job is ended as hung"),
+        nsys: bool = typer.Option(False, "--nsys", help="run each rank under `nsys profile` (if on PATH)"),
+        torch_profiler: Optional[str] = typer.Option(
+            None, "--torch-profiler", metavar="STEPS",
+            help="record steps FIRST-LAST with the PyTorch profiler and import its kernels")):
+    """Run COMMAND (after `--`) with every rank instrumented, then analyze it."""
+    from diagnose.run.launcher import RunOptions, launch
+    command = list(ctx.args)
+    unknown = [a for a in command[:1] if a.startswith("-")]
+    if unknown:
+        raise UserError(f"unknown option {unknown[0]!r} (put the job after `--`)")
+    run_dir, status = launch(RunOptions(command=command, out_dir=out, name=name, force=force,
+                                        hang_timeout_s=hang_timeout, nsys=nsys,
+                                        torch_profiler=_steps_option(torch_profiler)))
+    return _finish(run_dir, status, not no_analyze)
+
+
+@app.command()
+def analyze(runs: List[str] = typer.Argument(..., help="run directory (several: one per node)"),
+            as_json: bool = typer.Option(False, "--json", help="print findings as JSON"),
+            quiet: bool = typer.Option(False, "--quiet", help="findings only, no breakdown"),
+            no_outputs: bool = typer.Option(False, "--no-outputs",
+                                            help="write only findings.json and the analysis tables: no merged "
+                                                 "trace, report or MLflow run (for very large runs)")):
+    """Analyze a run directory: breakdown per rank and findings."""
+    from diagnose.cli.after_run import analyze_run
+    from diagnose.cli.console import print_breakdown, print_findings
+    run, findings = analyze_run(runs, outputs=not (as_json or no_outputs))
+    if as_json:
+        print(json.dumps(findings, indent=1))
+        return 0
+    if not quiet:
+        print_breakdown(run)
+    print_findings(findings)
+    return 0
+
+
+@app.command()
+def export(run_dir: str = typer.Argument(..., help="run directory"),
+           format: str = typer.Option("chrome", "--format", help="chrome | nvtxt | nsys-rep"),
+           out: Optional[str] = typer.Option(None, "--out", help="output path")):
+    """Export a run's merged trace (chrome: Perfetto / chrome://tracing; nvtxt:
+    Nsight's ImportNvtxt, one file per rank; nsys-rep: Nsight Systems report)."""
+    from diagnose import rundir
+    from diagnose.analysis.loader import load
+    if format in ("nvtxt", "nsys-rep"):
+        from diagnose.cli.interop_commands import export_interop
+        return export_interop(run_dir, format, out)
+    if format != "chrome":
+        raise UserError(f"unknown export format {format!r} (known: chrome, nvtxt, nsys-rep)")
+    from diagnose.exporters.chrome_trace import write_chrome_trace
+    run = load(run_dir)
+    path = write_chrome_trace(run, out or os.path.join(run.root, rundir.CHROME_TRACE))
+    print(path)
+    return 0
+
+
+@app.command()
+def merge(runs: List[str] = typer.Argument(..., help="run directories, one per node"),
+          out: str = typer.Option(..., "--out", help="the merged run directory")):
+    """Merge per-node run directories of one multi-node job into one run."""
+    from diagnose.rundir.node_merge import merge_runs
+    merged = merge_runs(runs, out)
+    print(f"diagnose: merged {len(runs)} run directories into {merged}")
+    return 0
+
+
+@app.command()
+def demo(scenario: str = typer.Option("showcase", "--scenario", help="scenario name"),
+         out: Optional[str] = typer.Option(None, "--out", help="run directory"),
+         hang_timeout: float = typer.Option(20.0, "--hang-timeout")):
+    """Run the reference trainer under `diagnose run` with one injected problem."""
+    from diagnose.cli.demo_command import demo_command
+    from diagnose.run.launcher import RunOptions, launch
+    command = demo_command(scenario)
+    print(f"diagnose: demo scenario {scenario!r}: {' '.join(command)}")
+    run_dir, status = launch(RunOptions(command=command, out_dir=out, name=f"demo-{scenario}",
+                                        hang_timeout_s=hang_timeout))
+    return _finish(run_dir, status, True)
+
+
+@app.command()
+def report(run_dir: str = typer.Argument(..., help="run directory"),
+           out: Optional[str] = typer.Option(None, "--out", help="output path (default <run>/report.html)"),
+           steps: Optional[str] = typer.Option(None, "--steps", help="timeline steps FIRST-LAST (default: a few steady steps)")):
+    """(Re)write a run's self-contained HTML report."""
+    from diagnose.cli.report_commands import report_command
+    print(report_command(run_dir, out, steps))
+    return 0
+
+
+@app.command()
+def compare(run_a: str = typer.Argument(..., help="run directory A (before)"),
+            run_b: str = typer.Argument(..., help="run directory B (after)"),
+            html: Optional[str] = typer.Option(None, "--html", help="also write the comparison as HTML here"),
+            as_json: bool = typer.Option(False, "--json", help="print the comparison as JSON")):
+    """Compare two runs: step time, breakdown per phase, findings gained and lost."""
+    from diagnose.cli.compare_command import compare_command
+    return compare_command(run_a, run_b, html, as_json)
+
+
+@app.command()
+def ui(port: int = typer.Option(5000, "--port", help="port on 127.0.0.1"),
+       runs_root: str = typer.Option("runs", "--runs-root", help="directory holding the run directories (and mlflow.db)")):
+    """Start the MLflow UI on 127.0.0.1 over the runs' tracking store."""
+    from diagnose.cli.report_commands import ui_command
+    return ui_command(runs_root, port)
+
+
+def _steps_option(spec):
+    if spec is None:
+        return None
+    from collectors.profiler_window import parse_window
+    try:
+        first, last = parse_window(spec)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return f"{first}-{last}"
+
+
+from diagnose.cli.interop_commands import import_app  # noqa: E402  (`diagnose import kineto|nsys`)
+app.add_typer(import_app, name="import")
+
+
+def main(argv=None) -> None:
+    from diagnose.cli.allocator import keep_freed_memory
+    keep_freed_memory()
+    try:
+        status = app(args=argv, standalone_mode=False, prog_name="diagnose")
+    except USAGE_ERRORS as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:
+            print(exc.ctx.get_help())
+            sys.exit(0)
+        print(f"diagnose: error: {exc.format_message()}", file=sys.stderr)
+        sys.exit(2)
+    except UserError as exc:
+        print(f"diagnose: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except ABORTS:
+        print("diagnose: interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(status if isinstance(status, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

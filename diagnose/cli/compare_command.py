@@ -1,0 +1,100 @@
+"""`diagnose compare RUN_A RUN_B`: the command body, the terminal tables and the
+optional HTML page of what diagnose.analysis.run_compare found changed."""
+import json
+import math
+
+from diagnose.analysis.run_compare import compare, summarize
+from diagnose.cli.report_commands import progress_steps
+
+
+def compare_command(run_a: str, run_b: str, html: str | None = None, as_json: bool = False) -> int:
+    with progress_steps("compare", 3 if html else 2) as advance:
+        result = compare_runs(run_a, run_b, html=html, progress=advance)
+    if as_json:
+        print(json.dumps(result, indent=1, default=str))
+        return 0
+    print_comparison(result)
+    if html:
+        print(f"diagnose: comparison written to {result['html']}")
+    return 0
+
+
+def _fmt(value, unit=" ms") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.1f}{unit}"
+
+
+def _fmt_ratio(value) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def print_comparison(result: dict, out=None) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from diagnose.cli.console import console
+    out = out or console()
+    a, b, st = result["a"], result["b"], result["step_time"]
+    out.print(Text(f"A: {a['name']}  ({a['root']})\nB: {b['name']}  ({b['root']})"))
+    table = Table(title="Step time (steady steps)")
+    for column in ("", "A", "B", "change", "B/A"):
+        table.add_column(column, justify="right" if column else "left")
+    delta = st["delta_ms"]
+    table.add_row("median over ranks", _fmt(st["a_ms"]), _fmt(st["b_ms"]),
+                  "-" if delta is None else f"{delta:+.1f} ms", _fmt_ratio(st["ratio"]))
+    mean_delta = (None if st["mean_a_ms"] is None or st["mean_b_ms"] is None
+                  else st["mean_b_ms"] - st["mean_a_ms"])
+    table.add_row("mean over ranks", _fmt(st["mean_a_ms"]), _fmt(st["mean_b_ms"]),
+                  "-" if mean_delta is None else f"{mean_delta:+.1f} ms", _fmt_ratio(st["mean_ratio"]))
+    slow_delta = (None if st["slowest_a_ms"] is None or st["slowest_b_ms"] is None
+                  else st["slowest_b_ms"] - st["slowest_a_ms"])
+    table.add_row("slowest rank (median)", _fmt(st["slowest_a_ms"]), _fmt(st["slowest_b_ms"]),
+                  "-" if slow_delta is None else f"{slow_delta:+.1f} ms",
+                  _fmt_ratio(st["slowest_ratio"]))
+    out.print(table)
+    table = Table(title="Breakdown per phase, ms/step (steady mean over ranks)")
+    for column in ("phase", "A", "B", "change", "B/A"):
+        table.add_column(column, justify="left" if column == "phase" else "right")
+    for p in result["parts"]:
+        table.add_row(p["label"], _fmt(p["a_ms"], ""), _fmt(p["b_ms"], ""),
+                      f"{p['delta_ms']:+.1f}", _fmt_ratio(p["ratio"]))
+    out.print(table)
+    f = result["findings"]
+    table = Table(title="Findings (warning and critical)")
+    for column in ("", "severity", "kind", "ranks", "finding"):
+        table.add_column(column)
+
+    def row(mark, finding, severity=None):
+        table.add_row(mark, severity or finding.get("severity", ""), finding.get("kind", ""),
+                      ",".join(map(str, finding.get("ranks") or [])) or "-",
+                      Text(str(finding.get("title", ""))))
+    for finding in f["gained"]:
+        row("gained", finding)
+    for finding in f["lost"]:
+        row("lost", finding)
+    for pair in f["changed"]:
+        row("changed", pair["b"], pair["change"])
+    if not (f["gained"] or f["lost"] or f["changed"]):
+        table.add_row("same", "", "", "", Text("no warning or critical finding gained or lost"))
+    out.print(table)
+    if f["info_gained"] or f["info_lost"]:
+        out.print(Text(f"info-level findings: {len(f['info_gained'])} gained, "
+                       f"{len(f['info_lost'])} lost"))
+
+
+def compare_runs(dir_a: str, dir_b: str, html: str | None = None, progress=None) -> dict:
+    from diagnose.analysis.loader import load
+    summaries = []
+    for i, run_dir in enumerate((dir_a, dir_b)):
+        if progress:
+            progress(f"loading {'AB'[i]}")
+        run = load(run_dir)
+        summaries.append(summarize(run))
+    result = compare(*summaries)
+    if html:
+        from dashboards.compare_page import write_compare
+        if progress:
+            progress("writing HTML")
+        result["html"] = write_compare(result, html)
+    return result

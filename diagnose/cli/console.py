@@ -1,0 +1,44 @@
+"""Terminal output: the per-rank breakdown and the findings table (rich)."""
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from diagnose.analysis.breakdown import PART_COLUMNS
+
+
+def console() -> Console:
+    return Console(file=sys.stdout, highlight=False, soft_wrap=False, width=160)
+
+
+def print_breakdown(run, out: Console | None = None) -> None:
+    out = out or console()
+    breakdown = run.breakdown()
+    steady = run.steady_steps()
+    if breakdown.empty or not steady:
+        out.print("no completed steps recorded")
+        return
+    per_rank = breakdown[breakdown["step"].isin(steady)].groupby("rank")[["step_ms", *PART_COLUMNS]].mean()
+    table = Table(title=f"Steady-state step breakdown, ms/step (steps {steady[0]}-{steady[-1]})")
+    table.add_column("rank", justify="right")
+    for column in ("step_ms", *PART_COLUMNS):
+        table.add_column(column.removesuffix("_ms"), justify="right")
+    for rank, row in per_rank.iterrows():
+        table.add_row(str(rank), *(f"{row[c]:.1f}" for c in ("step_ms", *PART_COLUMNS)))
+    out.print(table)
+
+
+def print_findings(findings: list[dict], out: Console | None = None) -> None:
+    out = out or console()
+    if not findings:
+        out.print("findings: none")
+        return
+    table = Table(title="Findings (by impact)")
+    for column in ("severity", "kind", "impact ms/step", "ranks", "stage", "callsite", "finding"):
+        table.add_column(column)
+    for f in findings:
+        ranks = ",".join(map(str, f.get("ranks") or [])) or "-"
+        table.add_row(f["severity"], f["kind"], f"{f.get('impact_ms_per_step', 0):.1f}", ranks,
+                      "-" if f.get("stage") is None else str(f["stage"]), f.get("callsite") or "-",
+                      f"{f['title']}\n[dim]{f['recommendation']}[/dim]", end_section=True)
+    out.print(table, markup=True)

@@ -1,0 +1,71 @@
+"""The run-directory contract, read side: what `diagnose run`, the importers
+and `diagnose merge` leave on disk, and how everything else finds it.
+
+Enters: a run directory (docs/run-directory.md): manifest.json, traces/rank-NNNNN/
+with each rank's event and sample parts, meta.json, progress.json and counters.
+Leaves: paths and names (here), one rank's parts read defensively as Arrow
+tables (rank_reader), each rank's progress (progress), one run merged from
+per-node directories (node_merge). Everything that touches a run directory goes
+through this package; the rank side writes it through collectors.part_writer."""
+import json
+import os
+import time
+
+from collectors.part_writer import atomic_write_json
+from diagnose.errors import UserError
+
+MANIFEST = "manifest.json"
+TRACES = "traces"
+ANALYSIS = "analysis"
+FINDINGS = os.path.join(ANALYSIS, "findings.json")
+REPORT = "report.html"
+CHROME_TRACE = "trace.json.gz"
+ALERTS = "alerts.jsonl"
+
+
+def default_out_dir(root: str = "runs", name: str | None = None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return os.path.join(root, f"{stamp}-{name}" if name else stamp)
+
+
+def prepare_out_dir(path: str, force: bool = False) -> str:
+    """Create the run dir; refuse to reuse a non-empty one unless forced (data loss)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserError(f"--out {path} exists and is not a directory")
+    if os.path.isdir(path) and os.listdir(path) and not force:
+        raise UserError(f"--out {path} is not empty; choose another directory or pass --force")
+    os.makedirs(os.path.join(path, TRACES), exist_ok=True)
+    return os.path.abspath(path)
+
+
+def require_run_dir(path: str) -> str:
+    if not os.path.exists(path):
+        raise UserError(f"run directory {path} does not exist")
+    if not os.path.isdir(path):
+        raise UserError(f"{path} is not a directory")
+    if not os.path.isdir(os.path.join(path, TRACES)) and not os.path.isfile(os.path.join(path, MANIFEST)):
+        raise UserError(f"{path} is not a diagnose run directory (no traces/ or manifest.json)")
+    return os.path.abspath(path)
+
+
+def read_manifest(run_dir: str) -> dict:
+    try:
+        with open(os.path.join(run_dir, MANIFEST), encoding="utf-8") as f:
+            manifest = json.load(f)
+        return manifest if isinstance(manifest, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_manifest(run_dir: str, manifest: dict) -> None:
+    atomic_write_json(os.path.join(run_dir, MANIFEST), manifest)
+
+
+def rank_dirs(run_dir: str) -> list[str]:
+    traces = os.path.join(run_dir, TRACES)
+    try:
+        names = sorted(os.listdir(traces))
+    except OSError:
+        return []
+    return [os.path.join(traces, n) for n in names
+            if n.startswith("rank-") and os.path.isdir(os.path.join(traces, n))]

@@ -1,0 +1,38 @@
+"""Each rank's progress as the run directory holds it while the job runs: its
+progress.json (rewritten by the rank's writer every 0.25 s and at each flush) and
+its steps-done counter (a mapped file stored at every step end, exact even after
+a SIGKILL). Read by the launcher's progress line, the live monitor and the loader."""
+import json
+import os
+
+from collectors.part_writer import read_counter
+from collectors.schema import STEPS_DONE_FILE
+from diagnose import rundir
+
+
+def read_progress(run_dir: str) -> dict[int, dict]:
+    progress = {}
+    for rank_dir in rundir.rank_dirs(run_dir):
+        try:
+            rank = int(os.path.basename(rank_dir).split("-", 1)[1])
+        except (ValueError, IndexError):
+            continue
+        # the recorder rewrites the file in place (PartWriter.overwrite_json): a
+        # read in the middle of a write does not parse, and the next one does
+        for _ in range(3):
+            try:
+                with open(os.path.join(rank_dir, "progress.json"), "rb") as f:
+                    progress[rank] = json.loads(f.read())
+                break
+            except OSError:
+                break  # not written yet, or gone
+            except ValueError:
+                continue
+        # progress.json trails by up to a quarter second; the mapped counter does not
+        steps_done = read_counter(os.path.join(rank_dir, STEPS_DONE_FILE))
+        entry = progress.get(rank, {}) if steps_done else None
+        if isinstance(entry, dict):
+            if not isinstance(entry.get("steps_done"), int) or entry["steps_done"] < steps_done:
+                entry["steps_done"] = steps_done
+            progress[rank] = entry
+    return progress
