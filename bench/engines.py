@@ -15,8 +15,8 @@ exit: the arrivals table that the straggler and communication detectors read.
 
 DuckDB and Polars are not dependencies of diagnose; install them in a
 throwaway venv (python3 -m venv /tmp/engines-venv && /tmp/engines-venv/bin/pip
-install duckdb polars pyarrow). Used to choose the engine (issue 8): see the
-README's results section.
+install duckdb polars pyarrow). Used to choose the engine (issue 8): see
+bench/results/2026-11-29-scale-1024.md.
 """
 import argparse
 import os

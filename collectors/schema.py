@@ -4,6 +4,9 @@ One row per recorded thing. Times are the rank's own monotonic clock in ns; the
 loader aligns them to rank 0 with the offsets in meta.json. Integer "absent"
 values are -1, string ones "". Strings are dictionary-encoded by Parquet, so a
 repeated callsite costs a few bits per row.
+
+The format reference is docs/run-directory.md (what each column means per kind,
+and SCHEMA_VERSION: a bump is described there in the change that makes it).
 """
 import numpy as np
 import pyarrow as pa

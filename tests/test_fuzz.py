@@ -1,5 +1,6 @@
 """Issue 5: a fuzz test corrupts copies of a real run dir in 220 seeded ways.
-Analysis must never raise, and every rank left intact is still analyzed."""
+Analysis must never raise, and every rank left intact is still analyzed
+(docs/run-directory.md, "Defensive reading")."""
 import json
 import os
 import random

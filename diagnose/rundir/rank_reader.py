@@ -1,7 +1,8 @@
 """Read one rank's folder defensively: every part file that is readable is used,
 every one that is not yields one warning line and is skipped. Trace content is
 data: Parquet and JSON only, never pickle or eval. A running or killed rank's
-newest parts are JSON rows (collectors.part_writer says why)."""
+newest parts are JSON rows (collectors.part_writer says why). The format:
+docs/run-directory.md."""
 import glob
 import json
 import os
