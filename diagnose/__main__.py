@@ -1,3 +1,3 @@
-from diagnose.cli.commands import main
+from diagnose.cli import main
 
 main()

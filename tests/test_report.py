@@ -229,3 +229,23 @@ def test_waiting_is_charged_to_the_last_arriver():
     assert suffered == {0: 11.0, 1: 8.0, 2: 1.0}
     skew = arrival_skew(arrivals).set_index("seq")["skew_ms"].to_dict()
     assert skew == {0: 10.0, 1: 1.0}
+
+
+def test_bubble_frac_has_one_definition_in_the_report_metrics_and_summary(tmp_path):
+    """Idle over schedule window, whether per step (MLflow metric), per stage (the
+    report's pipeline view) or over the steady steps (summary/bubble_frac)."""
+    from dashboards.fig_pipeline import per_stage
+    from diagnose.analysis.step_tables import bubbles, pipeline_blocks, steady, step_summary
+    from diagnose.exporters.mlflow_run import summary_metrics
+    run = diagnose.load(write_synthetic_run(str(tmp_path / "pp"), ranks=4, steps=12, pp=2))
+    blocks = pipeline_blocks(run.events())
+    table = bubbles(blocks)
+    per_step = step_summary(run.breakdown(), run.steps(), table).set_index("step")["bubble_frac"]
+    for step, rows in table.groupby("step"):
+        assert per_step[step] == pytest.approx(rows["bubble_ms"].sum() / rows["window_ms"].sum())
+    steady_table = bubbles(steady(blocks, run.steady_steps()))
+    assert 0 < summary_metrics(run, [])["summary/bubble_frac"] == pytest.approx(
+        steady_table["bubble_ms"].sum() / steady_table["window_ms"].sum())
+    _, stage_bubble = per_stage(blocks, run.steady_steps())
+    for stage, rows in steady_table.groupby("stage"):
+        assert stage_bubble.loc[stage, "bubble_frac"] == pytest.approx(rows["bubble_ms"].sum() / rows["window_ms"].sum())

@@ -1,6 +1,6 @@
 """Step tables derived from the analysis tables: the one home of the step table,
 the steady-state steps, per-step summaries, pipeline blocks and bubbles, and the
-waiting at collectives per rank and step. The detectors, the dashboards and the
+waiting at collectives per rank and step. The loader, the dashboards and the
 MLflow exporter all read them from here.
 
 Pure functions over pandas frames, so they can be tested on synthetic tables.
@@ -10,8 +10,10 @@ import numpy as np
 import pandas as pd
 
 WARMUP_STEPS = 2
+PIPELINE_KINDS = ("forward", "backward")
 
 
+# -- steps -------------------------------------------------------------------
 def steps_table(events: pd.DataFrame) -> pd.DataFrame:
     steps = events.loc[events["kind"] == "step", ["rank", "step", "start_ns", "end_ns"]]
     steps = steps.drop_duplicates(["rank", "step"]).sort_values(["rank", "step"])
@@ -33,9 +35,6 @@ def steady_state_steps(steps: pd.DataFrame) -> list[int]:
         complete = sorted(int(s) for s in per_step.index)
     skip = WARMUP_STEPS if len(complete) >= 6 else min(1, len(complete) - 1)
     return complete[skip:]
-
-
-PIPELINE_KINDS = ("forward", "backward")
 
 
 # -- step summaries ----------------------------------------------------------
