@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-import diagnose
 from collectors.part_writer import PartWriter
 from collectors.schema import event_row, rank_dir_name
+from conftest import load_run
 from diagnose.cli.commands import main
 from diagnose.exporters.nsys_rep import write_nsys_rep
 from diagnose.exporters.nvtxt import write_nvtxt
@@ -92,7 +92,7 @@ def small_run(tmp_path) -> Path:
 
 
 def test_nvtxt_parses_and_keeps_every_range_on_the_rank_clock(small_run):
-    run = diagnose.load(small_run, warn=lambda m: None)
+    run = load_run(small_run)
     paths = write_nvtxt(run)
     assert [Path(p).name for p in paths] == ["rank-00000.nvtxt", "rank-00001.nvtxt"]
     for rank, path in enumerate(paths):
@@ -163,7 +163,7 @@ def test_nsys_rep_goes_through_nvtx_writer(small_run, tmp_path, monkeypatch):
     fake = FakeWriter()
     monkeypatch.setitem(sys.modules, "nvtx.writer", fake)
     monkeypatch.setenv("NSYS_WRITER_BACKEND", str(tmp_path))
-    run = diagnose.load(small_run, warn=lambda m: None)
+    run = load_run(small_run)
     out = write_nsys_rep(run, str(tmp_path / "out.nsys-rep"))
     assert out == str(tmp_path / "out.nsys-rep")
     assert fake.calls[0] == ("session", str(tmp_path / "out"), ("backend", str(backend)))

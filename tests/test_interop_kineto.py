@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import diagnose
-from conftest import fixture_path
+from conftest import fixture_path, load_run
 from diagnose.errors import UserError
 from diagnose.importers.kineto import import_kineto
 
@@ -38,7 +37,7 @@ def test_every_file_imports_or_is_refused_in_one_line(imported, tmp_path):
     assert len(files) >= 15
     in_sets = {str(KINETO / name / f) for name, info in HTA.items() for f in info["files"]}
     imported_files = [p for p in files if p in in_sets]   # imported by the fixture, set by set
-    assert all(diagnose.load(run, warn=lambda m: None).ranks for run in imported.values())
+    assert all(load_run(run).ranks for run in imported.values())
     refused = []
     for i, path in enumerate(p for p in files if p not in in_sets):
         with pytest.raises(UserError) as caught:
@@ -52,7 +51,7 @@ def test_every_file_imports_or_is_refused_in_one_line(imported, tmp_path):
 
 @pytest.mark.parametrize("name", [n for n, info in HTA.items() if "ranks" in info])
 def test_temporal_breakdown_agrees_with_hta(imported, name):
-    table = diagnose.load(imported[name], warn=lambda m: None).temporal_breakdown()
+    table = load_run(imported[name]).temporal_breakdown()
     for rank, ref in HTA[name]["ranks"].items():
         mine = table.loc[int(rank)]
         for column in ("idle_frac", "compute_frac", "non_compute_frac"):
@@ -62,7 +61,7 @@ def test_temporal_breakdown_agrees_with_hta(imported, name):
 
 
 def test_two_rank_set_matches_collectives_on_gpu_times(imported):
-    run = diagnose.load(imported["hta/trace_filter"], warn=lambda m: None)
+    run = load_run(imported["hta/trace_filter"])
     assert run.ranks == [0, 1]
     assert set(run.steps()["step"]) == {551, 552}
     arrivals = run.arrivals()
@@ -75,7 +74,7 @@ def test_two_rank_set_matches_collectives_on_gpu_times(imported):
 
 
 def test_nccl_metadata_becomes_collectives(imported):
-    run = diagnose.load(imported["hta/nccl_parser_config"], warn=lambda m: None)
+    run = load_run(imported["hta/nccl_parser_config"])
     calls = run.collectives()
     assert set(calls["name"]) == {"all_reduce", "broadcast"}
     assert set(calls["group"]) == {"0"} and set(calls["group_ranks"]) == {"0,1"}
@@ -106,8 +105,8 @@ def test_rows_are_in_start_order_each_collective_right_after_its_kernel():
 
 def test_resnet_input_stall_contrast(imported):
     """num_workers=0 loads data in the training loop; num_workers=4 does not."""
-    w0 = diagnose.load(imported["tb_plugin_resnet50/resnet50_num_workers_0"], warn=lambda m: None)
-    w4 = diagnose.load(imported["tb_plugin_resnet50/resnet50_num_workers_4"], warn=lambda m: None)
+    w0 = load_run(imported["tb_plugin_resnet50/resnet50_num_workers_0"])
+    w4 = load_run(imported["tb_plugin_resnet50/resnet50_num_workers_4"])
     b0, b4 = w0.breakdown(), w4.breakdown()
     frac0 = b0["data_wait_ms"].sum() / b0["step_ms"].sum()
     frac4 = b4["data_wait_ms"].sum() / b4["step_ms"].sum()
@@ -123,8 +122,7 @@ def test_resnet_input_stall_finding(imported):
     from diagnose.analysis.run_detectors import detect
     kinds = {}
     for workers in (0, 4):
-        run = diagnose.load(imported[f"tb_plugin_resnet50/resnet50_num_workers_{workers}"],
-                            warn=lambda m: None)
+        run = load_run(imported[f"tb_plugin_resnet50/resnet50_num_workers_{workers}"])
         kinds[workers] = {f["kind"] for f in detect(run)}
     assert "input_stall" in kinds[0] and "input_stall" not in kinds[4]
 

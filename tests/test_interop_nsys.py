@@ -5,8 +5,7 @@ from pathlib import Path
 
 import pytest
 
-import diagnose
-from conftest import fixture_path
+from conftest import fixture_path, load_run
 from diagnose.importers.nsys import decode_global_id, import_nsys
 
 REAL = fixture_path("nsys", "tc_report1.sqlite")
@@ -32,7 +31,7 @@ def test_real_export_kernel_count_and_time_match_cupti_table(tmp_path):
         gpid = con.execute("SELECT globalPid FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 1").fetchone()[0]
         pid = con.execute("SELECT pid FROM PROCESSES WHERE globalPid = ?", (gpid,)).fetchone()[0]
     run_dir, _ = import_nsys([str(REAL)], str(tmp_path / "run"))
-    run = diagnose.load(run_dir, warn=lambda m: None)
+    run = load_run(run_dir)
     kernels = run.kernels()
     launched = kernels[kernels["kind"] != "memory"]
     assert len(launched) == count
@@ -123,7 +122,7 @@ def test_synthetic_two_rank_export_matches_the_native_picture(tmp_path):
         path = tmp_path / f"rank{rank}.sqlite"
         _synthetic(path, pid, start, plan[rank])
         paths.append(str(path))
-    run = diagnose.load(import_nsys(paths[::-1], str(tmp_path / "run"))[0], warn=lambda m: None)
+    run = load_run(import_nsys(paths[::-1], str(tmp_path / "run"))[0])
 
     assert run.ranks == [0, 1] and run.rank_meta[1]["pid"] == 4102
     steps = run.steps()

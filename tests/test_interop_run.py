@@ -9,8 +9,7 @@ import sys
 
 import pytest
 
-import diagnose
-from conftest import REPO, fixture_path, job_env, run_diagnose, torchrun
+from conftest import REPO, fixture_path, job_env, load_run, run_diagnose, torchrun
 from diagnose.run.nsys_wrap import TORCHRUN_FLAGS, nsys_command, split_torchrun, torchrun_python
 
 KINETO = fixture_path("kineto")
@@ -71,7 +70,7 @@ def test_run_with_torch_profiler_and_absent_nsys(tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["torch_profiler"] == {"steps": [2, 3], "imported_kernels": {"0": 0}}  # CPU: no kernels
     assert manifest["nsys"]["used"] is False
-    run = diagnose.load(out, warn=lambda m: None)
+    run = load_run(out)
     assert (run.events()["name"] == "torch_profiler_export").sum() == 1
 
 
@@ -92,7 +91,7 @@ def test_run_with_nsys_wraps_each_rank(tmp_path):
     for rank in (0, 1):
         report = (out / "nsys" / f"rank{rank}.nsys-rep").read_text()
         assert report.split()[1:] == ["samples/ddp_mlp.py", "--steps", "3", "--hidden", "64"]
-    run = diagnose.load(out, warn=lambda m: None)
+    run = load_run(out)
     assert run.ranks == [0, 1] and len(run.steps()) == 6
     assert json.loads((out / "manifest.json").read_text())["nsys"]["used"] is True
 
