@@ -39,7 +39,7 @@ class Run:
         todo = []  # (rank, rank_dir) to read, or a warning, in directory order
         for run_dir in self.run_dirs:
             for rank_dir in rundir.rank_dirs(run_dir):
-                rank = rank_reader.rank_of_dir(rank_dir)
+                rank = rundir.rank_of_dir(rank_dir)
                 if rank is None:
                     continue
                 if rank in self.rank_dirs:

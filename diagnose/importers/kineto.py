@@ -203,5 +203,5 @@ def import_profiler_windows(run_dir: str, warn=print) -> dict:
             tables.append(table)
         table = pa.concat_tables(tables) if tables else events_table([])
         append_rank_events(rank_dir, table, "kineto")
-        done[rank_reader.rank_of_dir(rank_dir)] = len(table)
+        done[rundir.rank_of_dir(rank_dir)] = len(table)
     return done

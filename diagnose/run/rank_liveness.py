@@ -34,16 +34,16 @@ class RankLiveness:
         """(rank, pid) of this host's ranks not seen before."""
         found = []
         for rank_dir in rundir.rank_dirs(self.run_dir):
+            rank = rundir.rank_of_dir(rank_dir)
+            if rank is None or rank in self.pids:
+                continue
             try:
-                rank = int(os.path.basename(rank_dir).split("-", 1)[1])
-                if rank in self.pids:
-                    continue
                 with open(os.path.join(rank_dir, "meta.json"), encoding="utf-8") as f:
                     meta = json.load(f)
                 if meta.get("host") == self.host and isinstance(meta.get("pid"), int):
                     self.pids[rank] = meta["pid"]
                     found.append((rank, meta["pid"]))
-            except (OSError, ValueError, IndexError):
+            except (OSError, ValueError):
                 continue
         return found
 

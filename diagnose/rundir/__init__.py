@@ -9,6 +9,7 @@ per-node directories (node_merge). Everything that touches a run directory goes
 through this package; the rank side writes it through collectors.part_writer."""
 import json
 import os
+import re
 import time
 
 from collectors.part_writer import atomic_write_json
@@ -59,6 +60,15 @@ def read_manifest(run_dir: str) -> dict:
 
 def write_manifest(run_dir: str, manifest: dict) -> None:
     atomic_write_json(os.path.join(run_dir, MANIFEST), manifest)
+
+
+_RANK_DIR = re.compile(r"^rank-(\d+)$")
+
+
+def rank_of_dir(path: str) -> int | None:
+    """The rank a rank folder is named for (rank-00003 -> 3), None for another name."""
+    m = _RANK_DIR.match(os.path.basename(path))
+    return int(m.group(1)) if m else None
 
 
 def rank_dirs(run_dir: str) -> list[str]:

@@ -13,9 +13,8 @@ from diagnose import rundir
 def read_progress(run_dir: str) -> dict[int, dict]:
     progress = {}
     for rank_dir in rundir.rank_dirs(run_dir):
-        try:
-            rank = int(os.path.basename(rank_dir).split("-", 1)[1])
-        except (ValueError, IndexError):
+        rank = rundir.rank_of_dir(rank_dir)
+        if rank is None:
             continue
         # the recorder rewrites the file in place (PartWriter.overwrite_json): a
         # read in the middle of a write does not parse, and the next one does

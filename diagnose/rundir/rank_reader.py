@@ -6,7 +6,6 @@ docs/run-directory.md."""
 import glob
 import json
 import os
-import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -15,7 +14,6 @@ from collectors.part_writer import files_to_read, read_part
 from collectors.schema import (EVENT_FIELDS, EVENT_PART_GLOBS, SAMPLE_FIELDS, SAMPLE_PART_GLOBS,
                                SCHEMA_VERSION)
 
-_RANK_DIR = re.compile(r"^rank-(\d+)$")
 _EVENT_DEFAULTS = {"step": -1, "microbatch": -1, "stage": -1, "group": "", "group_ranks": "",
                    "seq": -1, "peer": -1, "bytes": 0, "async_op": False, "callsite": "",
                    "detail": ""}
@@ -24,11 +22,6 @@ REQUIRED_EVENT_COLUMNS = ("kind", "name", "start_ns", "end_ns")
 
 def _safe_name(path: str) -> str:
     return os.fsencode(path).decode("utf-8", "replace")
-
-
-def rank_of_dir(path: str) -> int | None:
-    m = _RANK_DIR.match(os.path.basename(path))
-    return int(m.group(1)) if m else None
 
 
 def read_meta(rank_dir: str, warn) -> dict:
