@@ -19,6 +19,9 @@ REPO = Path(__file__).resolve().parents[1]
 KINETO = fixture_path("kineto")
 HTA = json.loads(fixture_path("hta_temporal_breakdown.json").read_text())["sets"]
 TOLERANCE_PP = 1.0
+# trace_filter is sampled: its all_to_alls at one position on the two ranks are
+# not one collective (their kernels do not end together), and stay unmatched
+SAMPLED = {"hta/trace_filter": ("6 of 8 collectives differ (kernel end)",)}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +40,7 @@ def test_every_file_imports_or_is_refused_in_one_line(imported, tmp_path):
     assert len(files) >= 15
     in_sets = {str(KINETO / name / f) for name, info in HTA.items() for f in info["files"]}
     imported_files = [p for p in files if p in in_sets]   # imported by the fixture, set by set
-    assert all(load_run(run).ranks for run in imported.values())
+    assert all(load_run(run, expected_warnings=SAMPLED.get(name, ())).ranks for name, run in imported.items())
     refused = []
     for i, path in enumerate(p for p in files if p not in in_sets):
         with pytest.raises(UserError) as caught:
@@ -51,7 +54,7 @@ def test_every_file_imports_or_is_refused_in_one_line(imported, tmp_path):
 
 @pytest.mark.parametrize("name", [n for n, info in HTA.items() if "ranks" in info])
 def test_temporal_breakdown_agrees_with_hta(imported, name):
-    table = load_run(imported[name]).temporal_breakdown()
+    table = load_run(imported[name], expected_warnings=SAMPLED.get(name, ())).temporal_breakdown()
     for rank, ref in HTA[name]["ranks"].items():
         mine = table.loc[int(rank)]
         for column in ("idle_frac", "compute_frac", "non_compute_frac"):
@@ -61,7 +64,7 @@ def test_temporal_breakdown_agrees_with_hta(imported, name):
 
 
 def test_two_rank_set_matches_collectives_on_gpu_times(imported):
-    run = load_run(imported["hta/trace_filter"])
+    run = load_run(imported["hta/trace_filter"], expected_warnings=SAMPLED["hta/trace_filter"])
     assert run.ranks == [0, 1]
     assert set(run.steps()["step"]) == {551, 552}
     arrivals = run.arrivals()

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from conftest import fixture_path, load_run
+from diagnose.analysis.run_detectors import detect
 from diagnose.importers.nsys import decode_global_id, import_nsys
 
 REAL = fixture_path("nsys", "tc_report1.sqlite")
@@ -93,7 +94,7 @@ def _synthetic(path: Path, pid: int, session_start_ns: int, steps: list) -> None
         kernel("void gemm_fwd(float*)", t + MS, t + 2 * MS, t + 9 * MS, 7)
         t += 10 * MS
         nvtx("backward", "backward", t, t + 20 * MS)
-        kernel("void gemm_bwd(float*)", t + MS, t + 2 * MS, t + 15 * MS, 7)
+        kernel("void gemm_bwd(float*)", t + MS, t + 2 * MS, t + s.get("bwd_end", 15 * MS), 7)
         kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
                t + 2 * MS, s["nccl"], s["nccl_end"], 20)
         t += 20 * MS
@@ -146,4 +147,37 @@ def test_synthetic_two_rank_export_matches_the_native_picture(tmp_path):
     assert (kernels["correlation"] > 0).all() and set(kernels["stream"]) == {7, 20}
     tb = run.temporal_breakdown()
     assert (tb[["idle_frac", "compute_frac", "non_compute_frac"]].sum(axis=1)).tolist() == pytest.approx([1, 1])
-    assert run.findings is not None  # the detectors run on it
+    assert set(run.collectives()["group_ranks"]) == {"0,1"}   # the imported ranks: an export names no group
+    found = detect(run)
+    assert [w for w in run.warnings if "detector" in w] == []
+    # rank 1 is late for a host reason (its input), not its GPU: no straggler on device compute
+    assert not [f for f in found if f["kind"] == "straggler"]
+    assert [f["ranks"] for f in found if f["kind"] == "input_stall"] == [[1]]
+
+
+def test_synthetic_export_with_a_slower_gpu_names_the_straggler(tmp_path):
+    """Rank 1's backward kernel takes 17 ms instead of 13 ms, so its all-reduce
+    kernel starts 4 ms after rank 0's, and both end together."""
+    base, step_ms = 1_700_000_000_000_000_000, 50 * MS
+    plan = {0: [], 1: []}
+    for k in range(6):
+        start = k * step_ms + MS
+        for rank, slower in ((0, 0), (1, 4 * MS)):
+            t_bwd = start + 4 * MS + 10 * MS
+            plan[rank].append({"t": start, "data": 4 * MS, "bwd_end": 15 * MS + slower,
+                               "nccl": t_bwd + 15 * MS + slower, "nccl_end": t_bwd + 15 * MS + 4 * MS + 2 * MS})
+    paths = []
+    for rank, pid in ((0, 4101), (1, 4102)):
+        path = tmp_path / f"rank{rank}.sqlite"
+        _synthetic(path, pid, base, plan[rank])
+        paths.append(str(path))
+    run = load_run(import_nsys(paths, str(tmp_path / "run"))[0])
+    arrivals = run.arrivals()
+    assert (arrivals["expected_members"] == 2).all() and (arrivals["last_rank"] == 1).all()
+    found = detect(run)
+    assert [w for w in run.warnings if "detector" in w] == []
+    (straggler,) = [f for f in found if f["kind"] == "straggler"]
+    assert straggler["ranks"] == [1] and straggler["stage"] is None and straggler["callsite"] is None
+    assert straggler["metrics"]["device_time"] == 1.0 and straggler["metrics"]["wait_is_lower_bound"] == 0.0
+    assert straggler["metrics"]["waiting_caused_ms_per_step"] == pytest.approx(4.0)
+    assert straggler["metrics"]["busy_ratio_x"] == pytest.approx(24 / 20)

@@ -16,11 +16,20 @@
    shows the collectives' return times are biased, not noisy, and is dropped:
    on a loaded 2-core host, ranks 0 and 1 of one gloo job (one clock, pinged
    to 0.07 ms) returned from the same all-reduces 7 ms apart in the median.
+3. Device traces (imported Kineto / Nsight): the members of one NCCL collective
+   finish their kernels within microseconds of each other, whatever the hosts'
+   clocks say, so when a run has collective kernels their ends ("done" rows of
+   detail gpu*) are the samples instead, with a floor of DEVICE_PRECISION_NS.
+   The precision reached is each refined rank's offset error (the residual the
+   report states).
 """
 import numpy as np
 import pandas as pd
 
+from diagnose.analysis.device_collectives import DEVICE_DETAILS
+
 COLLECTIVE_PRECISION_NS = 200_000
+DEVICE_PRECISION_NS = 5_000
 WALL_CLOCK_ERROR_NS = 10_000_000  # NTP across hosts: milliseconds
 
 
@@ -47,14 +56,26 @@ def measured_offsets(rank_meta: dict) -> tuple[dict, dict, set]:
     return offsets, errors, bounded
 
 
-def refine_offsets(events: pd.DataFrame, errors: dict, bounded: set = frozenset()) -> dict:
-    """rank -> correction_ns to subtract, from synchronous collective return times
-    (events already on the measured clock); a rank in `bounded` (its error a
-    measured bound) is corrected within that bound or not at all."""
+def _samples(events: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """(rank, group, seq, end_ns) of the times members finish together, and their precision floor."""
+    device = events[(events["kind"] == "done") & (events["seq"] >= 0)]
+    device = device[device["detail"].isin(DEVICE_DETAILS)]
+    if len(device):
+        return device[["rank", "group", "seq", "start_ns"]].rename(columns={"start_ns": "end_ns"}), \
+            DEVICE_PRECISION_NS
     sync = events[(events["kind"] == "collective") & (~events["async_op"]) & (events["seq"] >= 0)]
+    return sync[["rank", "group", "seq", "end_ns"]], COLLECTIVE_PRECISION_NS
+
+
+def refine_offsets(events: pd.DataFrame, errors: dict, bounded: set = frozenset(),
+                   precision_out: dict | None = None) -> dict:
+    """rank -> correction_ns to subtract, from the end times of collectives
+    (events already on the measured clock); a rank in `bounded` (its error a
+    measured bound) is corrected within that bound or not at all. The precision
+    of each rank's estimate goes into precision_out."""
+    sync, floor_ns = _samples(events)
     if sync.empty:
         return {}
-    sync = sync[["rank", "group", "seq", "end_ns"]]
     size = sync.groupby(["group", "seq"], observed=True)["end_ns"].transform("size")
     sync = sync[size > 1]
     if sync.empty:
@@ -68,7 +89,7 @@ def refine_offsets(events: pd.DataFrame, errors: dict, bounded: set = frozenset(
         by_rank = lead.groupby(sync["rank"])
         residual = by_rank.median()
         spread = by_rank.apply(lambda x: 1.4826 * np.median(np.abs(x - np.median(x))))
-        precision = np.maximum(1.25 * spread / np.sqrt(by_rank.size()), COLLECTIVE_PRECISION_NS)
+        precision = np.maximum(1.25 * spread / np.sqrt(by_rank.size()), floor_ns)
         residual = residual - residual.get(reference_rank, 0.0)
         precision = np.sqrt(precision ** 2 + precision.get(reference_rank, 0.0) ** 2)
         changed = False
@@ -79,6 +100,8 @@ def refine_offsets(events: pd.DataFrame, errors: dict, bounded: set = frozenset(
             if tighter and np.isfinite(value) and abs(value) > precision[rank]:
                 corrections[rank] = corrections.get(rank, 0) + int(value)
                 changed = True
+        if precision_out is not None:
+            precision_out.update({int(r): int(p) for r, p in precision.items() if r != reference_rank})
         if not changed:
             break
     return corrections

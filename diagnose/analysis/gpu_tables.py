@@ -22,6 +22,10 @@ microseconds (start up, end down), which shortens every short kernel; we keep
 the nanoseconds, so on such traces our idle_frac is up to ~1 point lower
 (measured on HTA's own fixtures: 0.2-0.95 points; identical elsewhere).
 
+device_compute(): per rank and step, the time at least one compute kernel ran
+(device_compute_ms), kernels counted in the step that launched them: a rank's
+busy time on the device, which the straggler detector compares across ranks.
+
 comm_comp_overlap(): per rank, the fraction of communication-kernel time
 (union over streams) during which a compute kernel also runs: near 1, the
 collectives are hidden behind compute; near 0, they are exposed.
@@ -127,6 +131,15 @@ def temporal_breakdown(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFra
     columns = ["rank", "idle_frac", "compute_frac", "non_compute_frac", "span_ms", "idle_ms",
                "compute_ms", "non_compute_ms", "kernels"]
     return pd.DataFrame(rows, columns=columns).set_index("rank")
+
+
+def device_compute(kernels: pd.DataFrame) -> pd.DataFrame:
+    compute = kernels[(kernels["kind"] == COMPUTE) & (kernels["step"] >= 0)]
+    if compute.empty:
+        return pd.DataFrame({"rank": [], "step": [], "device_compute_ms": []})
+    rows = [(int(rank), int(step), covered_ns(k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64)) / 1e6)
+            for (rank, step), k in compute.groupby(["rank", "step"])]
+    return pd.DataFrame(rows, columns=["rank", "step", "device_compute_ms"])
 
 
 def comm_comp_overlap(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:

@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow as pa
 
 from diagnose import rundir
-from diagnose.analysis import clock_align
+from diagnose.analysis import clock_align, device_collectives
 from diagnose.errors import UserError
 from diagnose.rundir import rank_reader
 
@@ -66,7 +66,7 @@ class Run:
         self._samples = _to_pandas(sample_tables, None)
         self.offsets_ns, self.offset_errors_ns, bounded = clock_align.measured_offsets(self.rank_meta)
         self._shift(self._events, self.offsets_ns, ("start_ns", "end_ns"))
-        self.refinements_ns = clock_align.refine_offsets(self._events, self.offset_errors_ns, bounded)
+        self.refinements_ns = self._refine(bounded)
         self._shift(self._events, self.refinements_ns, ("start_ns", "end_ns"))
         for rank, extra in self.refinements_ns.items():
             self.offsets_ns[rank] = self.offsets_ns.get(rank, 0) + extra
@@ -77,6 +77,19 @@ class Run:
             self._shift(self._samples, self.offsets_ns, ("ts_ns",))
             self._samples["ts_ns"] -= self.t0_ns
         self.wall_t0_ns = self._wall_of(self.t0_ns)
+
+    def _refine(self, bounded: set) -> dict:
+        """Clock corrections from collective end times, after the device
+        collectives numbered by position are checked (op and size, then kernel
+        ends: diagnose.analysis.device_collectives)."""
+        device_collectives.unmatch_by_op(self._events, self.warn)
+        device_collectives.unmatch_by_time(self._events, self.warn)
+        precision: dict = {}
+        corrections = clock_align.refine_offsets(self._events, self.offset_errors_ns, bounded, precision)
+        for rank, error_ns in precision.items():  # the residual: what the refinement could resolve
+            if rank in corrections or error_ns < self.offset_errors_ns.get(rank, error_ns + 1):
+                self.offset_errors_ns[rank] = error_ns
+        return corrections
 
     # -- plumbing -----------------------------------------------------------
     def warn(self, message: str) -> None:
@@ -187,6 +200,11 @@ class Run:
     def temporal_breakdown(self) -> pd.DataFrame:
         from diagnose.analysis.gpu_tables import temporal_breakdown
         return temporal_breakdown(self.kernels(), self.steps())
+
+    @functools.lru_cache(maxsize=None)
+    def device_compute(self) -> pd.DataFrame:
+        from diagnose.analysis.gpu_tables import device_compute
+        return device_compute(self.kernels())
 
     @functools.lru_cache(maxsize=None)
     def comm_comp_overlap(self) -> pd.DataFrame:

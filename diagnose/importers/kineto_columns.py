@@ -73,7 +73,9 @@ def table_and_facts(base_time, dist, cpu, gpu, launches, pids) -> tuple[pa.Table
     step_starts = ns_from_us(np.array([steps[s][0] for s in step_numbers], dtype=np.float64), base_ns)
     cpu_block = _cpu_block(cpu, steps, base_ns, step_starts, step_numbers)
     kernel_block, start_order = _kernel_block(gpu, launches, base_ns, step_starts, step_numbers)
-    nccl, collective_block, done_block = _collective_blocks(gpu, kernel_block, start_order)
+    dist = dist if isinstance(dist, dict) else {}
+    nccl, collective_block, done_block = _collective_blocks(gpu, kernel_block, start_order,
+                                                            as_int(dist.get("world_size"), 0))
     blocks = (cpu_block, kernel_block, collective_block, done_block)
     n_cpu = len(cpu_block["start_ns"])
     place = np.empty(len(gpu), np.int64)  # kernel i is the place[i]-th to start
@@ -85,7 +87,6 @@ def table_and_facts(base_time, dist, cpu, gpu, launches, pids) -> tuple[pa.Table
         parts = [block[name] for block in blocks]
         arrays.append(Strings.concat(parts).arrow(order) if isinstance(parts[0], Strings)
                       else arrow_array(np.concatenate(parts)[order], typ))
-    dist = dist if isinstance(dist, dict) else {}
     facts = {"pid": max(pids, key=pids.get) if pids else None,
              "world_size": as_int(dist.get("world_size"), None), "backend": dist.get("backend"),
              "steps": [int(s) for s in step_numbers], "gpu_activities": len(gpu),
@@ -148,23 +149,31 @@ def _kernel_block(gpu, launches, base_ns, step_starts, step_numbers) -> tuple:
     return block, np.argsort(starts, kind="stable")
 
 
-def _collective_blocks(gpu, kernels: dict, start_order: np.ndarray) -> tuple:
+def _collective_blocks(gpu, kernels: dict, start_order: np.ndarray, world_size: int) -> tuple:
     """(the NCCL kernels, in start order; their collective rows; their done
     rows). A group's kernels that carry no sequence number are numbered in
-    start order."""
+    start order, and marked "gpu:order" (detail) so that matching checks the
+    numbering across ranks (diagnose.analysis.device_collectives). A kernel
+    without process-group args is on communicator "nccl:comm<k>", k its NCCL
+    stream's rank in order of first use (stream ids need not agree across
+    processes), and its members are taken to be the world (docs/choices.md:
+    traces of subgroups from PyTorch >= 2.0 carry their ranks)."""
     detail = kernels["detail"]
     nccl = start_order[detail.codes[start_order] == 0]  # (_kernel_block: 0 is COMMUNICATION)
+    streams = list(dict.fromkeys(gpu[j][3] for j in nccl.tolist()))
+    world = ",".join(map(str, range(world_size))) if world_size > 0 else ""
     named = {}  # (Collective name, kernel name, group, stream, ranks) -> (op, group, ranks): a few distinct
-    rows, next_seq = [], {}
+    rows, next_seq, inferred = [], {}, []
     for j in nccl.tolist():
         kernel_name, _, _, stream, _, _, _, a = gpu[j]
         key = (a.get("Collective name"), kernel_name, a.get("Process Group Name"), stream,
                a.get("Process Group Ranks"))
         try:
-            op, group, group_ranks = named.get(key) or named.setdefault(key, _collective_names(*key))
+            op, group, group_ranks = named.get(key) or named.setdefault(key, _collective_names(*key, streams, world))
         except TypeError:  # an unhashable value (ranks as a list)
-            op, group, group_ranks = _collective_names(*key)
+            op, group, group_ranks = _collective_names(*key, streams, world)
         seq = as_int(a.get("Seq", a.get("seq")))
+        inferred.append(seq < 0)
         if seq < 0:
             seq = next_seq.get(group, 0)
             next_seq[group] = seq + 1
@@ -174,11 +183,14 @@ def _collective_blocks(gpu, kernels: dict, start_order: np.ndarray) -> tuple:
     n = len(nccl)
     op, group, group_ranks = Strings.of(ops), Strings.of(groups), Strings.of(ranks)
     starts, ends, steps = kernels["start_ns"][nccl], kernels["end_ns"][nccl], kernels["step"][nccl]
-    common = dict(name=op, step=steps, group=group, group_ranks=group_ranks, seq=seqs, async_op=True, detail="gpu")
+    how = Strings(np.array(inferred, np.int32), ["gpu", "gpu:order"])
+    common = dict(name=op, step=steps, group=group, group_ranks=group_ranks, seq=seqs, async_op=True, detail=how)
     return (nccl, _block(n, kind="collective", start_ns=starts, end_ns=starts, bytes=sent, **common),
             _block(n, kind="done", start_ns=ends, end_ns=ends, **common))
 
 
-def _collective_names(collective_name, kernel_name: str, group, stream: int, ranks) -> tuple:
-    return (collective_op(collective_name, kernel_name), str(group or f"nccl:stream{stream}"),
-            ranks_string(ranks))
+def _collective_names(collective_name, kernel_name: str, group, stream: int, ranks, streams: list,
+                      world: str) -> tuple:
+    if group:
+        return collective_op(collective_name, kernel_name), str(group), ranks_string(ranks)
+    return collective_op(collective_name, kernel_name), f"nccl:comm{streams.index(stream)}", ranks_string(ranks) or world

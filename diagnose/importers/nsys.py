@@ -5,8 +5,11 @@ Read, per profiled process (one process = one rank):
     CUPTI_ACTIVITY_KIND_KERNEL / _MEMCPY / _MEMSET -> "kernel" rows (classes as in
         diagnose.importers.run_writer; names from StringIds via demangledName/shortName)
     NCCL kernels (ncclDevKernel_*, ncclKernel_*)   -> also "collective" + "done" rows,
-        group "nccl:stream<id>", seq = order on that stream (an export has no
-        process-group metadata; one PG per NCCL stream, as torch creates them)
+        group "nccl:comm<k>" (k: the NCCL stream's rank in order of first use;
+        stream ids need not agree across processes), seq = order on that
+        stream, detail "gpu:order" (an export has no process-group metadata;
+        one PG per NCCL stream, as torch creates them); its members are taken
+        to be all the imported ranks (docs/choices.md)
     CUPTI_ACTIVITY_KIND_RUNTIME                    -> launch times (the step a kernel
         belongs to) and host syncs (cudaDeviceSynchronize & co.) as "sync" rows
     NVTX_EVENTS push/pop and start/end ranges      -> our kinds: ranges from the
@@ -145,7 +148,7 @@ class Export:
             return [0]  # an older export without globalPid: the whole file is one process
         return sorted(pids)
 
-    def rows_for(self, pid: int, single: bool) -> list:
+    def rows_for(self, pid: int, single: bool, world: str = "") -> list:
         def mine(gid):
             return single or (gid is not None and decode_global_id(gid)[0] == pid)
         cpu = []
@@ -171,7 +174,7 @@ class Export:
         step_of = assign_steps(starts, numbers, np.array([c[2] for c in cpu], dtype=np.int64))
         for (kind, name, s, e, detail), st in zip(cpu, step_of.tolist()):
             rows.append((kind, name, s, e, st, -1, -1, "", "", -1, -1, 0, False, "", detail))
-        rows.extend(self._gpu_rows(pid, single, launches, starts, numbers))
+        rows.extend(self._gpu_rows(pid, single, launches, starts, numbers, world))
         rows.sort(key=lambda r: r[2])
         return rows
 
@@ -193,9 +196,10 @@ class Export:
             return kind, kind
         return "phase", text
 
-    def _gpu_rows(self, pid, single, launches, step_starts, step_numbers) -> list:
+    def _gpu_rows(self, pid, single, launches, step_starts, step_numbers, world: str) -> list:
         gpu = [g for g in self.gpu if single or (g[5] is not None and decode_global_id(g[5])[0] == pid)]
         gpu.sort(key=lambda g: g[0])
+        streams = list(dict.fromkeys(g[3] for g in gpu if kernel_class(g[6]) == COMMUNICATION))
         launch = np.array([launches.get(g[4], g[0]) for g in gpu], dtype=np.int64)
         step_of = assign_steps(step_starts, step_numbers, launch).tolist()
         rows, seqs = [], {}
@@ -205,12 +209,12 @@ class Export:
             rows.append(("kernel", name, s, e, st, -1, -1, str(stream), "", launched, -1,
                          int(nbytes), False, "", cls))
             if cls == COMMUNICATION:
-                group = f"nccl:stream{stream}"
+                group = f"nccl:comm{streams.index(stream)}"
                 seq = seqs.get(group, 0)
                 seqs[group] = seq + 1
                 op = collective_op(None, name)
-                rows.append(("collective", op, s, s, st, -1, -1, group, "", seq, -1, 0, True, "", "gpu"))
-                rows.append(("done", op, e, e, st, -1, -1, group, "", seq, -1, 0, True, "", "gpu"))
+                rows.append(("collective", op, s, s, st, -1, -1, group, world, seq, -1, 0, True, "", "gpu:order"))
+                rows.append(("done", op, e, e, st, -1, -1, group, world, seq, -1, 0, True, "", "gpu:order"))
         return rows
 
 
@@ -254,8 +258,9 @@ def import_nsys(paths: list, out_dir: str) -> tuple[str, dict]:
             taken.add(rank)
         ranks.append((rank, export, pid, single))
     writer = RunDirWriter(out_dir, "nsys", paths)
+    world = ",".join(str(r) for r in sorted(r for r, _, _, _ in ranks))
     for rank, export, pid, single in sorted(ranks, key=lambda x: x[0]):
-        rows = export.rows_for(pid, single)
+        rows = export.rows_for(pid, single, world)
         writer.write_rank(rank, rows, {
             "world_size": len(ranks), "pid": pid, "host": "",
             "clock": clock_meta(wall_anchor_ns=export.session_start_ns),

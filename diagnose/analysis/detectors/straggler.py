@@ -20,6 +20,7 @@ the median rank, and which part of its step is slow.
 import numpy as np
 import pandas as pd
 
+from diagnose.analysis.device_collectives import DEVICE_DETAILS
 from diagnose.analysis.detectors.run_structure import rank_stages
 from diagnose.analysis.findings import Finding
 
@@ -28,6 +29,7 @@ FLOOR_MS = 0.5
 PERSISTENT_FRAC = 0.5
 INTERMITTENT_FRAC = 0.2
 BUSY_RATIO = 1.4
+DEVICE_BUSY_RATIO = 1.1
 
 
 def _same_stage_groups(arrivals, stages):
@@ -69,8 +71,11 @@ def waiting_caused(ctx):
     # below then copies a few numeric columns, not the table's strings.
     arrivals = arrivals[["kind", "group", "rank", "step", "members", "expected_members", "last_rank",
                          "wait_ms", "arrival_ns", "last_arrival_ns"]]
+    # an instance counts when every member the run holds is in it (all of the
+    # group on a whole run; the ranks seen, on a partial trace set)
+    seen = arrivals.groupby("group")["rank"].transform("nunique")
     arrivals = arrivals[(arrivals["kind"] == "collective") & arrivals["step"].isin(ctx.steady)
-                        & (arrivals["members"] == arrivals["expected_members"])]
+                        & (arrivals["members"] == np.minimum(arrivals["expected_members"], seen))]
     arrivals = arrivals.drop(columns="kind").assign(group=pd.factorize(arrivals["group"])[0])
     arrivals = _same_stage_groups(arrivals, rank_stages(ctx.run.events()))
     others = arrivals[(arrivals["rank"] != arrivals["last_rank"]) & (arrivals["wait_ms"] > 0)]
@@ -82,10 +87,25 @@ def waiting_caused(ctx):
     return caused.reindex(sorted(arrivals["rank"].unique())).fillna(0.0)
 
 
+def members_seen(ctx) -> tuple[int, int]:
+    """(ranks the run holds, the largest group size its collectives name)."""
+    arrivals = ctx.run.arrivals()
+    group_size = int(arrivals["expected_members"].max()) if len(arrivals) else 0
+    return len(ctx.run.ranks), max(group_size, len(ctx.run.ranks))
+
+
 def _busy_ratio(ctx, rank, stages, steps):
     """The rank's busy time (step minus waiting on others) over the median of the
-    ranks doing the same work (its pipeline stage), over the given steps."""
+    ranks doing the same work (its pipeline stage), over the given steps; on a
+    device trace busy is the device compute."""
     breakdown = ctx.breakdown
+    arrivals = ctx.run.arrivals()
+    # device time when the collectives are NCCL kernels (not for host-recorded
+    # collectives beside a profiler window's kernels: those cover a few steps)
+    device = (ctx.run.device_compute() if len(arrivals) and arrivals["detail"].isin(DEVICE_DETAILS).any()
+              else ())
+    if len(device):
+        breakdown = breakdown.merge(device, on=["rank", "step"], how="left").fillna({"device_compute_ms": 0.0})
     if len(steps):
         breakdown = breakdown[breakdown["step"].isin(steps)]
     breakdown = breakdown.groupby("rank").median(numeric_only=True)
@@ -93,8 +113,12 @@ def _busy_ratio(ctx, rank, stages, steps):
         breakdown = breakdown[breakdown.index.map(lambda r: stages.get(r) == stages.get(rank))]
     if rank not in breakdown.index or len(breakdown) < 2:
         return None, breakdown
-    busy = breakdown["step_ms"] - breakdown["exposed_comm_ms"] - breakdown["pipeline_wait_ms"]
-    return float(busy[rank] / busy.drop(rank).median()), breakdown
+    if "device_compute_ms" in breakdown.columns:
+        busy = breakdown["device_compute_ms"]
+    else:
+        busy = breakdown["step_ms"] - breakdown["exposed_comm_ms"] - breakdown["pipeline_wait_ms"]
+    baseline = float(busy.drop(rank).median())
+    return (float(busy[rank] / baseline) if baseline > 0 else None), breakdown
 
 
 def detect(ctx):
@@ -118,29 +142,48 @@ def detect(ctx):
         # the steps it straggled in (its median over all steps is a normal step)
         judged = straggling.index if top_in_steps >= PERSISTENT_FRAC else straggling[straggling].index
         busy_ratio, breakdown = _busy_ratio(ctx, top, stages, judged)
-        if top_in_steps >= INTERMITTENT_FRAC and busy_ratio is not None and busy_ratio >= BUSY_RATIO:
+        gate = DEVICE_BUSY_RATIO if "device_compute_ms" in breakdown.columns else BUSY_RATIO
+        if top_in_steps >= INTERMITTENT_FRAC and busy_ratio is not None and busy_ratio >= gate:
             break
     else:
         return []
     persistent = top_in_steps >= PERSISTENT_FRAC
-    compute = breakdown["forward_ms"] + breakdown["backward_ms"] + breakdown["optimizer_ms"]
+    seen, group_size = members_seen(ctx)
+    on_device = "device_compute_ms" in breakdown.columns
+    compute = (breakdown["device_compute_ms"] if on_device
+               else breakdown["forward_ms"] + breakdown["backward_ms"] + breakdown["optimizer_ms"])
     compute_ratio = float(compute[top] / compute.drop(top).median())
     parts = ["data_wait_ms", "forward_ms", "backward_ms", "optimizer_ms", "host_sync_ms", "other_ms"]
     excess = {p: float(breakdown.loc[top, p] - breakdown[p].drop(top).median()) for p in parts}
     slow_part = max(excess, key=excess.get)
     impact_ms = top_ms - baseline_ms
-    where = slow_part.removesuffix("_ms").replace("_", " ")
+    where = "device compute" if on_device else slow_part.removesuffix("_ms").replace("_", " ")
+    extra_ms = float(compute[top] - compute.drop(top).median()) if on_device else excess[slow_part]
+    clock = "on the GPUs' clocks" if on_device else "on the hosts' clocks"
     title = (f"rank {top} is {'a persistent' if persistent else 'an intermittent'} straggler: it works "
              f"{busy_ratio:.2f}x as long per step as the median rank (most in {where}, "
-             f"+{excess[slow_part]:.1f} ms); the others wait {top_ms:.1f} ms/step for it in collectives")
+             f"+{extra_ms:.1f} ms); the others wait {top_ms:.1f} ms/step for it in collectives ({clock})")
+    partial = seen < group_size
+    if partial:
+        title = (f"rank {top} is the later of the {seen} ranks seen (of the group's {group_size}): it works "
+                 f"{busy_ratio:.2f}x as long per step (most in {where}, +{extra_ms:.1f} ms) and the other "
+                 f"ranks seen wait {top_ms:.1f} ms/step for it ({clock}); only {seen}/{group_size} members "
+                 "were traced, so this wait is a lower bound and an unseen rank may be the cause")
     advice = {"data wait": "its input pipeline is slower: check its data shard, disk and loader workers",
               "other": "it spends more time outside the recorded phases: check for extra work "
                        "(logging, checkpointing, Python overhead) on that rank"}.get(
         where, "check that rank's host and device (thermal throttling, a noisy neighbour, "
                "a slower GPU or CPU affinity) or rebalance its work")
+    if partial:
+        advice += "; trace all ranks of the group (or a wider sample) to confirm it is the slowest"
     return [Finding(
         kind="straggler", title=title, ranks=[top], impact_ms_per_step=impact_ms,
         recommendation=f"Rank {top} is slowest in {where}: {advice}.",
         metrics={"waiting_caused_ms_per_step": top_ms, "others_caused_median_ms": baseline_ms,
                  "compute_ratio_x": compute_ratio, "busy_ratio_x": busy_ratio, "last_in_steps_frac": top_in_steps,
-                 "persistent": float(persistent)})]
+                 "persistent": float(persistent), "ranks_seen": seen, "group_size": group_size,
+                 "members_seen_frac": seen / group_size, "wait_is_lower_bound": float(partial),
+                 "device_time": float(on_device),
+                 # (rank 0's clock is the reference: its own error is nil)
+                 **({"clock_error_us": max([ctx.run.offset_errors_ns.get(r, 0) for r in ctx.run.ranks[1:]] or [0]) / 1e3}
+                    if on_device else {})})]

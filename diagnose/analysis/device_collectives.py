@@ -1,0 +1,88 @@
+"""Collectives seen on the device (imported Kineto / Nsight traces): checking
+that the members the importer numbered alike are one NCCL collective.
+
+A trace that carries no sequence numbers (older PyTorch, every Nsight export)
+is numbered per rank in the order of its NCCL kernels on each communicator's
+stream (detail "gpu:order"). On a complete trace that order is the
+communicator's, but a sampled or truncated trace, or a rank that issued one
+collective more, shifts it, and matching by position alone would then pair
+unrelated kernels and invent waits. So every position is checked:
+
+    op      all members run the same collective
+    bytes   and move the same amount, where the trace says and the op sends
+            equal amounts on every member (not all_to_all, whose splits differ)
+    time    all members of one NCCL collective finish together (microseconds on
+            one node, tens of microseconds across nodes): on the aligned clock
+            each member's kernel end is within END_TOLERANCE_NS of the
+            instance's median end
+
+A member that fails is unmatched (seq -1, so it joins no instance) and the
+loader says how many were, per rank and communicator; it is never silently
+matched. The time check must not depend on the hosts' clocks, which may be
+milliseconds apart: each rank's lead over the others (its clock offset) is
+estimated robustly from the instances that agree and taken out first. The
+clock is then refined from the instances that are left
+(diagnose.analysis.clock_align).
+"""
+import numpy as np
+import pandas as pd
+
+INFERRED = "gpu:order"
+DEVICE_DETAILS = ("gpu", INFERRED)  # the detail of a collective seen as an NCCL kernel (diagnose.importers)
+END_TOLERANCE_NS = 1_000_000
+_UNEQUAL_SIZES = ("all_to_all", "send_recv", "nccl")
+
+
+def _inferred(events: pd.DataFrame) -> np.ndarray:
+    return ((events["detail"] == INFERRED) & events["kind"].isin(["collective", "done"])
+            & (events["seq"] >= 0)).to_numpy()
+
+
+def unmatch_by_op(events: pd.DataFrame, warn) -> int:
+    """Unmatch inferred members whose op or bytes differ from their instance's
+    (its most common op; bytes where sizes must agree). Returns how many."""
+    rows = events[_inferred(events) & (events["kind"] == "collective").to_numpy()]
+    if rows.empty:
+        return 0
+    name = rows["name"].astype(str)
+    key = [rows["group"].astype(str), rows["seq"]]
+    common_op = name.groupby(key).transform(lambda s: s.mode().iloc[0])
+    # no op held by more than half the members: nothing to trust, all unmatched
+    majority = (name == common_op).groupby(key).transform("mean") > 0.5
+    sized = (rows["bytes"] > 0) & ~name.isin(_UNEQUAL_SIZES)
+    common_bytes = rows["bytes"].where(sized).groupby(key).transform("median")
+    bad = (name != common_op) | ~majority | (sized & (rows["bytes"] != common_bytes))
+    return _unmatch(events, rows[bad], "op or size", warn)
+
+
+def unmatch_by_time(events: pd.DataFrame, warn) -> int:
+    """Unmatch inferred members whose kernel end is more than END_TOLERANCE_NS
+    off their instance's median end, once each rank's typical lead (its clock
+    offset: the median over its instances, from those that agree) is taken out."""
+    dones = events[_inferred(events) & (events["kind"] == "done").to_numpy()]
+    if dones.empty:
+        return 0
+    key = [dones["group"].astype(str), dones["seq"]]
+    shared = dones["start_ns"].groupby(key).transform("size") > 1
+    lead = (dones["start_ns"] - dones["start_ns"].groupby(key).transform("median")).astype(float)
+    agree = shared.copy()
+    for _ in range(3):  # the rank's lead from the instances that agree, then agree again
+        rank_lead = lead[agree].groupby(dones["rank"][agree]).median()
+        off = (lead - dones["rank"].map(rank_lead).fillna(0.0)).abs()
+        agree = shared & (off <= END_TOLERANCE_NS)
+    return _unmatch(events, dones[shared & ~agree], "kernel end", warn)
+
+
+def _unmatch(events: pd.DataFrame, bad: pd.DataFrame, why: str, warn) -> int:
+    if bad.empty:
+        return 0
+    keys = set(zip(bad["rank"], bad["group"].astype(str), bad["seq"]))
+    rows = events[_inferred(events)]
+    hit = [k in keys for k in zip(rows["rank"], rows["group"].astype(str), rows["seq"])]
+    events.loc[rows.index[hit], "seq"] = -1
+    for (rank, group), n in bad.groupby([bad["rank"], bad["group"].astype(str)]).size().items():
+        total = int(((rows["rank"] == rank) & (rows["group"].astype(str) == group)
+                     & (rows["kind"] == "collective")).sum())
+        warn(f"rank {rank}, {group}: {n} of {total} collectives differ ({why}) from the other ranks' "
+             "at the same position in the trace; left unmatched (a sampled or truncated trace?)")
+    return len(keys)
