@@ -110,3 +110,19 @@ def test_async_stream_model_straggler_is_seen_on_the_device_not_on_the_hosts(tmp
     host_arrivals = host_run.arrivals()
     assert len(host_arrivals) == 8 * 8 and host_arrivals["wait_ms"].max() < 0.1
     assert not [f for f in _findings(host_run) if f["kind"] == "straggler"]
+
+
+def test_async_stream_model_exposed_communication_is_measured_on_the_device(tmp_path):
+    """4 ranks, no straggler, a 40 ms all-reduce after 60 ms of compute with
+    nothing to overlap it: the host is never blocked in communication (it waits
+    in cudaStreamSynchronize), the device is, for 40 of ~102 ms."""
+    traces, _ = async_stream_model.traces(world=4, steps=8, slow_rank=-1, slow_factor=1.0, transfer_us=40000.0)
+    run = load_run(_import(tmp_path, traces))
+    assert run.breakdown()["exposed_comm_ms"].max() == 0.0   # what host time says
+    found = _findings(run)
+    (f,) = [f for f in found if f["kind"] == "exposed_comm"]
+    assert f["severity"] == "warning" and f["ranks"] == [0, 1, 2, 3]
+    assert f["stage"] is None and f["callsite"] is None and f["metrics"]["device_time"] == 1.0
+    assert f["metrics"]["exposed_comm_ms_per_step"] == pytest.approx(40.0, rel=0.01)
+    assert f["metrics"]["exposed_comm_frac"] == pytest.approx(40.0 / 102.5, rel=0.03)
+    assert not [f for f in found if f["kind"] == "straggler"]

@@ -58,8 +58,8 @@ def measured_offsets(rank_meta: dict) -> tuple[dict, dict, set]:
 
 def _samples(events: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     """(rank, group, seq, end_ns) of the times members finish together, and their precision floor."""
-    device = events[(events["kind"] == "done") & (events["seq"] >= 0)]
-    device = device[device["detail"].isin(DEVICE_DETAILS)]
+    device = events[(events["kind"] == "done") & (events["seq"] >= 0)] if "detail" in events else events[:0]
+    device = device[device["detail"].isin(DEVICE_DETAILS)] if len(device) else device
     if len(device):
         return device[["rank", "group", "seq", "start_ns"]].rename(columns={"start_ns": "end_ns"}), \
             DEVICE_PRECISION_NS

@@ -26,6 +26,11 @@ device_compute(): per rank and step, the time at least one compute kernel ran
 (device_compute_ms), kernels counted in the step that launched them: a rank's
 busy time on the device, which the straggler detector compares across ranks.
 
+device_exposed_comm(): per rank and step, communication-kernel time (comm_ms)
+and the part of it no compute kernel overlaps (exposed_comm_ms): what the
+device spends communicating, or waiting inside NCCL kernels for the last
+member, with nothing else to do.
+
 comm_comp_overlap(): per rank, the fraction of communication-kernel time
 (union over streams) during which a compute kernel also runs: near 1, the
 collectives are hidden behind compute; near 0, they are exposed.
@@ -140,6 +145,18 @@ def device_compute(kernels: pd.DataFrame) -> pd.DataFrame:
     rows = [(int(rank), int(step), covered_ns(k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64)) / 1e6)
             for (rank, step), k in compute.groupby(["rank", "step"])]
     return pd.DataFrame(rows, columns=["rank", "step", "device_compute_ms"])
+
+
+def device_exposed_comm(kernels: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for (rank, step), k in kernels[kernels["step"] >= 0].groupby(["rank", "step"]):
+        s, e = k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64)
+        comm, comp = (k["kind"] == COMMUNICATION).to_numpy(), (k["kind"] == COMPUTE).to_numpy()
+        comm_ns = covered_ns(s[comm], e[comm])
+        if comm_ns:
+            hidden = intersection_ns((s[comm], e[comm]), (s[comp], e[comp]))
+            rows.append((int(rank), int(step), comm_ns / 1e6, (comm_ns - hidden) / 1e6))
+    return pd.DataFrame(rows, columns=["rank", "step", "comm_ms", "exposed_comm_ms"])
 
 
 def comm_comp_overlap(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:

@@ -207,6 +207,11 @@ class Run:
         return device_compute(self.kernels())
 
     @functools.lru_cache(maxsize=None)
+    def device_exposed_comm(self) -> pd.DataFrame:
+        from diagnose.analysis.gpu_tables import device_exposed_comm
+        return device_exposed_comm(self.kernels())
+
+    @functools.lru_cache(maxsize=None)
     def comm_comp_overlap(self) -> pd.DataFrame:
         from diagnose.analysis.gpu_tables import comm_comp_overlap
         return comm_comp_overlap(self.kernels(), self.steps())

@@ -11,8 +11,14 @@ transfer cost. Threshold: >= 35% of the step is a warning, >= 50% critical;
 collective kind (nccl-tests formulas: busbw = algbw x 2(n-1)/n for all-reduce,
 (n-1)/n for all-gather/reduce-scatter/all-to-all, 1 for broadcast/reduce) and
 the groups with the most communication time.
+
+On device traces (collectives are NCCL kernels) the host is never blocked in
+communication, so the breakdown says nothing: exposed communication is then
+the communication-kernel time no compute kernel overlaps, per step
+(gpu_tables.device_exposed_comm), again on the rank that exposes the least.
 """
 from diagnose.analysis.detectors import hidden_sync
+from diagnose.analysis.device_collectives import DEVICE_DETAILS
 from diagnose.analysis.findings import Finding
 
 INFO_FRAC, WARNING_FRAC, CRITICAL_FRAC = 0.10, 0.35, 0.50
@@ -41,10 +47,16 @@ def detect(ctx):
     b = ctx.breakdown
     if b.empty:
         return []
+    arrivals = ctx.run.arrivals()
+    on_device = bool(len(arrivals)) and bool(arrivals["detail"].isin(DEVICE_DETAILS).any())
+    if on_device:
+        device = ctx.run.device_exposed_comm()
+        b = b.drop(columns="exposed_comm_ms").merge(device, on=["rank", "step"], how="left")
+        b["exposed_comm_ms"] = b["exposed_comm_ms"].fillna(0.0)
     per_rank = b.groupby("rank")[["exposed_comm_ms", "step_ms"]].median()
     syncs = hidden_sync.candidates(ctx)
     syncs = syncs[syncs["kind"].astype(str) == "collective"]
-    if len(syncs) and ctx.steady:
+    if len(syncs) and ctx.steady and not on_device:
         per_rank["exposed_comm_ms"] = (per_rank["exposed_comm_ms"]
                                        - syncs.groupby("rank")["dur_ms"].sum().reindex(per_rank.index).fillna(0)
                                        / len(ctx.steady)).clip(lower=0)
@@ -55,7 +67,7 @@ def detect(ctx):
         return []
     severity = "critical" if exposed >= CRITICAL_FRAC else "warning" if exposed >= WARNING_FRAC else "info"
     metrics = {"exposed_comm_frac": exposed, "exposed_comm_ms_per_step": float(per_rank.loc[least, "exposed_comm_ms"]),
-               "max_rank_exposed_comm_frac": float(frac.max())}
+               "max_rank_exposed_comm_frac": float(frac.max()), "device_time": float(on_device)}
     bandwidth = bandwidth_table(ctx)
     slowest = ""
     if len(bandwidth):
@@ -68,7 +80,8 @@ def detect(ctx):
     return [Finding(
         kind="exposed_comm", ranks=sorted(int(r) for r in frac.index), severity=severity,
         impact_ms_per_step=float(per_rank.loc[least, "exposed_comm_ms"]),
-        title=f"communication not overlapped with compute takes {exposed:.0%} of the step{slowest}",
+        title=(f"communication not overlapped with compute takes {exposed:.0%} of the step{slowest}"
+               f"{' (NCCL kernels on the GPUs)' if on_device else ''}"),
         recommendation=("Overlap communication with compute (bucketed async all-reduce during backward, "
                         "prefetching all-gathers), shrink what is communicated (bf16 gradients, "
                         "larger micro-batches per sync), or use a faster interconnect/topology-aware groups."),
