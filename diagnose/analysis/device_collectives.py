@@ -33,6 +33,12 @@ END_TOLERANCE_NS = 1_000_000
 _UNEQUAL_SIZES = ("all_to_all", "send_recv", "nccl")
 
 
+def on_device(arrivals: pd.DataFrame) -> bool:
+    """Whether the run's collectives are NCCL kernels (imported GPU traces),
+    so that its detectors judge device time."""
+    return bool(len(arrivals)) and bool(arrivals["detail"].isin(DEVICE_DETAILS).any())
+
+
 def _inferred(events: pd.DataFrame) -> np.ndarray:
     return ((events["detail"] == INFERRED) & events["kind"].isin(["collective", "done"])
             & (events["seq"] >= 0)).to_numpy()

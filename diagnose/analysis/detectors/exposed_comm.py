@@ -18,7 +18,7 @@ the communication-kernel time no compute kernel overlaps, per step
 (gpu_tables.device_exposed_comm), again on the rank that exposes the least.
 """
 from diagnose.analysis.detectors import hidden_sync
-from diagnose.analysis.device_collectives import DEVICE_DETAILS
+from diagnose.analysis import device_collectives
 from diagnose.analysis.findings import Finding
 
 INFO_FRAC, WARNING_FRAC, CRITICAL_FRAC = 0.10, 0.35, 0.50
@@ -47,8 +47,7 @@ def detect(ctx):
     b = ctx.breakdown
     if b.empty:
         return []
-    arrivals = ctx.run.arrivals()
-    on_device = bool(len(arrivals)) and bool(arrivals["detail"].isin(DEVICE_DETAILS).any())
+    on_device = device_collectives.on_device(ctx.run.arrivals())
     if on_device:
         device = ctx.run.device_exposed_comm()
         b = b.drop(columns="exposed_comm_ms").merge(device, on=["rank", "step"], how="left")

@@ -20,7 +20,7 @@ the median rank, and which part of its step is slow.
 import numpy as np
 import pandas as pd
 
-from diagnose.analysis.device_collectives import DEVICE_DETAILS
+from diagnose.analysis import device_collectives
 from diagnose.analysis.detectors.run_structure import rank_stages
 from diagnose.analysis.findings import Finding
 
@@ -99,11 +99,9 @@ def _busy_ratio(ctx, rank, stages, steps):
     ranks doing the same work (its pipeline stage), over the given steps; on a
     device trace busy is the device compute."""
     breakdown = ctx.breakdown
-    arrivals = ctx.run.arrivals()
     # device time when the collectives are NCCL kernels (not for host-recorded
     # collectives beside a profiler window's kernels: those cover a few steps)
-    device = (ctx.run.device_compute() if len(arrivals) and arrivals["detail"].isin(DEVICE_DETAILS).any()
-              else ())
+    device = ctx.run.device_compute() if device_collectives.on_device(ctx.run.arrivals()) else ()
     if len(device):
         breakdown = breakdown.merge(device, on=["rank", "step"], how="left").fillna({"device_compute_ms": 0.0})
     if len(steps):
