@@ -10,10 +10,7 @@ from diagnose.analysis.run_detectors import detect
 from diagnose.importers.kineto import import_kineto
 
 SET = "kineto/hta/trace_filter"
-# The traces are sampled: on each rank's two communicators, 6 of its 8 and 0 of
-# its 2 collectives are at a position whose kernels do not end together (the
-# all_to_alls, whose other instances were sampled away); they must stay unmatched.
-UNMATCHED = ("6 of 8 collectives differ (kernel end)",)
+UNMATCHED = kineto_perturb.TRACE_FILTER_UNMATCHED
 
 
 def _files():
@@ -36,6 +33,12 @@ def _findings(run):
 
 def test_positions_that_are_not_one_collective_stay_unmatched(tmp_path):
     run = load_run(_import(tmp_path), expected_warnings=UNMATCHED)
+    # every NCCL kernel here is a SendRecv: the ops are the nccl:<op> ranges that launched them
+    events = run.events()
+    calls = events[events["kind"] == "collective"]
+    for rank in (0, 1):
+        assert calls[calls["rank"] == rank]["name"].astype(str).value_counts().to_dict() == {
+            "all_to_all": 4, "all_reduce": 4, "all_gather": 2}
     arrivals = run.arrivals()
     instances = arrivals.groupby(["group", "seq"])
     assert len(instances) == 4 and (instances["rank"].nunique() == 2).all()

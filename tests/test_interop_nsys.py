@@ -43,8 +43,16 @@ def test_real_export_kernel_count_and_time_match_cupti_table(tmp_path):
     assert list(syncs["name"].astype(str)) == ["cudaEventSynchronize"]
 
 
-def _synthetic(path: Path, pid: int, session_start_ns: int, steps: list) -> None:
-    """One rank's export: NVTX ranges from our domain, kernels launched inside them."""
+NCCL_COMM_ID = 12715772615376301750
+SEND_RECV = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+
+
+def _synthetic(path: Path, pid: int, session_start_ns: int, steps: list, nccl_nvtx: bool = False) -> None:
+    """One rank's export: NVTX ranges from our domain, kernels launched inside
+    them. nccl_nvtx: NCCL's own NVTX range (domain "NCCL", the payload entries
+    of NCCL's schema as nsys exports them in jsonText) around the all-reduce's
+    launch, and per step an all_to_all (PyTorch's nccl:all_to_all range, as
+    under emit_nvtx) launching two SendRecv kernels."""
     with sqlite3.connect(f"file:{REAL}?mode=ro", uri=True) as real:
         ddl = {n: sql for n, sql in real.execute("SELECT name, sql FROM sqlite_master WHERE type='table'")}
     con = sqlite3.connect(path)
@@ -64,6 +72,8 @@ def _synthetic(path: Path, pid: int, session_start_ns: int, steps: list) -> None
     con.execute("INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (?, '', '', 0)", (session_start_ns,))
     con.execute("INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid, domainId) "
                 "VALUES (0, 75, 'diagnose', ?, 1)", (gtid,))
+    con.execute("INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid, domainId) "
+                "VALUES (0, 75, 'NCCL', ?, 2)", (gtid,))
     categories = {kind: i + 1 for i, kind in enumerate(("forward", "backward", "optimizer", "data"))}
     for kind, cat in categories.items():
         con.execute("INSERT INTO NVTX_EVENTS (start, eventType, category, text, globalTid, domainId) "
@@ -73,6 +83,10 @@ def _synthetic(path: Path, pid: int, session_start_ns: int, steps: list) -> None
     def nvtx(kind, name, start, end):
         con.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, category, textId, globalTid, "
                     "domainId) VALUES (?, ?, 59, ?, ?, ?, 1)", (start, end, categories[kind], sid(name), gtid))
+
+    def call(text, start, end, domain, payload=None):
+        con.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, domainId, jsonText) "
+                    "VALUES (?, ?, 59, ?, ?, ?, ?)", (start, end, text, gtid, domain, payload))
 
     def kernel(name, launch, start, end, stream):
         corr[0] += 1
@@ -97,6 +111,13 @@ def _synthetic(path: Path, pid: int, session_start_ns: int, steps: list) -> None
         kernel("void gemm_bwd(float*)", t + MS, t + 2 * MS, t + s.get("bwd_end", 15 * MS), 7)
         kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
                t + 2 * MS, s["nccl"], s["nccl_end"], 20)
+        if nccl_nvtx:
+            call("ncclAllReduce", t + 2 * MS - 1000, t + 2 * MS + 9000, 2,
+                 '{"NCCL communicator ID": %d, "Rank": 0, "Message size [bytes]": 4194304, '
+                 '"Reduction operation": "ncclSum"}' % NCCL_COMM_ID)
+            call("nccl:all_to_all", t + 3 * MS, t + 4 * MS, 0)
+            kernel(SEND_RECV, t + 3 * MS + 100_000, s["nccl_end"] + MS, s["nccl_end"] + 2 * MS, 20)
+            kernel(SEND_RECV, t + 3 * MS + 300_000, s["nccl_end"] + 2 * MS, s["nccl_end"] + 3 * MS, 20)
         t += 20 * MS
         nvtx("optimizer", "optimizer", t, t + 5 * MS)
     con.commit()
@@ -169,10 +190,22 @@ def test_synthetic_export_with_a_slower_gpu_names_the_straggler(tmp_path):
     paths = []
     for rank, pid in ((0, 4101), (1, 4102)):
         path = tmp_path / f"rank{rank}.sqlite"
-        _synthetic(path, pid, base, plan[rank])
+        _synthetic(path, pid, base, plan[rank], nccl_nvtx=True)
         paths.append(str(path))
     run = load_run(import_nsys(paths, str(tmp_path / "run"))[0])
+    # the collectives are what the NVTX ranges around their launches say: the
+    # all-reduce on NCCL's communicator, with its size; the all_to_all's two
+    # SendRecv kernels one collective, from the first's start to the second's end
+    calls = run.collectives()
+    assert len(calls) == 2 * 6 * 2 and (calls.groupby(["group", "seq"])["rank"].nunique() == 2).all()
+    by_op = calls.groupby("name")
+    assert set(by_op["group"].unique().map(tuple)) == {(f"nccl:{NCCL_COMM_ID}",), ("nccl:comm0",)}
+    assert set(calls.loc[calls["name"] == "all_reduce", "bytes"]) == {4194304}
+    to_all = calls[calls["name"] == "all_to_all"]
+    assert ((to_all["exit_ns"] - to_all["issue_ns"]) == 2 * MS).all()
+    assert set(run.events()["name"].astype(str)) & {"ncclAllReduce", "nccl:all_to_all"} == set()  # not phases
     arrivals = run.arrivals()
+    arrivals = arrivals[arrivals["name"] == "all_reduce"]
     assert (arrivals["expected_members"] == 2).all() and (arrivals["last_rank"] == 1).all()
     found = detect(run)
     assert [w for w in run.warnings if "detector" in w] == []

@@ -16,17 +16,19 @@
  * no UTF-8 check is needed here.
  *
  * Returns (any_complete, base_time_span, distributed_info_span, gpu,
- * args_to_decode, launches, cpu_candidates, pids):
+ * args_to_decode, launches, cpu_candidates, pids, nccl_ranges):
  *   spans            (start, end) of a value's JSON text, or None if absent
  *   gpu              (name, ts, dur, stream, correlation, bytes, collective?, args)
  *                    per GPU activity; args is empty_args unless the activity
  *                    carries other args the importer reads, in which case it is
  *                    None and args_to_decode holds (index, start, end) of its
  *                    args object, for the caller to decode with msgspec
- *   launches         {correlation: ts} of runtime launches
+ *   launches         {correlation: (ts, tid)} of runtime launches
  *   cpu_candidates   ("sync", name, ts, dur, "cuda") rows, and (name, cat, ts,
  *                    dur) of the events kineto._classify must look at, in order
  *   pids             {pid: events} of the CPU-side complete events
+ *   nccl_ranges      (name, cat, ts, dur, tid, args span or None) of the CPU
+ *                    events named "nccl:<op>" (unless gpu_only), in order
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -314,7 +316,7 @@ typedef struct {
     int gpu_only;
     PyObject *other_phases, *launch_cats, *sync_calls, *classified_first, *empty_args, *decode; /* borrowed */
     const char *text;
-    PyObject *gpu, *to_decode, *launches, *candidates, *pids; /* owned */
+    PyObject *gpu, *to_decode, *launches, *candidates, *pids, *ranges; /* owned */
     int any_complete;
     long long last_pid;
     Py_ssize_t last_pid_run; /* consecutive events of last_pid not yet added to pids */
@@ -390,7 +392,29 @@ static const char *args_end(const char *p, const char *end, Args *a) {
     return m.p;
 }
 
-static int complete_event(Scan *s, Value *cat, Value *name, Value *ts, Value *dur, Value *pid, Args *a) {
+/* A tid as msgspec decodes it (None if absent); NULL with no exception set
+ * when unsupported here (a float, a bool, an object...). */
+static PyObject *tid_object(const Value *tid, PyObject *decode) {
+    if (tid->type == V_MISSING || tid->type == V_NULL)
+        Py_RETURN_NONE;
+    if (tid->type == V_STRING)
+        return string_object(tid, decode);
+    return tid->type == V_INT ? number_object(tid) : NULL;
+}
+
+/* Whether a name's text may decode to one that starts with "nccl:". */
+static int may_be_nccl_range(const Value *name) {
+    static const char prefix[] = "nccl:";
+    Py_ssize_t n = name->end - name->start, plain = n;
+    if (name->escaped) {
+        const char *slash = memchr(name->start, '\\', n);
+        plain = slash ? slash - name->start : n;
+    }
+    Py_ssize_t k = plain < 5 ? plain : 5;
+    return memcmp(name->start, prefix, k) == 0 && (k == 5 || plain < n);
+}
+
+static int complete_event(Scan *s, Value *cat, Value *name, Value *ts, Value *dur, Value *pid, Value *tid, Args *a) {
     Value *args = &a->object, stream = a->stream, correlation = a->correlation, nbytes = a->nbytes;
     int other_args = a->other;
     /* types the msgspec structs accept, narrowed to what is handled here */
@@ -441,9 +465,13 @@ static int complete_event(Scan *s, Value *cat, Value *name, Value *ts, Value *du
     if (cat->type == V_STRING && text_in(cat, s->launch_cats)) {
         if (args->type == V_OBJECT && correlation.type == V_INT) {
             PyObject *key_object = PyLong_FromLongLong(correlation_id), *ts_object = number_object(ts);
-            int rc = key_object && ts_object ? PyDict_SetItem(s->launches, key_object, ts_object) : -1;
+            PyObject *tid_value = tid_object(tid, s->decode);
+            PyObject *launch = ts_object && tid_value ? PyTuple_Pack(2, ts_object, tid_value) : NULL;
+            int rc = key_object && launch ? PyDict_SetItem(s->launches, key_object, launch) : -1;
             Py_XDECREF(key_object);
             Py_XDECREF(ts_object);
+            Py_XDECREF(tid_value);
+            Py_XDECREF(launch);
             if (rc < 0)
                 return PyErr_Occurred() ? -1 : 1;
         }
@@ -459,6 +487,17 @@ static int complete_event(Scan *s, Value *cat, Value *name, Value *ts, Value *du
     }
     if (s->gpu_only || name->end == name->start)
         return 0;
+    if (may_be_nccl_range(name)) {
+        if (name->escaped)
+            return 1; /* (rare: left to msgspec) */
+        PyObject *cat_object = cat->type == V_STRING ? string_object(cat, s->decode) : (Py_INCREF(Py_None), Py_None);
+        PyObject *row[6] = {string_object(name, s->decode), cat_object, number_object(ts), dur_object(dur),
+                            tid_object(tid, s->decode),
+                            a->object.type == V_OBJECT ? Py_BuildValue("(nn)", (Py_ssize_t)(a->object.start - s->text),
+                                                                       (Py_ssize_t)(a->object.end - s->text))
+                                                       : (Py_INCREF(Py_None), Py_None)};
+        return append_tuple(s->ranges, 6, row) < 0 ? (PyErr_Occurred() ? -1 : 1) : 0;
+    }
     if (*name->start == '\\')
         return 1; /* its first character is an escape: left to msgspec */
     if (!memchr(PyBytes_AS_STRING(s->classified_first), *name->start, PyBytes_GET_SIZE(s->classified_first)))
@@ -476,7 +515,7 @@ static int complete_event(Scan *s, Value *cat, Value *name, Value *ts, Value *du
 
 /* One element of traceEvents, p at '{'; returns the position after it, or UNSUPPORTED (*error set on a Python error). */
 static const char *event_end(Scan *s, const char *p, const char *end, int *error) {
-    Value ph = {0}, cat = {0}, name = {0}, ts = {0}, dur = {0}, pid = {0}, key, value;
+    Value ph = {0}, cat = {0}, name = {0}, ts = {0}, dur = {0}, pid = {0}, tid = {0}, key, value;
     Args args = {0};
     Members m = {p + 1, end, 1, 1};
     int more;
@@ -484,7 +523,8 @@ static const char *event_end(Scan *s, const char *p, const char *end, int *error
         Value *slot = NULL;
         switch (key.end - key.start) {
         case 2: slot = key_is(&key, "ph") ? &ph : key_is(&key, "ts") ? &ts : NULL; break;
-        case 3: slot = key_is(&key, "cat") ? &cat : key_is(&key, "dur") ? &dur : key_is(&key, "pid") ? &pid : NULL; break;
+        case 3: slot = key_is(&key, "cat") ? &cat : key_is(&key, "dur") ? &dur : key_is(&key, "pid") ? &pid
+                : key_is(&key, "tid") ? &tid : NULL; break;
         case 4:
             if (key_is(&key, "args")) {
                 if (args.object.type != V_MISSING || (m.p = args_end(m.p, end, &args)) == UNSUPPORTED)
@@ -507,7 +547,7 @@ static const char *event_end(Scan *s, const char *p, const char *end, int *error
     if (*ph.start != 'X') /* one of the other phases msgspec knows, else unsupported */
         return memchr(PyBytes_AS_STRING(s->other_phases), *ph.start, PyBytes_GET_SIZE(s->other_phases))
                    ? m.p : UNSUPPORTED;
-    int rc = complete_event(s, &cat, &name, &ts, &dur, &pid, &args);
+    int rc = complete_event(s, &cat, &name, &ts, &dur, &pid, &tid, &args);
     if (rc < 0)
         *error = 1;
     return rc == 0 ? m.p : UNSUPPORTED;
@@ -584,18 +624,20 @@ static PyObject *scan(PyObject *module, PyObject *arguments) {
     s.launches = PyDict_New();
     s.candidates = PyList_New(0);
     s.pids = PyDict_New();
+    s.ranges = PyList_New(0);
     PyObject *result = NULL;
     Value base_time = {0}, dist = {0};
     int error = 0;
-    if (s.gpu && s.to_decode && s.launches && s.candidates && s.pids) {
+    if (s.gpu && s.to_decode && s.launches && s.candidates && s.pids && s.ranges) {
         int rc = scan_text(&s, text.buf, (const char *)text.buf + text.len, &base_time, &dist, &error);
         if (error || PyErr_Occurred())
             result = NULL;
         else if (rc != 0)
             result = (Py_INCREF(Py_None), Py_None);
         else
-            result = Py_BuildValue("(ONNOOOOO)", s.any_complete ? Py_True : Py_False, span_or_none(&base_time, s.text),
-                                   span_or_none(&dist, s.text), s.gpu, s.to_decode, s.launches, s.candidates, s.pids);
+            result = Py_BuildValue("(ONNOOOOOO)", s.any_complete ? Py_True : Py_False, span_or_none(&base_time, s.text),
+                                   span_or_none(&dist, s.text), s.gpu, s.to_decode, s.launches, s.candidates, s.pids,
+                                   s.ranges);
     }
     if (result == NULL && !PyErr_Occurred())
         PyErr_NoMemory();
@@ -604,6 +646,7 @@ static PyObject *scan(PyObject *module, PyObject *arguments) {
     Py_XDECREF(s.launches);
     Py_XDECREF(s.candidates);
     Py_XDECREF(s.pids);
+    Py_XDECREF(s.ranges);
     PyBuffer_Release(&text);
     return result;
 }

@@ -47,7 +47,8 @@ from diagnose.importers.gpu_activity import as_int
 from diagnose.importers.kineto_columns import table_and_facts
 from diagnose.importers.kineto_io import (_display, gc_paused, load_trace, map_files, parse_trace,  # noqa: F401 (load_trace: API)
                                           read_trace_bytes)
-from diagnose.importers.kineto_scan import LAUNCH_CATS, PHASE_FIRST, SYNC_CALLS
+from diagnose.importers.kineto_scan import (LAUNCH_CATS, NCCL_RANGE_CATS, NCCL_RANGE_PREFIX, PHASE_FIRST, SYNC_CALLS,
+                                           nccl_range)
 from diagnose.importers.run_writer import RunDirWriter, append_rank_events, clock_meta
 
 _STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
@@ -63,23 +64,22 @@ def file_table(path: str, gpu_only: bool = False) -> tuple[pa.Table, dict]:
     with gc_paused():
         fast = kineto_scan.scan(raw, gpu_only, _classify)
         if fast is not None:
-            top, cpu, gpu, launches, pids = fast
-            return table_and_facts(top["baseTimeNanoseconds"], top["distributedInfo"], cpu, gpu, launches, pids)
+            top, *scanned = fast
+            return table_and_facts(top["baseTimeNanoseconds"], top["distributedInfo"], *scanned)
         return trace_table(parse_trace(raw, _display(path)), gpu_only)
 
 
 def trace_table(trace: dict, gpu_only: bool = False) -> tuple[pa.Table, dict]:
     """The events (collectors.schema's table, in start order) and facts for meta.json."""
-    cpu, gpu, launches, pids = _scan_events(trace["traceEvents"], gpu_only)
     return table_and_facts(trace.get("baseTimeNanoseconds"), trace.get("distributedInfo"),
-                           cpu, gpu, launches, pids)
+                           *_scan_events(trace["traceEvents"], gpu_only))
 
 
 def _scan_events(events, gpu_only: bool):
-    """(cpu, gpu, launches, pids) from parsed event dicts; kineto_scan mirrors it."""
-    launches = {}
+    """(cpu, gpu, launches, pids, nccl ranges) from parsed event dicts; kineto_scan mirrors it."""
+    launches = {}  # correlation -> (ts, tid) of the runtime call that launched it
     cpu, gpu = [], []  # (kind, name, ts, dur, detail); (name, ts, dur, stream, corr, bytes, collective?, args)
-    pids = {}
+    pids, ranges = {}, []  # ranges: (op, ts, dur, tid, bytes) of the "nccl:<op>" CPU ranges
     for e in events:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
@@ -102,16 +102,20 @@ def _scan_events(events, gpu_only: bool):
             pids[pid] = pids.get(pid, 0) + 1
         if cat in LAUNCH_CATS:
             if "correlation" in args:
-                launches[as_int(args["correlation"])] = ts
+                launches[as_int(args["correlation"])] = (ts, e.get("tid"))
             if not gpu_only and name in SYNC_CALLS:
                 cpu.append(("sync", name, ts, dur, "cuda"))
             continue
         if gpu_only or not name or cat == "gpu_user_annotation":  # GPU-side copies of CPU ranges
             continue
+        if name.startswith(NCCL_RANGE_PREFIX):
+            if cat in NCCL_RANGE_CATS:
+                ranges.append(nccl_range(name, ts, dur, e.get("tid"), args.get("Input Dims"), args.get("Input type")))
+            continue
         row = _classify(name, cat, ts, dur)
         if row is not None:
             cpu.append(row)
-    return cpu, gpu, launches, pids
+    return cpu, gpu, launches, pids, ranges
 
 
 def _classify(name: str, cat, ts, dur):

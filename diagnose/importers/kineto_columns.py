@@ -8,19 +8,21 @@ encoded once each. Encoding every value, and the numpy object arrays it went
 through, was a quarter of a file's import (~60 ms of 0.46 s here). Numeric
 columns are numpy arrays from start to end.
 
-Rows, in start order (ties: CPU rows first, then the trace's GPU order, each
-NCCL kernel followed by its collective and done rows):
+Rows, in start order (ties: CPU rows first, then the trace's GPU order, a
+collective call's first NCCL kernel followed by its collective row and its
+last kernel by its done row):
 
     CPU rows          step, data, forward/backward/optimizer, sync (kineto._classify)
     kernel rows       one per GPU activity (docs/run-directory.md: what is what)
-    collective, done  one each per NCCL kernel
+    collective, done  one each per collective call (its NCCL kernels)
 """
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from collectors.schema import COMMUNICATION, EVENT_COLUMNS, EVENT_FIELDS, EVENT_SCHEMA, arrow_array, event_row
-from diagnose.importers.gpu_activity import DTYPE_BYTES, as_int, collective_op, kernel_class, ranks_string
+from diagnose.importers.gpu_activity import (DTYPE_BYTES, as_int, collective_op, kernel_class, launching_ranges,
+                                             ranks_string)
 from diagnose.importers.run_writer import assign_steps
 
 _NUMPY_DTYPES = {pa.int32(): np.int32, pa.int64(): np.int64, pa.bool_(): np.bool_}
@@ -59,11 +61,12 @@ def ns_from_us(ts: np.ndarray, base_ns: int) -> np.ndarray:
     return base_ns + whole.astype(np.int64) * 1000 + np.rint((ts - whole) * 1000).astype(np.int64)
 
 
-def table_and_facts(base_time, dist, cpu, gpu, launches, pids) -> tuple[pa.Table, dict]:
+def table_and_facts(base_time, dist, cpu, gpu, launches, pids, ranges) -> tuple[pa.Table, dict]:
     """The events table (collectors.schema's, in start order) and the facts for
     meta.json, from a scan's CPU rows (kind, name, ts, dur, detail), GPU
     activities (name, ts, dur, stream, correlation, bytes, collective?, args),
-    launch times by correlation id and event counts by pid."""
+    launches ((ts, tid) by correlation id), event counts by pid and "nccl:"
+    CPU ranges (op, ts, dur, tid, bytes)."""
     base_ns = max(as_int(base_time, 0), 0)
     steps = {}
     for kind, _, ts, dur, detail in cpu:
@@ -74,13 +77,13 @@ def table_and_facts(base_time, dist, cpu, gpu, launches, pids) -> tuple[pa.Table
     cpu_block = _cpu_block(cpu, steps, base_ns, step_starts, step_numbers)
     kernel_block, start_order = _kernel_block(gpu, launches, base_ns, step_starts, step_numbers)
     dist = dist if isinstance(dist, dict) else {}
-    nccl, collective_block, done_block = _collective_blocks(gpu, kernel_block, start_order,
-                                                            as_int(dist.get("world_size"), 0))
+    first, last, collective_block, done_block = _collective_blocks(
+        gpu, kernel_block, start_order, as_int(dist.get("world_size"), 0), launches, ranges)
     blocks = (cpu_block, kernel_block, collective_block, done_block)
     n_cpu = len(cpu_block["start_ns"])
     place = np.empty(len(gpu), np.int64)  # kernel i is the place[i]-th to start
     place[start_order] = np.arange(len(gpu))
-    tie_break = np.concatenate([np.arange(-n_cpu, 0), 3 * place, 3 * place[nccl] + 1, 3 * place[nccl] + 2])
+    tie_break = np.concatenate([np.arange(-n_cpu, 0), 3 * place, 3 * place[first] + 1, 3 * place[last] + 2])
     order = np.lexsort((tie_break, np.concatenate([b["start_ns"] for b in blocks])))
     arrays = []
     for name, typ in EVENT_FIELDS:
@@ -134,7 +137,8 @@ def _kernel_block(gpu, launches, base_ns, step_starts, step_numbers) -> tuple:
     names, ts, durs, streams, correlations, nbytes, collectives, _ = zip(*gpu) if gpu else ((),) * 8
     ts = np.array(ts, dtype=np.float64)
     starts = ns_from_us(ts, base_ns)
-    launch_ts = np.array([launches.get(c, t) for c, t in zip(correlations, ts.tolist())], dtype=np.float64)
+    launch_ts = np.array([launches[c][0] if c in launches else t for c, t in zip(correlations, ts.tolist())],
+                         dtype=np.float64)
     name = Strings.of(names)
     classes = {COMMUNICATION: 0}  # code 0: NCCL kernels, and any activity with a "Collective name"
     class_of_name = np.array([classes.setdefault(kernel_class(v), len(classes)) for v in name.values], np.int32)
@@ -149,43 +153,66 @@ def _kernel_block(gpu, launches, base_ns, step_starts, step_numbers) -> tuple:
     return block, np.argsort(starts, kind="stable")
 
 
-def _collective_blocks(gpu, kernels: dict, start_order: np.ndarray, world_size: int) -> tuple:
-    """(the NCCL kernels, in start order; their collective rows; their done
-    rows). A group's kernels that carry no sequence number are numbered in
-    start order, and marked "gpu:order" (detail) so that matching checks the
-    numbering across ranks (diagnose.analysis.device_collectives). A kernel
-    without process-group args is on communicator "nccl:comm<k>", k its NCCL
-    stream's rank in order of first use (stream ids need not agree across
-    processes), and its members are taken to be the world (docs/choices.md:
-    traces of subgroups from PyTorch >= 2.0 carry their ranks)."""
+def _collective_blocks(gpu, kernels: dict, start_order: np.ndarray, world_size: int, launches: dict,
+                       ranges: list) -> tuple:
+    """(each collective call's first NCCL kernel, and last; their collective
+    rows; their done rows), calls in start order.
+
+    A kernel's call is the "nccl:<op>" CPU range its launch ran inside, on the
+    launching thread (launch correlation), where the kernel's own args do not
+    name one: NCCL names the kernels of an all_to_all, and on some versions an
+    all_reduce, SendRecv. The kernels of one call (one range, or one sequence
+    number) that follow each other on a stream are one collective, from the
+    first one's start to the last one's end.
+
+    A group's calls that carry no sequence number are numbered in start order,
+    and marked "gpu:order" (detail) so that matching checks the numbering
+    across ranks (diagnose.analysis.device_collectives). A kernel without
+    process-group args is on communicator "nccl:comm<k>", k its NCCL stream's
+    rank in order of first use (stream ids need not agree across processes),
+    and its members are taken to be the world (docs/choices.md: traces of
+    subgroups from PyTorch >= 2.0 carry their ranks)."""
     detail = kernels["detail"]
     nccl = start_order[detail.codes[start_order] == 0]  # (_kernel_block: 0 is COMMUNICATION)
     streams = list(dict.fromkeys(gpu[j][3] for j in nccl.tolist()))
     world = ",".join(map(str, range(world_size))) if world_size > 0 else ""
+    launched_in = launching_ranges([launches.get(gpu[j][4]) for j in nccl.tolist()],
+                                   [(ts, ts + dur, tid) for _, ts, dur, tid, _ in ranges])
     named = {}  # (Collective name, kernel name, group, stream, ranks) -> (op, group, ranks): a few distinct
-    rows, next_seq, inferred = [], {}, []
-    for j in nccl.tolist():
+    calls, next_seq, last_call = [], {}, {}  # calls: [op, group, ranks, seq, bytes, inferred, first, last, key]
+    for position, (j, r) in enumerate(zip(nccl.tolist(), launched_in)):
         kernel_name, _, _, stream, _, _, _, a = gpu[j]
-        key = (a.get("Collective name"), kernel_name, a.get("Process Group Name"), stream,
-               a.get("Process Group Ranks"))
+        collective_name = a.get("Collective name")
+        if collective_name is None and r >= 0:
+            collective_name = ranges[r][0]
+        key = (collective_name, kernel_name, a.get("Process Group Name"), stream, a.get("Process Group Ranks"))
         try:
             op, group, group_ranks = named.get(key) or named.setdefault(key, _collective_names(*key, streams, world))
         except TypeError:  # an unhashable value (ranks as a list)
             op, group, group_ranks = _collective_names(*key, streams, world)
         seq = as_int(a.get("Seq", a.get("seq")))
-        inferred.append(seq < 0)
-        if seq < 0:
+        call = ("seq", seq) if seq >= 0 else ("range", r) if r >= 0 else None
+        previous = last_call.get(group)
+        if call is not None and previous is not None and previous[8] == call:
+            previous[7] = position  # another kernel of the same call
+            continue
+        inferred = seq < 0
+        if inferred:
             seq = next_seq.get(group, 0)
             next_seq[group] = seq + 1
         elems = max(as_int(a.get("In msg nelems"), 0), 0)
-        rows.append((op, group, group_ranks, seq, elems * DTYPE_BYTES.get(str(a.get("dtype", "")).lower(), 1)))
-    ops, groups, ranks, seqs, sent = zip(*rows) if rows else ((),) * 5
-    n = len(nccl)
+        nbytes = (elems * DTYPE_BYTES.get(str(a.get("dtype", "")).lower(), 1) if elems or r < 0
+                  else ranges[r][4])
+        last_call[group] = [op, group, group_ranks, seq, nbytes, inferred, position, position, call]
+        calls.append(last_call[group])
+    ops, groups, ranks, seqs, sent, inferred, first, last, _ = zip(*calls) if calls else ((),) * 9
+    first, last = nccl[list(first)], nccl[list(last)]
     op, group, group_ranks = Strings.of(ops), Strings.of(groups), Strings.of(ranks)
-    starts, ends, steps = kernels["start_ns"][nccl], kernels["end_ns"][nccl], kernels["step"][nccl]
+    starts, ends, steps = kernels["start_ns"][first], kernels["end_ns"][last], kernels["step"][first]
     how = Strings(np.array(inferred, np.int32), ["gpu", "gpu:order"])
     common = dict(name=op, step=steps, group=group, group_ranks=group_ranks, seq=seqs, async_op=True, detail=how)
-    return (nccl, _block(n, kind="collective", start_ns=starts, end_ns=starts, bytes=sent, **common),
+    n = len(calls)
+    return (first, last, _block(n, kind="collective", start_ns=starts, end_ns=starts, bytes=sent, **common),
             _block(n, kind="done", start_ns=ends, end_ns=ends, **common))
 
 

@@ -23,7 +23,7 @@ hands anything unusual to msgspec (native_scan returns None).
 """
 from typing import Any, Optional, Union
 
-from diagnose.importers.gpu_activity import as_int
+from diagnose.importers.gpu_activity import as_int, collective_op, tensor_bytes
 
 try:
     import msgspec
@@ -42,6 +42,11 @@ SYNC_CALLS = {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchr
               "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize", "hipMemcpy"}
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "privateuse1_runtime", "hip_runtime"}
 PHASE_FIRST = frozenset("#fbFBoD")
+# the CPU ranges PyTorch records around each NCCL call, "nccl:<op>" with the
+# call's Input Dims and Input type: what launched a kernel that says nothing of
+# itself (kineto_columns: launch correlation)
+NCCL_RANGE_PREFIX = "nccl:"
+NCCL_RANGE_CATS = ("user_annotation", "cpu_op")
 CLASSIFIED_FIRST = PHASE_FIRST | {"P", "e", "O"}
 
 # the phases of the Trace Event Format besides complete events ("X"); the C scan
@@ -68,6 +73,9 @@ if msgspec is not None:
         seq: Any = UNSET
         in_nelems: Any = msgspec.field(default=UNSET, name="In msg nelems")
         dtype: Any = UNSET
+        # (Raw: decoded only for the few nccl: ranges, not for every operator)
+        input_dims: Union[msgspec.Raw, msgspec.UnsetType] = msgspec.field(default=UNSET, name="Input Dims")
+        input_type: Union[msgspec.Raw, msgspec.UnsetType] = msgspec.field(default=UNSET, name="Input type")
 
         def get(self, key, default=None):
             field = _FIELD_OF_KEY.get(key)
@@ -91,6 +99,7 @@ if msgspec is not None:
         ts: Union[int, float, None] = None
         dur: Union[int, float] = 0
         pid: Any = None
+        tid: Any = None
         args: Optional[_Args] = None
 
     # every other phase of the Trace Event Format
@@ -102,14 +111,19 @@ if msgspec is not None:
         baseTimeNanoseconds: Any = None
         distributedInfo: Any = None
 
+    class _RangeArgs(msgspec.Struct, gc=False):
+        input_dims: Any = msgspec.field(default=None, name="Input Dims")
+        input_type: Any = msgspec.field(default=None, name="Input type")
+
     _TRACE = msgspec.json.Decoder(_Trace)
+    _RANGE_ARGS = msgspec.json.Decoder(_RangeArgs)
     _ARGS = msgspec.json.Decoder(_Args)
     _NO_ARGS = _Args()  # a GPU activity's args when it has none of the collective keys
     _ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
 
 def scan(raw: bytes, gpu_only: bool, classify):
-    """(trace facts, cpu, gpu, launches, pids) or None (take the dict path).
+    """(trace facts, cpu, gpu, launches, pids, nccl ranges) or None (take the dict path).
     `classify(kind_checks)` is kineto's per-event CPU classification."""
     if msgspec is None:
         return None
@@ -132,7 +146,7 @@ def native_scan(raw: bytes, gpu_only: bool, classify):
                              _NO_ARGS, msgspec.json.decode)
     if scanned is None:
         return None
-    any_complete, base_time, dist, gpu, args_to_decode, launches, candidates, pids = scanned
+    any_complete, base_time, dist, gpu, args_to_decode, launches, candidates, pids, found = scanned
     if not any_complete:
         return False
     with memoryview(raw) as text:
@@ -142,12 +156,22 @@ def native_scan(raw: bytes, gpu_only: bool, classify):
             gpu[index] = (name, ts, dur, stream, correlation, _bytes(args.bytes), collective, args)
         facts = {"baseTimeNanoseconds": None if base_time is None else msgspec.json.decode(text[slice(*base_time)]),
                  "distributedInfo": None if dist is None else msgspec.json.decode(text[slice(*dist)])}
+        ranges = []
+        for name, cat, ts, dur, tid, span in found:
+            if cat in NCCL_RANGE_CATS:
+                args = _RangeArgs() if span is None else _RANGE_ARGS.decode(text[slice(*span)])
+                ranges.append(nccl_range(name, ts, dur, tid, args.input_dims, args.input_type))
     cpu = []
     for candidate in candidates:
         row = candidate if len(candidate) == 5 else classify(*candidate)
         if row is not None:
             cpu.append(row)
-    return facts, cpu, gpu, launches, pids
+    return facts, cpu, gpu, launches, pids, ranges
+
+
+def nccl_range(name: str, ts, dur, tid, dims, types) -> tuple:
+    """(op, ts, dur, tid, bytes) of a "nccl:<op>" CPU range: what every scan path keeps of one."""
+    return collective_op(name[len(NCCL_RANGE_PREFIX):], ""), ts, dur, tid, tensor_bytes(dims, types)
 
 
 def _bytes(nbytes) -> int:
@@ -156,7 +180,7 @@ def _bytes(nbytes) -> int:
 
 
 def _scan(trace, gpu_only: bool, classify):
-    launches, cpu, gpu, pids = {}, [], [], {}
+    launches, cpu, gpu, pids, ranges = {}, [], [], {}, []
     classified_first = CLASSIFIED_FIRST
     any_complete = False
     complete = _Event
@@ -184,9 +208,15 @@ def _scan(trace, gpu_only: bool, classify):
         cat = e.cat
         if cat in LAUNCH_CATS:
             if args is not None and args.correlation is not UNSET:
-                launches[args.correlation] = ts
+                launches[args.correlation] = (ts, e.tid)
             if not gpu_only and name in SYNC_CALLS:
                 cpu.append(("sync", name, ts, dur, "cuda"))
+            continue
+        if not gpu_only and name.startswith(NCCL_RANGE_PREFIX):
+            if cat in NCCL_RANGE_CATS:
+                dims, types = (UNSET, UNSET) if args is None else (args.input_dims, args.input_type)
+                ranges.append(nccl_range(name, ts, dur, e.tid, None if dims is UNSET else msgspec.json.decode(dims),
+                                         None if types is UNSET else msgspec.json.decode(types)))
             continue
         if gpu_only or not name or name[0] not in classified_first or cat == "gpu_user_annotation":
             continue  # ("aten::..." and most operators: classify would say None)
@@ -196,4 +226,4 @@ def _scan(trace, gpu_only: bool, classify):
     if not any_complete:
         return None
     facts = {"baseTimeNanoseconds": trace.baseTimeNanoseconds, "distributedInfo": trace.distributedInfo}
-    return facts, cpu, gpu, launches, pids
+    return facts, cpu, gpu, launches, pids, ranges

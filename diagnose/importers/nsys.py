@@ -9,7 +9,14 @@ Read, per profiled process (one process = one rank):
         stream ids need not agree across processes), seq = order on that
         stream, detail "gpu:order" (an export has no process-group metadata;
         one PG per NCCL stream, as torch creates them); its members are taken
-        to be all the imported ranks (docs/choices.md)
+        to be all the imported ranks (docs/choices.md). The op is the NCCL call
+        whose NVTX range encloses the kernel's launch on the launching thread
+        (NCCL's own ranges, domain "NCCL": ncclAllReduce...; or PyTorch's
+        nccl:<op> under emit_nvtx), else the kernel's name; a range whose
+        payload (jsonText) carries NCCL's "NCCL communicator ID" names the
+        group "nccl:<id>" instead (the same on every member) and its "Message
+        size [bytes]" the bytes. Consecutive kernels of one call are one
+        collective.
     CUPTI_ACTIVITY_KIND_RUNTIME                    -> launch times (the step a kernel
         belongs to) and host syncs (cudaDeviceSynchronize & co.) as "sync" rows
     NVTX_EVENTS push/pop and start/end ranges      -> our kinds: ranges from the
@@ -28,6 +35,7 @@ Ranks: a file whose name says `rank<N>` (what `diagnose run --nsys` writes) and
 holds one process is rank N; otherwise the processes with GPU kernels (else
 with NVTX ranges) get the next free ranks, ordered by GPU then pid.
 """
+import json
 import os
 import pathlib
 import re
@@ -37,7 +45,7 @@ import numpy as np
 
 from collectors.schema import COMMUNICATION, KINDS, MEMORY
 from diagnose.errors import UserError
-from diagnose.importers.gpu_activity import collective_op, kernel_class
+from diagnose.importers.gpu_activity import collective_op, kernel_class, launching_ranges, nccl_call_op
 from diagnose.importers.run_writer import RunDirWriter, assign_steps, clock_meta
 
 NVTX_RANGE_TYPES = (59, 60)      # NvtxPushPopRange, NvtxStartEndRange
@@ -114,7 +122,7 @@ class Export:
                                    ["start", "end", "globalTid", "correlationId", "nameId"])
             self.nvtx = _select(con, "NVTX_EVENTS",
                                 ["start", "end", "eventType", "text", "textId", "globalTid",
-                                 "category", "domainId"])
+                                 "category", "domainId", "jsonText"])
         except sqlite3.DatabaseError as exc:
             raise UserError(f"{_display(path)}: unreadable Nsight export ({exc})") from None
         finally:
@@ -151,18 +159,22 @@ class Export:
     def rows_for(self, pid: int, single: bool, world: str = "") -> list:
         def mine(gid):
             return single or (gid is not None and decode_global_id(gid)[0] == pid)
-        cpu = []
-        launches = {}
+        cpu, calls = [], []  # calls: (start, end, thread, op, group or "", bytes) of NCCL calls' ranges
+        launches = {}  # correlation -> (start, thread)
         for s, e, gtid, corr, name_id in self.runtime:
             if not mine(gtid) or s is None:
                 continue
             if corr is not None:
-                launches[corr] = s
+                launches[corr] = (s, gtid)
             name = re.sub(r"_v\d+$", "", self._str(name_id))
             if name in _SYNC_CALLS and e is not None:
                 cpu.append(("sync", name, s, e, "cuda"))
         for row in self.nvtx:
             if row[2] in NVTX_RANGE_TYPES and row[1] is not None and mine(row[5]):
+                call = self._nccl_call(row)
+                if call is not None:
+                    calls.append(call)
+                    continue
                 kind, name = self._nvtx_kind(row)
                 cpu.append((kind, name, row[0], row[1], "nvtx"))
         steps = _steps(cpu)
@@ -174,7 +186,7 @@ class Export:
         step_of = assign_steps(starts, numbers, np.array([c[2] for c in cpu], dtype=np.int64))
         for (kind, name, s, e, detail), st in zip(cpu, step_of.tolist()):
             rows.append((kind, name, s, e, st, -1, -1, "", "", -1, -1, 0, False, "", detail))
-        rows.extend(self._gpu_rows(pid, single, launches, starts, numbers, world))
+        rows.extend(self._gpu_rows(pid, single, launches, calls, starts, numbers, world))
         rows.sort(key=lambda r: r[2])
         return rows
 
@@ -196,26 +208,63 @@ class Export:
             return kind, kind
         return "phase", text
 
-    def _gpu_rows(self, pid, single, launches, step_starts, step_numbers, world: str) -> list:
+    def _nccl_call(self, row):
+        """(start, end, thread, op, group or "", bytes) if the NVTX range is an NCCL call's."""
+        text = (self._text(row) or "").strip()
+        op = nccl_call_op(text) if self.domains.get(row[7], "") == "NCCL" or text.startswith("nccl:") else None
+        if op is None:
+            return None
+        payload = _payload(row[8])
+        comm = payload.get("NCCL communicator ID")
+        group = f"nccl:{comm}" if isinstance(comm, (int, str)) and not isinstance(comm, bool) and comm != "" else ""
+        nbytes = payload.get("Message size [bytes]")
+        return (row[0], row[1], row[5], op, group,
+                nbytes if isinstance(nbytes, int) and not isinstance(nbytes, bool) and nbytes > 0 else 0)
+
+    def _gpu_rows(self, pid, single, launches, calls, step_starts, step_numbers, world: str) -> list:
         gpu = [g for g in self.gpu if single or (g[5] is not None and decode_global_id(g[5])[0] == pid)]
         gpu.sort(key=lambda g: g[0])
         streams = list(dict.fromkeys(g[3] for g in gpu if kernel_class(g[6]) == COMMUNICATION))
-        launch = np.array([launches.get(g[4], g[0]) for g in gpu], dtype=np.int64)
+        launch = np.array([launches[g[4]][0] if g[4] in launches else g[0] for g in gpu], dtype=np.int64)
         step_of = assign_steps(step_starts, step_numbers, launch).tolist()
-        rows, seqs = [], {}
-        for (s, e, _, stream, corr, _, name, nbytes), st in zip(gpu, step_of):
+        nccl = [i for i, g in enumerate(gpu) if kernel_class(g[6]) == COMMUNICATION]
+        call_of = dict(zip(nccl, launching_ranges([launches.get(gpu[i][4]) for i in nccl],
+                                                  [c[:3] for c in calls])))
+        rows, seqs, last_call = [], {}, {}  # last_call: stream -> (call, its done row's index)
+        for i, ((s, e, _, stream, corr, _, name, nbytes), st) in enumerate(zip(gpu, step_of)):
             cls = MEMORY if name.startswith(("Memcpy", "Memset")) else kernel_class(name)
             launched = corr if corr in launches else -1
             rows.append(("kernel", name, s, e, st, -1, -1, str(stream), "", launched, -1,
                          int(nbytes), False, "", cls))
-            if cls == COMMUNICATION:
-                group = f"nccl:comm{streams.index(stream)}"
-                seq = seqs.get(group, 0)
-                seqs[group] = seq + 1
+            if cls != COMMUNICATION:
+                continue
+            c = call_of[i]
+            previous = last_call.get(stream)
+            if c >= 0 and previous is not None and previous[0] == c:  # another kernel of the same call
+                done = rows[previous[1]]
+                rows[previous[1]] = done[:2] + (e, e) + done[4:]
+                continue
+            _, _, _, op, group, sent = calls[c] if c >= 0 else (0, 0, 0, collective_op(None, name), "", 0)
+            if op == "nccl":  # a range that names no collective (ncclGroupEnd): the kernel says more
                 op = collective_op(None, name)
-                rows.append(("collective", op, s, s, st, -1, -1, group, world, seq, -1, 0, True, "", "gpu:order"))
-                rows.append(("done", op, e, e, st, -1, -1, group, world, seq, -1, 0, True, "", "gpu:order"))
+            group = group or f"nccl:comm{streams.index(stream)}"
+            seq = seqs.get(group, 0)
+            seqs[group] = seq + 1
+            rows.append(("collective", op, s, s, st, -1, -1, group, world, seq, -1, sent, True, "", "gpu:order"))
+            rows.append(("done", op, e, e, st, -1, -1, group, world, seq, -1, 0, True, "", "gpu:order"))
+            last_call[stream] = (c, len(rows) - 1)
         return rows
+
+
+def _payload(json_text) -> dict:
+    """An NVTX range's payload as nsys exports it (jsonText), {} if none or unreadable."""
+    if not isinstance(json_text, str) or not json_text.startswith("{"):
+        return {}
+    try:
+        payload = json.loads(json_text)
+    except ValueError:
+        return {}
+    return payload if isinstance(payload, dict) else {}
 
 
 def _steps(cpu: list) -> dict:
