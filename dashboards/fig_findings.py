@@ -58,11 +58,16 @@ def findings_html(findings: list, anchors, titles: dict) -> str:
             f'<td class="title">{title_html}'
             f'<div class="rec">{esc(f.get("recommendation", ""))}</div>'
             f'<div class="metrics">{_metric_text(f.get("metrics"))}</div></td>'
-            f'<td class="num">{impact}</td><td>{ranks}</td><td>{stage}</td>'
+            f'<td class="num">{impact}</td><td>{_clock(f)}</td><td>{ranks}</td><td>{stage}</td>'
             f'<td class="callsite">{esc(f.get("callsite") or "-")}</td><td>{link}</td></tr>')
     return ('<table class="findings"><thead><tr><th>severity</th><th>kind</th><th>finding</th>'
-            '<th>impact ms/step</th><th>ranks</th><th>stage</th><th>callsite</th>'
+            '<th>impact ms/step</th><th>clock</th><th>ranks</th><th>stage</th><th>callsite</th>'
             '<th>evidence</th></tr></thead><tbody>' + "".join(rows) + "</tbody></table>")
+
+
+def _clock(finding: dict) -> str:
+    """The clock the finding's figures come from: GPU kernels or the host."""
+    return "GPU" if (finding.get("metrics") or {}).get("device_time") == 1.0 else "host"
 
 
 def evidence_notes(findings: list, anchors) -> dict:

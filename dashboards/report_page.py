@@ -13,6 +13,7 @@ from dashboards import (fig_breakdown, fig_collectives, fig_heatmaps, fig_pipeli
                         fig_timeline)
 from dashboards.fig_findings import evidence_notes, findings_html
 from dashboards.view_parts import Section, esc, fmt_ms
+from diagnose.analysis import device_collectives
 
 VIEWS = (fig_breakdown, fig_timeline, fig_heatmaps, fig_pipeline, fig_collectives, fig_series)
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
@@ -72,10 +73,23 @@ def _header(run, findings) -> str:
         ("steps", f"{steps['step'].nunique() if len(steps) else 0} recorded, steady "
                   + (f"{steady[0]}-{steady[-1]}" if steady else "-")
                   + (f", median step {esc(fmt_ms(median))}" if median is not None else "")),
+        ("clocks", esc(clocks_text(run))),
         ("findings", f"{counts['critical']} critical, {counts['warning']} warning, {counts['info']} info"),
     ]
     table = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows)
     return f'<h1>diagnose report: {esc(name)}</h1><table class="stats">{table}</table>'
+
+
+def clocks_text(run) -> str:
+    """Which clock the figures come from, and how well the ranks' clocks agree."""
+    errors_us = [run.offset_errors_ns.get(r, 0) / 1e3 for r in run.ranks[1:]]
+    aligned = (f"ranks aligned to rank 0's clock within {max(errors_us):.0f} us" if errors_us
+               else "one rank")
+    if device_collectives.on_device(run.arrivals()):
+        return ("device work (collective arrivals and waits, compute, exposed communication, device idle) "
+                "on the GPUs' clocks, from the NCCL and compute kernels; host work (steps, phases, data "
+                f"loading, host syncs) on the hosts' clocks; {aligned}. Each finding says which it uses.")
+    return f"host clocks (the work runs on the host: CPU/gloo); {aligned}"
 
 
 def build_sections(run, ctx, progress=None) -> list:

@@ -172,8 +172,10 @@ def test_synthetic_two_rank_export_matches_the_native_picture(tmp_path):
     found = detect(run)
     assert [w for w in run.warnings if "detector" in w] == []
     # rank 1 is late for a host reason (its input), not its GPU: no straggler on device compute
-    assert not [f for f in found if f["kind"] == "straggler"]
-    assert [f["ranks"] for f in found if f["kind"] == "input_stall"] == [[1]]
+    (stall,) = found   # and nothing else
+    assert stall["kind"] == "input_stall"
+    assert stall["ranks"] == [1] and stall["stage"] is None and stall["callsite"] is None
+    assert stall["metrics"]["device_time"] == 1.0   # the GPU idles while rank 1 waits for its input
 
 
 def test_synthetic_export_with_a_slower_gpu_names_the_straggler(tmp_path):

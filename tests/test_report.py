@@ -49,6 +49,8 @@ def test_report_of_a_real_run_renders_offline_in_chromium(ddp_run, browser):
     assert html.count("Plotly.newPlot") >= 6
     assert html.count("<script type=\"text/javascript\">") == 1, "plotly.js embedded once"
     assert "cdn.plot.ly" not in html.split("</head>")[1]
+    # a CPU/gloo run: every figure is host time, and the report says so
+    assert "host clocks (the work runs on the host: CPU/gloo)" in html and "<td>GPU</td>" not in html
     page = open_offline(browser, report)
     try:
         ids = figure_ids(page)

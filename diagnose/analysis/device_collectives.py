@@ -82,13 +82,15 @@ def unmatch_by_time(events: pd.DataFrame, warn) -> int:
 def _unmatch(events: pd.DataFrame, bad: pd.DataFrame, why: str, warn) -> int:
     if bad.empty:
         return 0
-    keys = set(zip(bad["rank"], bad["group"].astype(str), bad["seq"]))
+    def keys(frame):
+        return pd.MultiIndex.from_arrays([frame["rank"].to_numpy(), frame["group"].astype(str).to_numpy(),
+                                          frame["seq"].to_numpy()])
+    bad_keys = keys(bad).unique()
     rows = events[_inferred(events)]
-    hit = [k in keys for k in zip(rows["rank"], rows["group"].astype(str), rows["seq"])]
-    events.loc[rows.index[hit], "seq"] = -1
+    events.loc[rows.index[keys(rows).isin(bad_keys)], "seq"] = -1
     for (rank, group), n in bad.groupby([bad["rank"], bad["group"].astype(str)]).size().items():
         total = int(((rows["rank"] == rank) & (rows["group"].astype(str) == group)
                      & (rows["kind"] == "collective")).sum())
         warn(f"rank {rank}, {group}: {n} of {total} collectives differ ({why}) from the other ranks' "
              "at the same position in the trace; left unmatched (a sampled or truncated trace?)")
-    return len(keys)
+    return len(bad_keys)

@@ -217,9 +217,19 @@ class Run:
         return comm_comp_overlap(self.kernels(), self.steps())
 
     @functools.lru_cache(maxsize=None)
+    def device_idle_behind_syncs(self) -> pd.DataFrame:
+        from diagnose.analysis.gpu_tables import device_idle_behind_syncs
+        return device_idle_behind_syncs(self._events, self.kernels())
+
+    @functools.lru_cache(maxsize=None)
+    def device_data_wait(self) -> pd.DataFrame:
+        from diagnose.analysis.gpu_tables import device_data_wait
+        return device_data_wait(self._events, self.kernels())
+
+    @functools.lru_cache(maxsize=None)
     def input_wait(self) -> pd.DataFrame:
         from diagnose.analysis.gpu_tables import input_wait
-        return input_wait(self.breakdown(), self.steps(), self._events, self.kernels())
+        return input_wait(self.breakdown(), self.steps(), self.kernels(), self.device_data_wait())
 
     @property
     def findings(self) -> list[dict]:

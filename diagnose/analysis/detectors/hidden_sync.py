@@ -9,15 +9,27 @@ wait for the slowest, every micro-batch. (b) device syncs (.item/.cpu/.tolist/
 .numpy on CUDA tensors, torch.cuda.synchronize) inside forward/backward.
 Impact: the time those calls block per step (median rank). Threshold: >= 3% of
 the step for a warning (severity from impact).
+
+On device traces (collectives are NCCL kernels: imported Kineto / Nsight) a
+host sync costs what the device loses, not what the host waits: the device
+idle from the sync's start until the host gives it work again
+(gpu_tables.device_idle_behind_syncs), as far as the sync caused it: at most
+the time it made the host wait. A sync with work still queued behind it costs
+nothing, nor does one that finds the device already idle; one that drains the
+queue costs the host's time to launch again, every time. Signal: per callsite (or sync call where the trace has no
+stacks), that idle per step on the median rank, every sync in the step (the
+idle is measured, so no count rule); reported from DEVICE_MIN_FRAC of the step.
 """
 import pandas as pd
 
+from diagnose.analysis import device_collectives
 from diagnose.analysis.findings import Finding
 from diagnose.analysis.matching import as_str
 from diagnose.analysis.per_rank import started_inside
 
 SMALL_BYTES = 1 << 20
 MIN_PER_STEP = 2
+DEVICE_MIN_FRAC = 0.01
 
 
 def candidates(ctx):
@@ -46,6 +58,8 @@ def _candidates(ctx):
 
 
 def detect(ctx):
+    if device_collectives.on_device(ctx.run.arrivals()):
+        return _detect_on_device(ctx)
     found = candidates(ctx)
     if found.empty or not ctx.steady:
         return []
@@ -72,4 +86,34 @@ def detect(ctx):
                             "(or every N steps), outside the micro-batch loop; avoid .item() in the loop."),
             metrics={"calls_per_step": count_per_step, "blocking_ms_per_step": impact_ms,
                      "bytes": float(at_site["bytes"].median())}))
+    return findings
+
+
+def _detect_on_device(ctx):
+    syncs = ctx.run.device_idle_behind_syncs()
+    syncs = syncs[syncs["step"].isin(ctx.steady)]
+    if syncs.empty or not ctx.steady or ctx.step_ms <= 0:
+        return []
+    findings = []
+    n_steps = len(ctx.steady)
+    where_of = syncs["callsite"].where(syncs["callsite"] != "", syncs["name"])
+    for where, at_site in syncs.groupby(where_of):
+        per_rank_ms = at_site.groupby("rank")["idle_caused_ms"].sum() / n_steps
+        impact_ms = float(per_rank_ms.median())
+        if impact_ms < DEVICE_MIN_FRAC * ctx.step_ms:
+            continue
+        count_per_step = float(at_site.groupby(["rank", "step"]).size().median())
+        op = at_site["name"].mode().iloc[0]
+        callsite = ctx.relpath(where) if (at_site["callsite"] != "").all() else None
+        findings.append(Finding(
+            kind="hidden_sync", callsite=callsite, ranks=sorted(int(r) for r in per_rank_ms.index),
+            impact_ms_per_step=impact_ms,
+            title=(f"{callsite or op} blocks the host {count_per_step:.0f}x per step and leaves the GPU "
+                   f"idle {impact_ms:.1f} ms/step until the host launches again (on the GPUs' clocks)"),
+            recommendation=("Do not read device values on the host inside the step (.item(), .cpu(), "
+                            "printing a loss, torch.cuda.synchronize()): accumulate on the device and read "
+                            "once per step or every N steps, so the host stays ahead of the GPU."),
+            metrics={"calls_per_step": count_per_step, "device_idle_ms_per_step": impact_ms,
+                     "blocking_ms_per_step": float((at_site.groupby("rank")["host_ms"].sum() / n_steps).median()),
+                     "device_time": 1.0}))
     return findings

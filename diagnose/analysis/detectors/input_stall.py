@@ -7,13 +7,21 @@ would lose if the input were ready. "periodic" when the wait comes in spikes
 (the slowest steps wait >= 4x the median step's), the signature of workers
 that cannot keep up and drain the prefetch queue; "constant" otherwise, the
 signature of loading on the training thread.
+
+On device traces (collectives are NCCL kernels) the wait that counts is the
+part of it during which no kernel runs (gpu_tables.device_data_wait): a host
+that waits for its input while the device still works through the queue it
+was given loses nothing, and a GPU is never "stalled" by a host that is ahead
+of it. Same threshold and pattern rule, on that device idle.
 """
 import numpy as np
 
+from diagnose.analysis import device_collectives
 from diagnose.analysis.findings import Finding
 
 STALL_FRAC = 0.10
 PERIODIC_SPIKE_X = 4.0
+ON_DEVICE_NOTE = " with the GPU idle (on the GPUs' clocks)"
 
 
 def _num_workers(ctx) -> int | None:
@@ -28,7 +36,15 @@ def detect(ctx):
     b = ctx.breakdown
     if b.empty:
         return []
+    on_device = device_collectives.on_device(ctx.run.arrivals())
+    if on_device:
+        device = ctx.run.device_data_wait()[["rank", "step", "idle_in_data_wait_ms"]]
+        b = b.merge(device, on=["rank", "step"], how="left")
+        b = b.assign(host_data_wait_ms=b["data_wait_ms"], data_wait_ms=b["idle_in_data_wait_ms"].fillna(0.0))
     per_rank = b.groupby("rank")[["data_wait_ms", "step_ms"]].median()
+    if on_device:  # what the host waited, for comparison
+        host = b.groupby("rank")[["host_data_wait_ms", "step_ms"]].median()
+        host_frac = host["host_data_wait_ms"] / host["step_ms"]
     frac = per_rank["data_wait_ms"] / per_rank["step_ms"]
     stalled = frac[frac >= STALL_FRAC]
     if stalled.empty:
@@ -53,8 +69,10 @@ def detect(ctx):
     return [Finding(
         kind="input_stall", ranks=ranks, impact_ms_per_step=impact_ms,
         title=(f"the input pipeline stalls {float(stalled.median()):.0%} of each step "
-               f"({pattern}) on {'all ranks' if everyone else 'ranks ' + ','.join(map(str, ranks))}"),
+               f"({pattern}) on {'all ranks' if everyone else 'ranks ' + ','.join(map(str, ranks))}"
+               f"{ON_DEVICE_NOTE if on_device else ''}"),
         recommendation=advice[0].upper() + advice[1:] + ".",
         metrics={"data_wait_frac": float(stalled.median()), "data_wait_ms_per_step": impact_ms,
                  "periodic": float(periodic), "num_workers": -1 if workers is None else workers,
-                 "ranks_affected": len(ranks)})]
+                 "ranks_affected": len(ranks), "device_time": float(on_device),
+                 **({"host_data_wait_frac": float(host_frac.loc[ranks].median())} if on_device else {})})]

@@ -8,15 +8,24 @@ from impact. Measured idle far above theory (>= 30 points) with enough
 micro-batches is reported as info only: its causes (a slow stage, blocking p2p,
 CPU contention between co-located stages) have findings of their own. The
 recommendation gives the micro-batch count that brings theory under 10%.
+
+On device traces (collectives are NCCL kernels) a stage's forward and backward
+return when their kernels are queued, so the host's phases say nothing of the
+bubble: a stage is busy while one of its compute kernels runs
+(gpu_tables.device_compute) and idle otherwise, including while an NCCL
+receive kernel spins waiting for the neighbouring stage. Stages come from the
+phases' stage stamps, so an import without them has no pipeline to judge.
 """
 import math
 
+from diagnose.analysis import device_collectives
 from diagnose.analysis.detectors.run_structure import rank_stages
 from diagnose.analysis.findings import Finding
 
 THEORY_GATE_FRAC = 0.2
 EXCESS_GATE_FRAC = 0.3
 TARGET_FRAC = 0.1
+ON_DEVICE_NOTE = "; idle: no compute kernel running, on the GPUs' clocks"
 
 
 def detect(ctx):
@@ -26,8 +35,14 @@ def detect(ctx):
     if n_stages < 2 or ctx.breakdown.empty:
         return []
     pipeline = ctx.breakdown[ctx.breakdown["rank"].isin(stages)]
-    per_rank = pipeline.groupby("rank")[["step_ms", "forward_ms", "backward_ms"]].median()
-    idle_frac = 1 - (per_rank["forward_ms"] + per_rank["backward_ms"]) / per_rank["step_ms"]
+    on_device = device_collectives.on_device(ctx.run.arrivals())
+    if on_device:
+        pipeline = pipeline.merge(ctx.run.device_compute(), on=["rank", "step"], how="left")
+        pipeline = pipeline.assign(busy_ms=pipeline["device_compute_ms"].fillna(0.0))
+    else:
+        pipeline = pipeline.assign(busy_ms=pipeline["forward_ms"] + pipeline["backward_ms"])
+    per_rank = pipeline.groupby("rank")[["step_ms", "busy_ms"]].median()
+    idle_frac = (1 - per_rank["busy_ms"] / per_rank["step_ms"]).clip(lower=0.0)
     measured = float(idle_frac.mean())
     phases = events[(events["kind"] == "phase") & (events["microbatch"] >= 0)]
     phases = phases[phases["step"].isin(ctx.steady)]
@@ -50,8 +65,10 @@ def detect(ctx):
         kind="pipeline_bubble", severity=severity, ranks=sorted(int(r) for r in idle_frac.index), stage=stages.get(worst),
         impact_ms_per_step=impact_ms,
         title=(f"pipeline stages idle {measured:.0%} of the step (theory for {n_stages} stages x "
-               f"{microbatches} micro-batches: {theory:.0%})"),
+               f"{microbatches} micro-batches: {theory:.0%})"
+               + (ON_DEVICE_NOTE if on_device else "")),
         recommendation=recommendation,
         metrics={"bubble_frac": measured, "theoretical_bubble_frac": theory,
                  "microbatches": microbatches, "stages": n_stages,
-                 "microbatches_for_10pct": needed_m, "worst_rank_bubble_frac": float(idle_frac.max())})]
+                 "microbatches_for_10pct": needed_m, "worst_rank_bubble_frac": float(idle_frac.max()),
+                 "device_time": float(on_device)})]
