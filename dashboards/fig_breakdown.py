@@ -1,10 +1,24 @@
 """Where the step time goes: per rank (stacked bars, steady-state mean) and over
-steps (stacked bars of the mean across ranks, with the slowest rank's step)."""
+steps (stacked bars of the mean across ranks, with the slowest rank's step), on
+the hosts' clocks; on a run whose collectives are NCCL kernels, also the
+device's own view of each rank's step (gpu_tables.device_step_breakdown), on
+the GPUs' clocks."""
 import plotly.graph_objects as go
 
 from dashboards.view_parts import COLORS, LAYOUT, Section, bin_steps, compact, esc, fmt_ms, part_columns
+from diagnose.analysis import device_collectives
 from diagnose.analysis.breakdown import PART_LABELS
+from diagnose.analysis.gpu_tables import DEVICE_PARTS
 from diagnose.analysis.step_tables import steady
+
+
+HOST_CLOCK_NOTE = ("On this GPU run these are the hosts' parts: forward and backward are the time "
+                   "to queue their kernels, and the device's waiting shows as host syncs. What the "
+                   "GPUs did is in the next view.")
+DEVICE_LABELS = {"compute": "compute kernels", "exposed_comm": "communication, no compute",
+                 "other_kernel": "memory / other kernels", "idle": "idle (no kernel)"}
+DEVICE_COLORS = {"compute": COLORS["backward"], "exposed_comm": COLORS["exposed_comm"],
+                 "other_kernel": COLORS["kernel"], "idle": COLORS["other"]}
 
 
 def per_rank(breakdown, steady_steps) -> Section | None:
@@ -65,6 +79,35 @@ def over_steps(breakdown) -> Section | None:
     return Section("breakdown-steps", "Step-time breakdown over steps", fig, description, notes=note)
 
 
+def device_per_rank(device, steady_steps) -> Section | None:
+    table = steady(device, steady_steps)
+    if table is None or table.empty:
+        return None
+    means = table.groupby("rank")[["step_ms", *[f"{p}_ms" for p in DEVICE_PARTS]]].mean()
+    x = [f"rank {r}" for r in means.index]
+    fig = go.Figure()
+    for part in DEVICE_PARTS:
+        fig.add_trace(go.Bar(
+            x=x, y=compact(means[f"{part}_ms"].to_numpy()), name=DEVICE_LABELS[part],
+            marker_color=DEVICE_COLORS[part],
+            hovertemplate=f"%{{x}}<br>{DEVICE_LABELS[part]}: %{{y:.1f}} ms/step<extra></extra>"))
+    fig.update_layout(**LAYOUT)
+    fig.update_layout(barmode="stack", height=380, yaxis_title="ms per step (steady-state mean)",
+                      xaxis=dict(type="category"))
+    description = ("<p>Each rank's step as its GPU spent it, on the GPUs' clocks: the time some "
+                   "compute kernel ran, communication kernels with no compute beside them (moving "
+                   "data, or waiting inside NCCL for the last member), other kernels alone, and no "
+                   "kernel at all. A straggler has the most compute; the ranks waiting for it have "
+                   "the most communication.</p>")
+    return Section("breakdown-device", "Device time per rank (GPU clocks)", fig, description)
+
+
 def build(run, ctx) -> list:
     breakdown = run.breakdown()
-    return [s for s in (per_rank(breakdown, ctx.steady), over_steps(breakdown)) if s is not None]
+    sections = [s for s in (per_rank(breakdown, ctx.steady), over_steps(breakdown)) if s is not None]
+    if device_collectives.on_device(run.arrivals()):
+        for section in sections:
+            section.notes.append(HOST_CLOCK_NOTE)
+        device = device_per_rank(run.device_step_breakdown(), ctx.steady)
+        sections += [device] if device is not None else []
+    return sections

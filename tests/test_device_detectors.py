@@ -56,6 +56,22 @@ def test_a_sync_that_drains_the_queue_costs_the_device_idle_behind_it(tmp_path):
     html = render(run, [f])
     assert "device work (collective arrivals and waits, compute" in html and "on the GPUs&#x27; clocks" in html
     assert '<td class="num">8.1</td><td>GPU</td>' in html
+    assert 'id="breakdown-device"' in html and "Device time per rank (GPU clocks)" in html
+
+
+def test_the_device_breakdown_of_a_step_adds_up_to_the_step(tmp_path):
+    # 4 x 5 ms forward + 10 + 2 ms of compute kernels and a 3 ms all-reduce with
+    # nothing beside it, per step; the rest is idle (~8.1 ms behind the syncs)
+    run = _kineto_run(tmp_path, [("data", 100), *_micro_batches(4, ("kernel", 5000), ("sync",), ("host", 2000)),
+                                 *TAIL])
+    device = run.device_step_breakdown()
+    steady = device[device["step"].isin(run.steady_steps())]
+    assert len(steady) == WORLD * len(run.steady_steps())
+    parts = steady[["compute_ms", "exposed_comm_ms", "other_kernel_ms", "idle_ms"]].sum(axis=1)
+    assert parts.to_numpy() == pytest.approx(steady["step_ms"].to_numpy())
+    assert steady["compute_ms"].to_numpy() == pytest.approx(32.0, rel=1e-3)
+    assert steady["exposed_comm_ms"].to_numpy() == pytest.approx(3.0, rel=1e-3)
+    assert steady["idle_ms"].to_numpy() == pytest.approx(43.225 - 35.0, abs=0.1)
 
 
 def test_a_sync_with_work_still_queued_costs_nothing(tmp_path):

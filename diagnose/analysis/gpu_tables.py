@@ -57,6 +57,12 @@ without it the host would have issued its next work host_ms sooner, so the
 idle shrinks by min(device_idle_ms, host_ms). A sync that returns at once found
 the device already idle: the host was behind, and the sync costs nothing.
 
+device_step_breakdown(): per rank and step, the host's step window on the
+device: compute_ms (some compute kernel runs), exposed_comm_ms (communication
+kernels and no compute), other_kernel_ms (only memory copies/sets and other
+kernels) and idle_ms (no kernel at all); they sum to step_ms. Kernels count by
+when they ran, not which step launched them: the window is the step's time.
+
 device_data_wait(): per rank and step, the time the host waits for data
 (data_wait_ms) and the part of it during which no kernel runs
 (idle_in_data_wait_ms): a host that waits for its input while the device still
@@ -280,3 +286,31 @@ def device_data_wait(events: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFram
                                  "idle": _idle_ns(_busy_before(k), start, end) / 1e6}).groupby("step").sum()
         rows.extend((int(rank), int(step), float(r["wait"]), float(r["idle"])) for step, r in per_step.iterrows())
     return pd.DataFrame(rows, columns=columns)
+
+
+DEVICE_PARTS = ("compute", "exposed_comm", "other_kernel", "idle")
+
+
+def device_step_breakdown(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    columns = ["rank", "step", "step_ms", *[f"{p}_ms" for p in DEVICE_PARTS]]
+    parts = []
+    for rank, st in steps.groupby("rank"):
+        k = kernels[kernels["rank"] == rank]
+        if k.empty:
+            continue
+        a, b = st["start_ns"].to_numpy(np.int64), st["end_ns"].to_numpy(np.int64)
+        comp = k["kind"] == COMPUTE
+
+        def covered(rows):  # ns of the union of `rows` inside each step window
+            if rows.empty:
+                return np.zeros(len(a), np.int64)
+            before = _busy_before(rows)
+            return before(b) - before(a)
+        compute = covered(k[comp])
+        with_comm = covered(k[comp | (k["kind"] == COMMUNICATION)])
+        busy = covered(k)
+        parts.append(pd.DataFrame({
+            "rank": int(rank), "step": st["step"].to_numpy(np.int64), "step_ms": (b - a) / 1e6,
+            "compute_ms": compute / 1e6, "exposed_comm_ms": (with_comm - compute) / 1e6,
+            "other_kernel_ms": (busy - with_comm) / 1e6, "idle_ms": ((b - a) - busy) / 1e6}))
+    return pd.concat(parts, ignore_index=True)[columns] if parts else pd.DataFrame(columns=columns)

@@ -222,6 +222,11 @@ class Run:
         return device_idle_behind_syncs(self._events, self.kernels())
 
     @functools.lru_cache(maxsize=None)
+    def device_step_breakdown(self) -> pd.DataFrame:
+        from diagnose.analysis.gpu_tables import device_step_breakdown
+        return device_step_breakdown(self.kernels(), self.steps())
+
+    @functools.lru_cache(maxsize=None)
     def device_data_wait(self) -> pd.DataFrame:
         from diagnose.analysis.gpu_tables import device_data_wait
         return device_data_wait(self._events, self.kernels())
