@@ -16,10 +16,13 @@ EVIDENCE = {
     "memory_imbalance": ("samples", "breakdown-ranks"),
 }
 FALLBACK = ("breakdown-ranks", "timeline")
+# a finding measured on kernels is proved by the device's view, not the host's
+DEVICE_EVIDENCE = ("breakdown-device",)
 
 
 def evidence_anchor(finding: dict, anchors) -> str | None:
-    for anchor in (*EVIDENCE.get(finding.get("kind"), ()), *FALLBACK):
+    first = DEVICE_EVIDENCE if _clock(finding) == "GPU" else ()
+    for anchor in (*first, *EVIDENCE.get(finding.get("kind"), ()), *FALLBACK):
         if anchor in anchors:
             return anchor
     return None

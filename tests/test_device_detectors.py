@@ -57,6 +57,7 @@ def test_a_sync_that_drains_the_queue_costs_the_device_idle_behind_it(tmp_path):
     assert "device work (collective arrivals and waits, compute" in html and "on the GPUs&#x27; clocks" in html
     assert '<td class="num">8.1</td><td>GPU</td>' in html
     assert 'id="breakdown-device"' in html and "Device time per rank (GPU clocks)" in html
+    assert '<a class="evidence" href="#breakdown-device">' in html   # the device view is its evidence
 
 
 def test_the_device_breakdown_of_a_step_adds_up_to_the_step(tmp_path):
