@@ -10,15 +10,23 @@ real ones do (longer phases, extra collectives, a missing rank).
     hang:rank=R,step=K             rank R stops for good right before its first collective of step K
     crash:rank=R,step=K            rank R SIGKILLs itself at the same point
     comm_bound[:mb=N,repeat=K]     K extra N-MB all-reduces per step make communication dominate
+
+On CUDA the compute faults slow the device, not the host (device_slowdown.py):
+no torch.cuda.synchronize() and no time.sleep in the step; a hung rank blocks
+on a lock that is never released. slow_input still sleeps in
+Dataset.__getitem__: loading runs on the host, on CPU and CUDA alike.
 """
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+from reference_trainer.device_slowdown import DeviceSlowdown
 
 # name -> {key: (type, default)}; a default of None means the key is required
 _SCHEMA: dict[str, dict[str, tuple]] = {
@@ -74,6 +82,7 @@ class Faults:
         self.extra_allreduce_numel = 0
         self.extra_allreduce_repeat = 0
         self._extra_buf = None
+        self._device_slowdown = None
         for f in specs:
             p = f.params
             if f.name == "straggler" and p["rank"] == rank:
@@ -92,11 +101,25 @@ class Faults:
                 self.extra_allreduce_numel = int(p["mb"] * 2**20 / 4)
                 self.extra_allreduce_repeat = p["repeat"]
 
-    def slow_down(self, compute_s: float) -> None:
-        """Called inside a forward/backward phase with its measured compute time, so the
-        phase itself grows F-fold, as it would on a slower GPU or a throttled host."""
-        if self.compute_factor > 1.0:
-            time.sleep((self.compute_factor - 1.0) * compute_s)
+    def compute_begins(self):
+        """Call before a forward/backward's compute; hand the result to compute_ends."""
+        if self.compute_factor <= 1.0:
+            return None
+        if self.device.type == "cuda":
+            if self._device_slowdown is None:
+                self._device_slowdown = DeviceSlowdown(self.compute_factor)
+            return self._device_slowdown.begin()
+        return time.perf_counter()
+
+    def compute_ends(self, begun) -> None:
+        """After the compute: the phase grows F-fold, as on a slower GPU (CUDA: a
+        spin kernel on the stream, the host never waits) or a throttled host (CPU)."""
+        if begun is None:
+            return
+        if self._device_slowdown is not None:
+            self._device_slowdown.end(begun)
+        else:
+            time.sleep((self.compute_factor - 1.0) * (time.perf_counter() - begun))
 
     def after_microbatch(self, loss_or_activation: torch.Tensor, group) -> None:
         """The classic logging mistake: reduce the micro-batch loss and read it on the host,
@@ -117,6 +140,8 @@ class Faults:
               file=sys.stderr, flush=True)
         if kind == "crash":
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.device.type == "cuda":  # a deadlock: alive, never reaches the collective
+            threading.Event().wait()
         while True:  # hang: alive but never reaches the collective
             time.sleep(3600)
 

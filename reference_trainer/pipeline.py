@@ -29,7 +29,7 @@ class StageRunner:
         self.batches: list = []
         self.loss_sum = torch.zeros((), device=device)
         self.max_inflight = 0
-        self.compute_s = 0.0  # forward + backward wall time this step, for per-rank stats
+        self.compute_s = 0.0  # forward + backward host time this step (on CUDA: to queue it)
 
     def start_step(self, batches: list) -> None:
         self.batches = batches
@@ -40,10 +40,6 @@ class StageRunner:
     def note_inflight(self, n_alive: int) -> None:
         self.max_inflight = max(self.max_inflight, n_alive)
 
-    def _sync_device(self):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # only to time the compute a straggler scales
-
     def _autocast(self):
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
@@ -51,7 +47,7 @@ class StageRunner:
 
     def forward(self, x: torch.Tensor | None, mb: int) -> torch.Tensor:
         with phase("forward", microbatch=mb, stage=self.stage):
-            t0 = time.perf_counter()
+            t0, begun = time.perf_counter(), self.faults.compute_begins()
             tokens, targets = self.batches[mb] if self.batches else (None, None)
             with self._autocast():
                 y = self.model(tokens if self.first else x, targets if self.last else None)
@@ -59,9 +55,7 @@ class StageRunner:
                 self.loss_sum += y.detach()
                 # grads accumulate over micro-batches: scale so they sum to the batch mean
                 y = y / self.microbatches
-            if self.faults.compute_factor > 1.0:
-                self._sync_device()
-                self.faults.slow_down(time.perf_counter() - t0)
+            self.faults.compute_ends(begun)
             self.compute_s += time.perf_counter() - t0
             self.faults.after_microbatch(y, self.dp_group)
         return y
@@ -71,11 +65,9 @@ class StageRunner:
         # the data-parallel all-reduce is launched from grad hooks during the last backward
         self.buckets.sync_enabled = mb == self.microbatches - 1
         with phase("backward", microbatch=mb, stage=self.stage):
-            t0 = time.perf_counter()
+            t0, begun = time.perf_counter(), self.faults.compute_begins()
             torch.autograd.backward(y, grad_tensors=None if self.last else dy)
-            if self.faults.compute_factor > 1.0:
-                self._sync_device()
-                self.faults.slow_down(time.perf_counter() - t0)
+            self.faults.compute_ends(begun)
             self.compute_s += time.perf_counter() - t0
         return None if x is None else x.grad
 
