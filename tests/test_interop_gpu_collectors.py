@@ -18,27 +18,48 @@ from conftest import REPO
 
 
 class NVMLError(Exception):
-    pass
+    """pynvml's: its subclasses are named after NVML's return codes."""
+
+    def __init__(self, value):
+        super().__init__(value)
+        self.value = value
+
+
+class NVMLError_NotSupported(NVMLError):  # pynvml's name
+    def __init__(self):
+        super().__init__(3)
 
 
 def fake_pynvml(fail_init=False, nvlink=True):
+    """pynvml as the sampler calls it, name for name (nvidia-ml-py 12/13):
+    constants keep their real values. `m.nvlink` is {link: {"tx": KiB, "rx": KiB}},
+    cumulative counters; a link not in it answers NOT_SUPPORTED in its value's
+    nvmlReturn, as NVML does, or, with `m.refuse_whole_request`, makes the whole
+    nvmlDeviceGetFieldValues call raise (what a driver may do). `m.mem_used` is
+    {handle: bytes} (3 GiB by default)."""
     m = types.ModuleType("pynvml")
+    m.NVMLError, m.NVMLError_NotSupported = NVMLError, NVMLError_NotSupported
+    m.NVML_SUCCESS, m.NVML_ERROR_NOT_SUPPORTED = 0, 3
     m.NVML_CLOCK_SM, m.NVML_TEMPERATURE_GPU = 1, 0
     m.NVML_PCIE_UTIL_TX_BYTES, m.NVML_PCIE_UTIL_RX_BYTES = 0, 1
+    m.NVML_NVLINK_MAX_LINKS = 36
     if nvlink:
         m.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, m.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 138, 139
-    m.counter = {"tx": 0, "rx": 0}
+    m.nvlink = {0: {"tx": 0, "rx": 0}}
+    m.refuse_whole_request = False
+    m.mem_used = {}
     m.opened = []
 
     def init():
         if fail_init:
-            raise NVMLError("Driver Not Loaded")
+            raise NVMLError(9)  # NVML_ERROR_DRIVER_NOT_LOADED
 
     m.nvmlInit = init
     m.nvmlDeviceGetHandleByIndex = lambda i: m.opened.append(i) or f"gpu{i}"
     m.nvmlDeviceGetHandleByUUID = lambda u: m.opened.append(u) or f"gpu-{u}"
     m.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=87, memory=40)
-    m.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=3 * 2 ** 30, total=80 * 2 ** 30)
+    m.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(
+        used=m.mem_used.get(h, 3 * 2 ** 30), total=80 * 2 ** 30)
     m.nvmlDeviceGetPowerUsage = lambda h: 312_500          # mW
     m.nvmlDeviceGetClockInfo = lambda h, c: 1980
     m.nvmlDeviceGetTemperature = lambda h, s: 61
@@ -46,14 +67,23 @@ def fake_pynvml(fail_init=False, nvlink=True):
 
     def pcie(h, which):
         if which == m.NVML_PCIE_UTIL_RX_BYTES:
-            raise NVMLError("Not Supported")
+            raise NVMLError_NotSupported()
         return 2048  # KB/s
 
     m.nvmlDeviceGetPcieThroughput = pcie
 
-    def fields(h, ids):
-        value = lambda v: types.SimpleNamespace(nvmlReturn=0, value=types.SimpleNamespace(ullVal=v))
-        return [value(m.counter["tx"]), value(m.counter["rx"])]
+    def fields(h, field_ids):
+        out = []
+        for fid in field_ids:  # an int, or (fieldId, scopeId) as pynvml takes it
+            fid, scope = fid if isinstance(fid, tuple) else (fid, 0)
+            link = m.nvlink.get(scope)
+            if link is None and m.refuse_whole_request:
+                raise NVMLError_NotSupported()
+            ok = link is not None and fid in (138, 139)
+            out.append(types.SimpleNamespace(
+                fieldId=fid, scopeId=scope, nvmlReturn=0 if ok else m.NVML_ERROR_NOT_SUPPORTED,
+                value=types.SimpleNamespace(ullVal=link["tx" if fid == 138 else "rx"] if ok else 0)))
+        return out
 
     m.nvmlDeviceGetFieldValues = fields
     return m
@@ -67,7 +97,7 @@ def test_nvml_sampler_reads_metrics_and_drops_unsupported_ones():
                      "sm_clock_mhz": 1980, "temp_c": 61, "clock_event_reasons": 4,
                      "pcie_tx_mb_per_s": 2.0}
     assert "pcie_rx_mb_per_s" not in sampler.readers       # unsupported: no longer asked
-    nvml.counter.update(tx=2048 * 10, rx=1024 * 10)         # KiB in the next half second
+    nvml.nvlink[0].update(tx=2048 * 10, rx=1024 * 10)       # KiB in the next half second
     second = dict(sampler.sample(1_500_000_000))
     assert second["nvlink_tx_mb_per_s"] == pytest.approx(40.0)
     assert second["nvlink_rx_mb_per_s"] == pytest.approx(20.0)

@@ -7,6 +7,12 @@ notes in meta.json which collectors are off and why. Nothing else changes.
 import os
 import sys
 
+# The device-memory metric nvml_sampler writes and memory_imbalance reads: one
+# constant for writer and reader, so that a rename cannot leave the reader asking
+# for a name nobody writes (it did: it fell back to host RSS without saying so).
+# Here, not in nvml_sampler, so that the analysis imports no instrumentor.
+GPU_MEM_USED_MB = "mem_used_mb"
+
 _said = []
 
 

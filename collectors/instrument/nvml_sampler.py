@@ -12,6 +12,14 @@ PCIe and NVLink throughput show input copies and peer traffic. Metrics:
     nvlink_tx_mb_per_s  nvlink_rx_mb_per_s
 
 A metric the device does not support is dropped after its first failure.
+gpu_util_pct is reported but is no evidence of compute: NVML counts a period as
+busy when any kernel ran in it, so one small kernel, or a NCCL kernel spinning
+while it waits for a peer, reads 100%. No detector uses it (docs/instrumentation.md).
+
+NVLink throughput is the sum over every link that answers: NVML's throughput
+fields are per link (the link is the field's scopeId, and a request without one
+reads link 0 only), and an absent or inactive link answers NOT_SUPPORTED.
+
 pynvml comes from the nvidia-ml-py package; without a driver, NVML does not
 initialise and the sampler is off (one info line, see gpu_common).
 """
@@ -19,7 +27,7 @@ import os
 
 from collectors.clock import now_ns
 from collectors.daemon_thread import start_daemon
-from collectors.instrument.gpu_common import gpu_unavailable, local_device_index
+from collectors.instrument.gpu_common import GPU_MEM_USED_MB, gpu_unavailable, local_device_index
 
 MB = 2 ** 20
 
@@ -33,7 +41,7 @@ class NvmlSampler:
         self.readers = {
             "gpu_util_pct": lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu,
             "mem_util_pct": lambda: nvml.nvmlDeviceGetUtilizationRates(handle).memory,
-            "mem_used_mb": lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used / MB,
+            GPU_MEM_USED_MB: lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used / MB,
             "power_w": lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
             "sm_clock_mhz": lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM),
             "temp_c": lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
@@ -47,7 +55,9 @@ class NvmlSampler:
                               ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX",
                                "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX")]
         self.nvlink_ok = all(f is not None for f in self.nvlink_fields)
-        self._last_nvlink = None  # (t_ns, tx_kib, rx_kib), cumulative counters
+        # every link NVML may have; narrowed to those that answer at the first sample
+        self.nvlink_links = list(range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 0)))
+        self._last_nvlink = None  # (t_ns, {link: (tx_kib, rx_kib)}), cumulative counters
 
     def _clock_event_reasons(self):
         nvml = self.nvml
@@ -55,17 +65,52 @@ class NvmlSampler:
             nvml.nvmlDeviceGetCurrentClocksThrottleReasons
         return float(read(self.handle))
 
+    def _nvlink_counters(self) -> dict:
+        """{link: (tx_kib, rx_kib)} of the links that answered this time."""
+        nvml, tx_id, rx_id = self.nvml, *self.nvlink_fields
+        ids = [(field, link) for link in self.nvlink_links for field in (tx_id, rx_id)]
+        try:
+            values = list(nvml.nvmlDeviceGetFieldValues(self.handle, ids))
+        except nvml.NVMLError:
+            # NVML answers per value (each value's nvmlReturn); should a driver
+            # refuse the whole request, ask link by link so one bad link hides no other
+            values = []
+            for link in self.nvlink_links:
+                try:
+                    values += nvml.nvmlDeviceGetFieldValues(self.handle, [(tx_id, link), (rx_id, link)])
+                except nvml.NVMLError:
+                    continue
+        read = {}
+        for v in values:
+            if v.nvmlReturn == nvml.NVML_SUCCESS:  # else: NOT_SUPPORTED, a link not there
+                read[(v.fieldId, v.scopeId)] = float(v.value.ullVal)
+        return {link: (read[(tx_id, link)], read[(rx_id, link)]) for link in self.nvlink_links
+                if (tx_id, link) in read and (rx_id, link) in read}
+
     def _nvlink(self, t_ns) -> list:
-        values = self.nvml.nvmlDeviceGetFieldValues(self.handle, self.nvlink_fields)
-        if any(getattr(v, "nvmlReturn", 0) != 0 for v in values):
-            raise RuntimeError("NVLink throughput fields not supported")
-        tx, rx = (float(v.value.ullVal) for v in values)
-        last, self._last_nvlink = self._last_nvlink, (t_ns, tx, rx)
+        counters = self._nvlink_counters()
+        if self._last_nvlink is None:
+            if not counters:
+                raise RuntimeError("no NVLink link reports throughput")
+            self.nvlink_links = sorted(counters)  # stop asking for links that are not there
+        last, self._last_nvlink = self._last_nvlink, (t_ns, counters)
         if last is None or t_ns <= last[0]:
             return []
+        # per link, so that a link missing from one sample or a counter that went
+        # back (reset) drops that link's interval instead of skewing the sum
+        tx_kib = rx_kib = 0.0
+        paired = 0
+        for link, (tx, rx) in counters.items():
+            before = last[1].get(link)
+            if before is not None and tx >= before[0] and rx >= before[1]:
+                tx_kib += tx - before[0]
+                rx_kib += rx - before[1]
+                paired += 1
+        if not paired:
+            return []  # no link read twice: no rate, rather than a false 0 MB/s
         per_s = 1e9 / (t_ns - last[0]) / 1024.0   # KiB counters -> MB/s
-        return [("nvlink_tx_mb_per_s", (tx - last[1]) * per_s),
-                ("nvlink_rx_mb_per_s", (rx - last[2]) * per_s)]
+        return [("nvlink_tx_mb_per_s", tx_kib * per_s),
+                ("nvlink_rx_mb_per_s", rx_kib * per_s)]
 
     def sample(self, t_ns: int) -> list:
         out = []
