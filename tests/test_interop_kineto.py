@@ -227,7 +227,8 @@ def _scan_both(text: bytes, gpu_only: bool = False):
         if not result:
             return result
         facts, cpu, gpu, launches, pids, ranges = result
-        read = ("Collective name", "Process Group Name", "Process Group Ranks", "Seq", "seq", "In msg nelems", "dtype")
+        read = ("Collective name", "Process Group Name", "Process Group Ranks", "Seq", "seq", "In msg nelems", "dtype",
+                "Dst Rank", "Src Rank")
         return (facts, cpu, [row[:7] + ({k: row[7].get(k) for k in read},) for row in gpu], launches,
                 list(pids.items()), ranges)
 
@@ -280,6 +281,10 @@ def test_the_native_scan_gives_the_msgspec_rows_or_hands_over():
                          step.replace("ProfilerStep#4", "Profiler\\u0053tep#4") % 3),
         "collective args": trace(kernel % ('"ncclDevKernel_AllReduce_Sum_f32"', "1", "2", collective),
                                  kernel % ('"k"', "1", "2", '{"stream": 7, "bytes": "64"}')),
+        # a p2p peer; on its own (the op from a nccl:send range) it must still hand the args over
+        "p2p peers": trace(kernel % ('"ncclDevKernel_SendRecv"', "1", "2",
+                                     '{"stream": 9, "correlation": 6, "Collective name": "send", "Dst Rank": 1}'),
+                           kernel % ('"k"', "3", "2", '{"stream": 9, "Src Rank": "0"}')),
         "nccl ranges and launching threads": trace(
             '{"ph": "X", "cat": "user_annotation", "name": "nccl:all_reduce", "pid": 1, "tid": 4, "ts": 1, "dur": 9, '
             '"args": {"Input Dims": [[3, 2], []], "Input type": ["c10::BFloat16", "Scalar"], "x": {"y": 1}}}',

@@ -47,12 +47,14 @@ NCCL_COMM_ID = 12715772615376301750
 SEND_RECV = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
 
 
-def _synthetic(path: Path, pid: int, session_start_ns: int, steps: list, nccl_nvtx: bool = False) -> None:
+def _synthetic(path: Path, pid: int, session_start_ns: int, steps: list, nccl_nvtx: bool = False,
+               p2p: tuple = ()) -> None:
     """One rank's export: NVTX ranges from our domain, kernels launched inside
     them. nccl_nvtx: NCCL's own NVTX range (domain "NCCL", the payload entries
     of NCCL's schema as nsys exports them in jsonText) around the all-reduce's
     launch, and per step an all_to_all (PyTorch's nccl:all_to_all range, as
-    under emit_nvtx) launching two SendRecv kernels."""
+    under emit_nvtx) launching two SendRecv kernels. p2p: (NCCL range, its
+    payload, launch, kernel start, kernel end) of sends and recvs."""
     with sqlite3.connect(f"file:{REAL}?mode=ro", uri=True) as real:
         ddl = {n: sql for n, sql in real.execute("SELECT name, sql FROM sqlite_master WHERE type='table'")}
     con = sqlite3.connect(path)
@@ -120,6 +122,9 @@ def _synthetic(path: Path, pid: int, session_start_ns: int, steps: list, nccl_nv
             kernel(SEND_RECV, t + 3 * MS + 300_000, s["nccl_end"] + 2 * MS, s["nccl_end"] + 3 * MS, 20)
         t += 20 * MS
         nvtx("optimizer", "optimizer", t, t + 5 * MS)
+    for text, payload, launch, start, end in p2p:
+        call(text, launch - 1000, launch + 9000, 2, payload)
+        kernel(SEND_RECV, launch, start, end, 20)
     con.commit()
     con.close()
 
@@ -216,3 +221,38 @@ def test_synthetic_export_with_a_slower_gpu_names_the_straggler(tmp_path):
     assert straggler["metrics"]["device_time"] == 1.0 and straggler["metrics"]["wait_is_lower_bound"] == 0.0
     assert straggler["metrics"]["waiting_caused_ms_per_step"] == pytest.approx(4.0)
     assert straggler["metrics"]["busy_ratio_x"] == pytest.approx(24 / 20)
+
+
+@pytest.mark.parametrize("peer_known", [True, False])
+def test_nccl_send_and_recv_ranges_with_a_peer_are_matched_as_pairs(tmp_path, peer_known):
+    """NCCL's ncclSend / ncclRecv NVTX payload says the peer ("Peer rank"): rank
+    0 sends 3 messages to rank 1, whose recv kernels start 2 ms later, and each
+    pair ends together. Without the peer they stay collectives, as before."""
+    late, base = 2 * MS, 1_700_000_000_000_000_000
+    paths = []
+    for rank, pid, text, peer in ((0, 4101, "ncclSend", 1), (1, 4102, "ncclRecv", 0)):
+        payload = '{"NCCL communicator ID": %d, "Message size [bytes]": 4096%s}' % (
+            NCCL_COMM_ID, ', "Peer rank": %d' % peer if peer_known else "")
+        sends = [(text, payload, i * 10 * MS, i * 10 * MS + MS + (late if rank else 0), i * 10 * MS + MS + late + MS)
+                 for i in range(3)]
+        path = tmp_path / f"rank{rank}.sqlite"
+        _synthetic(path, pid, base, [], p2p=sends)
+        paths.append(str(path))
+    # without the peer, a send and a recv at one position of the communicator
+    # are refused as one collective (their ops differ): the loader says so
+    run = load_run(import_nsys(paths, str(tmp_path / "run"))[0],
+                   expected_warnings=() if peer_known else ("3 of 3 collectives differ (op or size)",))
+    events = run.events()
+    if not peer_known:
+        assert not (events["kind"] == "p2p").any()
+        assert set(events.loc[events["kind"] == "collective", "name"].astype(str)) == {"send", "recv"}
+        return
+    p2p = events[events["kind"] == "p2p"]
+    assert set(p2p["group"].astype(str)) == {"0->1"} and set(p2p["detail"].astype(str)) == {"gpu"}
+    assert p2p.groupby("rank")["peer"].apply(set).to_dict() == {0: {1}, 1: {0}}
+    assert (p2p["bytes"] == 4096).all()
+    arrivals = run.arrivals()
+    assert len(arrivals) == 6 and (arrivals.groupby("seq")["rank"].nunique() == 2).all()
+    assert (arrivals["last_rank"] == 1).all()
+    wait = arrivals.groupby("name")["wait_ms"].apply(list)
+    assert wait["send"] == pytest.approx([2.0] * 3) and wait["recv"] == pytest.approx([0.0] * 3)

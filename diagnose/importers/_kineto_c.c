@@ -380,7 +380,9 @@ static const char *args_end(const char *p, const char *end, Args *a) {
             a->other = 3;
         } else if (key_is(&key, "Process Group Name") || key_is(&key, "Process Group Ranks") ||
                    key_is(&key, "Seq") || key_is(&key, "seq") || key_is(&key, "In msg nelems") ||
-                   key_is(&key, "dtype")) {
+                   key_is(&key, "dtype") || key_is(&key, "Dst Rank") || key_is(&key, "Src Rank")) {
+            /* (the peer keys too: a kernel whose op comes from its nccl:send
+             * range may carry them without a "Collective name") */
             a->other |= 1;
         }
     }

@@ -15,7 +15,9 @@ What becomes what (times: the trace's own clock, made absolute with
     GPU kernels, memcpy, memset, GPU syncs  -> "kernel" rows (diagnose.importers.run_writer)
     NCCL kernels                            -> also "collective" + "done" rows, from the
                                                kernel's "Collective name", "Process Group
-                                               Name/Ranks", "In msg nelems", "dtype", "Seq"
+                                               Name/Ranks", "In msg nelems", "dtype", "Seq";
+                                               a send/recv whose args name its peer ("Dst
+                                               Rank"/"Src Rank"): "p2p" + "done" instead
 
 Other CPU ops are skipped: they are what HTA and TensorBoard already show, and
 the detectors need phases, not operators. A file that is not a Kineto trace is

@@ -15,6 +15,8 @@ last kernel by its done row):
     CPU rows          step, data, forward/backward/optimizer, sync (kineto._classify)
     kernel rows       one per GPU activity (docs/run-directory.md: what is what)
     collective, done  one each per collective call (its NCCL kernels)
+    p2p, done         instead, for a send or recv whose peer the kernel's args
+                      name (PyTorch's "Dst Rank" / "Src Rank": global ranks)
 """
 import numpy as np
 import pyarrow as pa
@@ -78,7 +80,8 @@ def table_and_facts(base_time, dist, cpu, gpu, launches, pids, ranges) -> tuple[
     kernel_block, start_order = _kernel_block(gpu, launches, base_ns, step_starts, step_numbers)
     dist = dist if isinstance(dist, dict) else {}
     first, last, collective_block, done_block = _collective_blocks(
-        gpu, kernel_block, start_order, as_int(dist.get("world_size"), 0), launches, ranges)
+        gpu, kernel_block, start_order, as_int(dist.get("world_size"), 0), launches, ranges,
+        as_int(dist.get("rank"), -1))
     blocks = (cpu_block, kernel_block, collective_block, done_block)
     n_cpu = len(cpu_block["start_ns"])
     place = np.empty(len(gpu), np.int64)  # kernel i is the place[i]-th to start
@@ -154,9 +157,9 @@ def _kernel_block(gpu, launches, base_ns, step_starts, step_numbers) -> tuple:
 
 
 def _collective_blocks(gpu, kernels: dict, start_order: np.ndarray, world_size: int, launches: dict,
-                       ranges: list) -> tuple:
+                       ranges: list, rank: int = -1) -> tuple:
     """(each collective call's first NCCL kernel, and last; their collective
-    rows; their done rows), calls in start order.
+    (or p2p) rows; their done rows), calls in start order.
 
     A kernel's call is the "nccl:<op>" CPU range its launch ran inside, on the
     launching thread (launch correlation), where the kernel's own args do not
@@ -171,7 +174,17 @@ def _collective_blocks(gpu, kernels: dict, start_order: np.ndarray, world_size: 
     process-group args is on communicator "nccl:comm<k>", k its NCCL stream's
     rank in order of first use (stream ids need not agree across processes),
     and its members are taken to be the world (docs/choices.md: traces of
-    subgroups from PyTorch >= 2.0 carry their ranks)."""
+    subgroups from PyTorch >= 2.0 carry their ranks).
+
+    A send or recv whose peer is known (`_p2p_peer`) on a trace that says its
+    own rank is a p2p row as a native run writes it (collectors/instrument/
+    collectives.py): group "SRC->DST", seq its place among this rank's messages
+    of that pair in start order, which is the order NCCL delivers them in. It
+    is detail "gpu", not "gpu:order": the device checks want one op across an
+    instance's members (diagnose.analysis.device_collectives), and a send's
+    partner is a recv, so they would unmatch every pair. (So a trace that lost
+    a message, sampled or cut, shifts the pair's numbering unchecked.) Without
+    a peer it stays a collective of its process group, as before."""
     detail = kernels["detail"]
     nccl = start_order[detail.codes[start_order] == 0]  # (_kernel_block: 0 is COMMUNICATION)
     streams = list(dict.fromkeys(gpu[j][3] for j in nccl.tolist()))
@@ -179,7 +192,7 @@ def _collective_blocks(gpu, kernels: dict, start_order: np.ndarray, world_size: 
     launched_in = launching_ranges([launches.get(gpu[j][4]) for j in nccl.tolist()],
                                    [(ts, ts + dur, tid) for _, ts, dur, tid, _ in ranges])
     named = {}  # (Collective name, kernel name, group, stream, ranks) -> (op, group, ranks): a few distinct
-    calls, next_seq, last_call = [], {}, {}  # calls: [op, group, ranks, seq, bytes, inferred, first, last, key]
+    calls, next_seq, last_call = [], {}, {}  # [op, group, ranks, seq, bytes, inferred, first, last, key, peer]
     for position, (j, r) in enumerate(zip(nccl.tolist(), launched_in)):
         kernel_name, _, _, stream, _, _, _, a = gpu[j]
         collective_name = a.get("Collective name")
@@ -190,30 +203,52 @@ def _collective_blocks(gpu, kernels: dict, start_order: np.ndarray, world_size: 
             op, group, group_ranks = named.get(key) or named.setdefault(key, _collective_names(*key, streams, world))
         except TypeError:  # an unhashable value (ranks as a list)
             op, group, group_ranks = _collective_names(*key, streams, world)
+        peer = _p2p_peer(op, a, rank)
+        if peer >= 0:
+            src, dst = (rank, peer) if op == "send" else (peer, rank)
+            group, group_ranks = f"{src}->{dst}", f"{src},{dst}"
         seq = as_int(a.get("Seq", a.get("seq")))
         call = ("seq", seq) if seq >= 0 else ("range", r) if r >= 0 else None
         previous = last_call.get(group)
         if call is not None and previous is not None and previous[8] == call:
             previous[7] = position  # another kernel of the same call
             continue
-        inferred = seq < 0
-        if inferred:
+        inferred = seq < 0 and peer < 0
+        if inferred or peer >= 0:  # ("Seq" counts the process group's calls, not the pair's)
             seq = next_seq.get(group, 0)
             next_seq[group] = seq + 1
         elems = max(as_int(a.get("In msg nelems"), 0), 0)
         nbytes = (elems * DTYPE_BYTES.get(str(a.get("dtype", "")).lower(), 1) if elems or r < 0
                   else ranges[r][4])
-        last_call[group] = [op, group, group_ranks, seq, nbytes, inferred, position, position, call]
+        last_call[group] = [op, group, group_ranks, seq, nbytes, inferred, position, position, call, peer]
         calls.append(last_call[group])
-    ops, groups, ranks, seqs, sent, inferred, first, last, _ = zip(*calls) if calls else ((),) * 9
+    ops, groups, ranks, seqs, sent, inferred, first, last, _, peers = zip(*calls) if calls else ((),) * 10
     first, last = nccl[list(first)], nccl[list(last)]
     op, group, group_ranks = Strings.of(ops), Strings.of(groups), Strings.of(ranks)
     starts, ends, steps = kernels["start_ns"][first], kernels["end_ns"][last], kernels["step"][first]
     how = Strings(np.array(inferred, np.int32), ["gpu", "gpu:order"])
-    common = dict(name=op, step=steps, group=group, group_ranks=group_ranks, seq=seqs, async_op=True, detail=how)
+    common = dict(name=op, step=steps, group=group, group_ranks=group_ranks, seq=seqs, peer=peers, async_op=True,
+                  detail=how)
     n = len(calls)
-    return (first, last, _block(n, kind="collective", start_ns=starts, end_ns=starts, bytes=sent, **common),
+    kind = Strings(np.array([p >= 0 for p in peers], np.int32), ["collective", "p2p"])
+    return (first, last, _block(n, kind=kind, start_ns=starts, end_ns=starts, bytes=sent, **common),
             _block(n, kind="done", start_ns=ends, end_ns=ends, **common))
+
+
+_PEER_KEYS = {"send": "Dst Rank", "recv": "Src Rank"}
+
+
+def _p2p_peer(op: str, args, rank: int) -> int:
+    """The global rank of a send's or recv's peer from the kernel's args
+    (PyTorch writes it as a number or a numeric string), or -1: not a p2p
+    row, for another op, an unknown peer or an unknown own rank."""
+    key = _PEER_KEYS.get(op)
+    if key is None or rank < 0:
+        return -1
+    value = args.get(key)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else -1
 
 
 def _collective_names(collective_name, kernel_name: str, group, stream: int, ranks, streams: list,

@@ -73,6 +73,9 @@ if msgspec is not None:
         seq: Any = UNSET
         in_nelems: Any = msgspec.field(default=UNSET, name="In msg nelems")
         dtype: Any = UNSET
+        # a send's / recv's peer (global rank), which makes it a p2p row (kineto_columns)
+        dst_rank: Any = msgspec.field(default=UNSET, name="Dst Rank")
+        src_rank: Any = msgspec.field(default=UNSET, name="Src Rank")
         # (Raw: decoded only for the few nccl: ranges, not for every operator)
         input_dims: Union[msgspec.Raw, msgspec.UnsetType] = msgspec.field(default=UNSET, name="Input Dims")
         input_type: Union[msgspec.Raw, msgspec.UnsetType] = msgspec.field(default=UNSET, name="Input type")

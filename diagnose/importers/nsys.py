@@ -16,7 +16,10 @@ Read, per profiled process (one process = one rank):
         payload (jsonText) carries NCCL's "NCCL communicator ID" names the
         group "nccl:<id>" instead (the same on every member) and its "Message
         size [bytes]" the bytes. Consecutive kernels of one call are one
-        collective.
+        collective. An ncclSend / ncclRecv range whose payload says its
+        "Peer rank" is a "p2p" row instead (group "SRC->DST", seq the n-th
+        message of the pair, detail "gpu"): the peer's rank in its
+        communicator, taken as its global rank (a world communicator).
     CUPTI_ACTIVITY_KIND_RUNTIME                    -> launch times (the step a kernel
         belongs to) and host syncs (cudaDeviceSynchronize & co.) as "sync" rows
     NVTX_EVENTS push/pop and start/end ranges      -> our kinds: ranges from the
@@ -156,10 +159,10 @@ class Export:
             return [0]  # an older export without globalPid: the whole file is one process
         return sorted(pids)
 
-    def rows_for(self, pid: int, single: bool, world: str = "") -> list:
+    def rows_for(self, pid: int, single: bool, world: str = "", rank: int = -1) -> list:
         def mine(gid):
             return single or (gid is not None and decode_global_id(gid)[0] == pid)
-        cpu, calls = [], []  # calls: (start, end, thread, op, group or "", bytes) of NCCL calls' ranges
+        cpu, calls = [], []  # calls: (start, end, thread, op, group or "", bytes, peer) of NCCL calls' ranges
         launches = {}  # correlation -> (start, thread)
         for s, e, gtid, corr, name_id in self.runtime:
             if not mine(gtid) or s is None:
@@ -186,7 +189,7 @@ class Export:
         step_of = assign_steps(starts, numbers, np.array([c[2] for c in cpu], dtype=np.int64))
         for (kind, name, s, e, detail), st in zip(cpu, step_of.tolist()):
             rows.append((kind, name, s, e, st, -1, -1, "", "", -1, -1, 0, False, "", detail))
-        rows.extend(self._gpu_rows(pid, single, launches, calls, starts, numbers, world))
+        rows.extend(self._gpu_rows(pid, single, launches, calls, starts, numbers, world, rank))
         rows.sort(key=lambda r: r[2])
         return rows
 
@@ -209,7 +212,7 @@ class Export:
         return "phase", text
 
     def _nccl_call(self, row):
-        """(start, end, thread, op, group or "", bytes) if the NVTX range is an NCCL call's."""
+        """(start, end, thread, op, group or "", bytes, peer or -1) if the NVTX range is an NCCL call's."""
         text = (self._text(row) or "").strip()
         op = nccl_call_op(text) if self.domains.get(row[7], "") == "NCCL" or text.startswith("nccl:") else None
         if op is None:
@@ -218,10 +221,11 @@ class Export:
         comm = payload.get("NCCL communicator ID")
         group = f"nccl:{comm}" if isinstance(comm, (int, str)) and not isinstance(comm, bool) and comm != "" else ""
         nbytes = payload.get("Message size [bytes]")
-        return (row[0], row[1], row[5], op, group,
-                nbytes if isinstance(nbytes, int) and not isinstance(nbytes, bool) and nbytes > 0 else 0)
+        peer = payload.get("Peer rank") if op in ("send", "recv") else None
+        return (row[0], row[1], row[5], op, group, nbytes if _count(nbytes) and nbytes > 0 else 0,
+                peer if _count(peer) else -1)
 
-    def _gpu_rows(self, pid, single, launches, calls, step_starts, step_numbers, world: str) -> list:
+    def _gpu_rows(self, pid, single, launches, calls, step_starts, step_numbers, world: str, rank: int) -> list:
         gpu = [g for g in self.gpu if single or (g[5] is not None and decode_global_id(g[5])[0] == pid)]
         gpu.sort(key=lambda g: g[0])
         streams = list(dict.fromkeys(g[3] for g in gpu if kernel_class(g[6]) == COMMUNICATION))
@@ -244,16 +248,27 @@ class Export:
                 done = rows[previous[1]]
                 rows[previous[1]] = done[:2] + (e, e) + done[4:]
                 continue
-            _, _, _, op, group, sent = calls[c] if c >= 0 else (0, 0, 0, collective_op(None, name), "", 0)
+            _, _, _, op, group, sent, peer = calls[c] if c >= 0 else (0, 0, 0, collective_op(None, name), "", 0, -1)
             if op == "nccl":  # a range that names no collective (ncclGroupEnd): the kernel says more
                 op = collective_op(None, name)
+            kind, members, detail = "collective", world, "gpu:order"
+            if peer >= 0 and rank >= 0:  # a send/recv to a known peer: matched as the pair's n-th message
+                src, dst = (rank, peer) if op == "send" else (peer, rank)
+                kind, group, members, detail = "p2p", f"{src}->{dst}", f"{src},{dst}", "gpu"
+            else:
+                peer = -1
             group = group or f"nccl:comm{streams.index(stream)}"
             seq = seqs.get(group, 0)
             seqs[group] = seq + 1
-            rows.append(("collective", op, s, s, st, -1, -1, group, world, seq, -1, sent, True, "", "gpu:order"))
-            rows.append(("done", op, e, e, st, -1, -1, group, world, seq, -1, 0, True, "", "gpu:order"))
+            rows.append((kind, op, s, s, st, -1, -1, group, members, seq, peer, sent, True, "", detail))
+            rows.append(("done", op, e, e, st, -1, -1, group, members, seq, peer, 0, True, "", detail))
             last_call[stream] = (c, len(rows) - 1)
         return rows
+
+
+def _count(value) -> bool:
+    """Whether a payload value is a non-negative integer (JSON true is not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _payload(json_text) -> dict:
@@ -309,7 +324,7 @@ def import_nsys(paths: list, out_dir: str) -> tuple[str, dict]:
     writer = RunDirWriter(out_dir, "nsys", paths)
     world = ",".join(str(r) for r in sorted(r for r, _, _, _ in ranks))
     for rank, export, pid, single in sorted(ranks, key=lambda x: x[0]):
-        rows = export.rows_for(pid, single, world)
+        rows = export.rows_for(pid, single, world, rank)
         writer.write_rank(rank, rows, {
             "world_size": len(ranks), "pid": pid, "host": "",
             "clock": clock_meta(wall_anchor_ns=export.session_start_ns),
