@@ -3,8 +3,10 @@
 #   1. a single-rank NCCL run of the reference trainer under `diagnose run
 #      --torch-profiler 3-4`: profiler kernels imported, temporal breakdown,
 #      NVML samples, CUDA-event spans, sync-debug events;
-#   2. a 2-rank gloo run on CUDA tensors (both ranks on GPU 0): collectives
-#      matched, CUDA-event timing of the blocking all-reduces, NVML on both ranks;
+#   2. a 1-rank NCCL script of sync and async all-reduces: their device rows
+#      (CUDA events, collective_events.py) and the clock anchors;
+#      a 2-rank gloo run on CUDA tensors (both ranks on GPU 0): collectives
+#      matched, no device rows (gloo's work is the host's), NVML on both ranks;
 #   3. with nsys on PATH: `diagnose run --nsys`, export, import.
 # Prints one line per check and exits non-zero if any failed.
 set -u
@@ -36,6 +38,23 @@ for step in range(8):
     print("loss", loss.item()) if dist.get_rank() == 0 else None
 dist.destroy_process_group()
 PYEOF
+cat > "$T/nccl_calls.py" <<'PYEOF'
+import torch, torch.distributed as dist
+dist.init_process_group("nccl")
+torch.cuda.set_device(0)
+x = torch.randn(4096, 4096, device="cuda")
+for step in range(8):
+    y = x @ x                                   # compute queued ahead of the collectives
+    dist.all_reduce(y)                          # synchronous: device rows "gpu"
+    work = dist.all_reduce(y, async_op=True)    # async, waited at once: "gpu:wait"
+    work.wait()
+print("done", float(y.sum()))
+dist.destroy_process_group()
+PYEOF
+"${DIAG[@]}" run --out "$T/nccl_calls" --no-analyze -- \
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 "$T/nccl_calls.py" \
+    > "$T/nccl_calls.log" 2>&1 || { echo "gpu_check: FAIL nccl calls run (see $T/nccl_calls.log)"; fail=1; }
+
 "${DIAG[@]}" run --out "$T/gloo" --no-analyze -- \
     "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 "$T/gloo_cuda.py" \
     > "$T/gloo.log" 2>&1 || { echo "gpu_check: FAIL gloo-on-CUDA run (see $T/gloo.log)"; fail=1; }
@@ -69,12 +88,27 @@ try:
     a = g.arrivals()
     check("gloo/CUDA: collectives matched on 2 ranks", len(a) > 0 and (a["members"] == 2).all(), f"({len(a)} arrivals)")
     ev = g.events()
-    gpu = ev[(ev["detail"].astype(str) == "cuda_event") & (ev["name"].astype(str) == "gpu:all_reduce")]
-    check("gloo/CUDA: CUDA-event all_reduce spans", len(gpu) > 0 and (gpu["end_ns"] >= gpu["start_ns"]).all(), f"({len(gpu)})")
+    gpu = ev[ev["detail"].astype(str).isin(["gpu", "gpu:wait"])]
+    check("gloo/CUDA: no device rows for gloo (its work is the host's)", len(gpu) == 0, f"({len(gpu)})")
     s = g.samples()
     check("gloo/CUDA: NVML samples on both ranks", set(s[s["metric"] == "gpu_util_pct"]["rank"]) == {0, 1})
 except Exception as exc:
     check("gloo: load", False, repr(exc))
+try:
+    n = diagnose.load(f"{T}/nccl_calls", warn=lambda m: None)
+    ev = n.events()
+    dev = ev[ev["detail"].astype(str).isin(["gpu", "gpu:wait"])]
+    kinds = dev.groupby([dev["kind"].astype(str), dev["detail"].astype(str)]).size().to_dict()
+    check("nccl calls: device rows, sync and async", kinds.get(("collective", "gpu"), 0) >= 6
+          and kinds.get(("collective", "gpu:wait"), 0) >= 6 and kinds.get(("done", "gpu"), 0) >= 6, str(kinds))
+    calls = n.collectives()
+    lag = (calls["exit_ns"] - calls["issue_ns"]) / 1e6
+    check("nccl calls: each ends after it arrives on the device", bool((lag >= 0).all()),
+          f"(ms: median {lag.median():.3f}, max {lag.max():.3f})")
+    anchors = n.rank_meta[0].get("gpu", {}).get("clock_anchors", [])
+    check("nccl calls: clock anchors with residual", len(anchors) >= 1, str(anchors[:2]))
+except Exception as exc:
+    check("nccl calls: load", False, repr(exc))
 sys.exit(1 if failed else 0)
 PYEOF
 

@@ -53,6 +53,7 @@ class Tracker:
         self.depth = 0
         self.blocked_in = None    # the blocking call the training thread is inside, if any
         self.waiting_on = None    # the pending rows of the Work being waited on, if any
+        self.device = None        # collective_events.CollectiveEvents once CUDA timing is on
 
     def in_flight(self) -> dict:
         """For hang dumps: the blocking call in progress and async work not yet waited."""
@@ -158,6 +159,7 @@ def _wrap_collective(tracker, op, orig):
         tracker.depth += 1
         if nvtx_ranges.MIRRORING:
             nvtx_ranges.push(nvtx_name, "collective")
+        arrival = _device_mark(tracker, args[0] if args else None, is_gloo)
         t0 = now_ns()
         st = tracker.rec.state
         tracker.blocked_in = ("collective", op, t0, t0, st.step, st.microbatch, st.stage, group,
@@ -171,8 +173,9 @@ def _wrap_collective(tracker, op, orig):
                 nvtx_ranges.pop()
             tracker.depth -= 1
         is_work = work is not None and hasattr(work, "wait") and not isinstance(work, list)
-        tracker.issued("collective", op, group, ranks, seq, -1, nbytes, callsite, t0, t1,
-                       work if is_work else None, is_gloo)
+        row = tracker.issued("collective", op, group, ranks, seq, -1, nbytes, callsite, t0, t1,
+                             work if is_work else None, is_gloo)
+        _device_returned(tracker, arrival, row, work if is_work else None)
         return work
 
     return wrapper
@@ -185,6 +188,8 @@ def _wrap_send_recv(tracker, op, orig, dist):
 
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
+        tensor = args[0] if args else kwargs.get("tensor")
+        arrival = _device_mark(tracker, tensor, _is_gloo(tracker, _arg(args, kwargs, group_index, "group")))
         t0 = now_ns()
         result = orig(*args, **kwargs)
         t1 = now_ns()
@@ -198,9 +203,9 @@ def _wrap_send_recv(tracker, op, orig, dist):
                 other = result  # recv(src=None) returns the sender
             src, dst = (me, other) if op == "send" else (other, me)
             seq = tracker.next_seq(f"{src}->{dst}")
-            tracker.issued("p2p", op, f"{src}->{dst}", f"{src},{dst}", seq, other,
-                           tensor_bytes(args[0] if args else kwargs.get("tensor")),
-                           user_callsite(2), t0, t1, None, False)
+            row = tracker.issued("p2p", op, f"{src}->{dst}", f"{src},{dst}", seq, other, tensor_bytes(tensor),
+                                 user_callsite(2), t0, t1, None, False)
+            _device_returned(tracker, arrival, row, None)
         except Exception as exc:
             tracker.rec.record_error("collectives", exc)
         return result
@@ -211,6 +216,9 @@ def _wrap_send_recv(tracker, op, orig, dist):
 def _wrap_batch_isend_irecv(tracker, orig, dist):
     @functools.wraps(orig)
     def wrapper(p2p_op_list):
+        first = p2p_op_list[0] if p2p_op_list else None
+        arrival = _device_mark(tracker, getattr(first, "tensor", None),
+                               _is_gloo(tracker, getattr(first, "group", None)))
         t0 = now_ns()
         works = orig(p2p_op_list)
         t1 = now_ns()
@@ -230,8 +238,10 @@ def _wrap_batch_isend_irecv(tracker, orig, dist):
             _, _, _, is_gloo = tracker.group_info(p2p_op_list[0].group if p2p_op_list else None)
             for i, (op, peer, src, dst, seq, nbytes) in enumerate(rows_per_op):
                 work = (works[i] if one_work_each else (works[0] if works else None))
-                tracker.issued("p2p", op, f"{src}->{dst}", f"{src},{dst}", seq, peer, nbytes,
-                               callsite, t0, t1, work, is_gloo)
+                row = tracker.issued("p2p", op, f"{src}->{dst}", f"{src},{dst}", seq, peer, nbytes,
+                                     callsite, t0, t1, work, is_gloo)
+                # one arrival for the batch: its ops are queued together, and end together
+                _device_returned(tracker, arrival, row, work)
         except Exception as exc:
             tracker.rec.record_error("collectives", exc)
         return works
@@ -262,10 +272,43 @@ def _wrap_wait(tracker, orig):
                 nvtx_ranges.pop()
             try:
                 tracker.waited(self, t0, t1, user_callsite(2), completed_before)
+                if tracker.device is not None:
+                    tracker.device.waited(self)
             except Exception as exc:
                 tracker.rec.record_error("collectives", exc)
 
     return wait
+
+
+def _device_mark(tracker, tensor, is_gloo: bool):
+    """The call's arrival event on the device (collective_events.py), or None."""
+    if tracker.device is None:
+        return None
+    try:
+        return tracker.device.mark(tensor, is_gloo)
+    except Exception as exc:
+        tracker.rec.record_error("collective_events", exc)
+        tracker.device = None  # off for the rest of the run, never in the job's way
+        return None
+
+
+def _device_returned(tracker, arrival, row, work) -> None:
+    if arrival is None or tracker.device is None:
+        return
+    try:
+        tracker.device.returned(arrival, row, work)
+    except Exception as exc:
+        tracker.rec.record_error("collective_events", exc)
+        tracker.device = None
+
+
+def _is_gloo(tracker, group) -> bool:
+    if tracker.device is None:
+        return False
+    try:
+        return tracker.group_info(group)[3]
+    except Exception:
+        return True  # unknown: do not time it
 
 
 def _patch(modules, name, wrapper_factory):

@@ -1,5 +1,6 @@
 """GPU-side timing with CUDA events: when the GPU actually ran each step, the
-outermost forward and backward, and each blocking collective on a CUDA tensor.
+outermost forward and backward, and each collective and send/receive on a
+CUDA tensor (their device rows: collective_events.py).
 
 Why: the host returns from a CUDA call long before the GPU finishes, so CPU
 spans say when work was queued, not when it ran. A "gpu:step" much longer than
@@ -13,9 +14,11 @@ poller thread checks `event.query()` every DIAGNOSE_CUDA_EVENTS_POLL_S
 through an anchor: an event recorded on an otherwise idle side stream and
 waited for right away (it runs at once, so the user's queue is never waited on),
 paired with the host clock read when it completes; the poller renews it every
-60 s against drift. Rows: kind "phase", name "gpu:<span>" (gpu:step,
-gpu:forward, gpu:backward, gpu:all_reduce...), detail "cuda_event"; the
-breakdown ignores them, so nothing is counted twice.
+60 s against drift; each anchor's residual (the host interval that brackets
+it) and drift (against the previous anchor) go to meta.json, gpu.clock_anchors.
+Rows: kind "phase", name "gpu:<span>" (gpu:step, gpu:forward, gpu:backward),
+detail "cuda_event", which the breakdown ignores, so nothing is counted twice;
+and the collectives' device rows (detail "gpu" / "gpu:wait").
 
 Everything is switched on at the first forward or optimizer step, when the
 script has chosen its device; on a machine without CUDA it stays off (one
@@ -23,7 +26,6 @@ info line). DIAGNOSE_CUDA_EVENTS=0 turns it off.
 """
 import functools
 import os
-import sys
 import threading
 
 from collectors.callsite import user_callsite
@@ -33,8 +35,7 @@ from collectors.instrument.gpu_common import cuda_ready, gpu_unavailable
 
 MAX_PENDING = 100_000
 REANCHOR_S = 60.0
-TIMED_COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast",
-                     "all_gather", "reduce_scatter", "all_to_all_single", "reduce")
+MAX_ANCHORS_KEPT = 200   # meta.json keeps the latest anchors' residual and drift
 
 
 class CudaEventTimer:
@@ -43,37 +44,50 @@ class CudaEventTimer:
     make_event() -> an object with record(stream=None), query(), elapsed_time(other)
     and synchronize(); side_stream is where anchors are recorded."""
 
-    def __init__(self, make_event, side_stream=None, clock=now_ns):
+    def __init__(self, make_event, side_stream=None, clock=now_ns, on_anchor=None):
         self.make_event = make_event
         self.side_stream = side_stream
         self.clock = clock
-        self.pending = []       # [row_template, start_event, end_event]
+        self.on_anchor = on_anchor  # (host_ns, residual_ns, drift_ns or None) at every anchor
+        self.pending = []       # [row_template, start_event, end_event, rows_of]
         self.anchor = None      # (event, host_ns)
         self.anchor_at = 0
+        self.residual_ns = None
         self.dropped = 0
         self._lock = threading.Lock()
 
     def set_anchor(self) -> None:
+        """Pair a GPU time with a host time: the event's host time lies between
+        the clock read before it was recorded and the one after it completed,
+        so that interval is the mapping's residual. Against the previous anchor
+        the same pair also measures how far the two clocks drifted apart."""
         ev = self.make_event()
+        before = self.clock()
         ev.record(self.side_stream)
         ev.synchronize()        # idle side stream: completes at once
-        self.anchor = (ev, self.clock())
-        self.anchor_at = self.anchor[1]
+        host_ns = self.clock()
+        drift_ns = None
+        if self.anchor is not None:
+            drift_ns = host_ns - self._host_ns(ev)  # > 0: the host clock ran ahead of the GPU's
+        self.anchor, self.anchor_at, self.residual_ns = (ev, host_ns), host_ns, host_ns - before
+        if self.on_anchor is not None:
+            self.on_anchor(host_ns, self.residual_ns, drift_ns)
 
     def start(self):
         ev = self.make_event()
         ev.record()
         return ev
 
-    def finish(self, start_event, row_template) -> None:
-        """row_template: the event row with start/end left as None."""
+    def finish(self, start_event, row_template, rows_of=None) -> None:
+        """row_template: the event row with start/end left as None; or
+        rows_of(start_ns, end_ns) -> the rows to write."""
         ev = self.make_event()
         ev.record()
         with self._lock:
             if len(self.pending) >= MAX_PENDING:
                 self.dropped += 1
                 return
-            self.pending.append((row_template, start_event, ev))
+            self.pending.append((row_template, start_event, ev, rows_of))
 
     def _host_ns(self, ev) -> int:
         anchor_ev, anchor_ns = self.anchor
@@ -87,12 +101,15 @@ class CudaEventTimer:
             pending, self.pending = self.pending, []
         rows, waiting = [], []
         for item in pending:
-            row, start_ev, end_ev = item
+            row, start_ev, end_ev, rows_of = item
             if not end_ev.query():
                 waiting.append(item)
                 continue
             t0, t1 = self._host_ns(start_ev), self._host_ns(end_ev)
-            rows.append(row[:2] + (t0, max(t1, t0)) + row[4:])
+            if rows_of is None:
+                rows.append(row[:2] + (t0, max(t1, t0)) + row[4:])
+            else:
+                rows.extend(rows_of(t0, max(t1, t0)))
         if waiting:
             with self._lock:
                 self.pending[:0] = waiting
@@ -116,7 +133,13 @@ def install(rec):
     from collectors.instrument.forward_backward import on_outermost_forward
     st = rec.state
     state = {"on": None, "fwd": None, "step_ev": None, "primary": None}
-    timer = CudaEventTimer(lambda: torch.cuda.Event(enable_timing=True))
+    anchors = rec.meta.setdefault("gpu", {}).setdefault("clock_anchors", [])
+
+    def on_anchor(host_ns, residual_ns, drift_ns):
+        anchors.append({"host_ns": host_ns, "residual_ns": residual_ns, "drift_ns": drift_ns})
+        del anchors[:-MAX_ANCHORS_KEPT]
+
+    timer = CudaEventTimer(lambda: torch.cuda.Event(enable_timing=True), on_anchor=on_anchor)
 
     def ready() -> bool:
         if state["on"] is None:
@@ -175,24 +198,10 @@ def install(rec):
     torch.Tensor.backward = _timed(torch.Tensor.backward, "backward", timer, ready, st, lambda a, k: True)
     torch.autograd.backward = _timed(torch.autograd.backward, "backward", timer, ready, st,
                                      lambda a, k: True)
-    import torch.distributed as dist
-    if dist.is_available():
-        c10d = sys.modules["torch.distributed.distributed_c10d"]
-        for op in TIMED_COLLECTIVES:
-            orig = getattr(dist, op, None)
-            if orig is None:
-                continue
-            wrapped = _timed(orig, op, timer, ready, st, _blocking_on_cuda)
-            for mod in (dist, c10d):
-                if getattr(mod, op, None) is orig:
-                    setattr(mod, op, wrapped)
-
-
-def _blocking_on_cuda(args, kwargs) -> bool:
-    tensor = args[0] if args else kwargs.get("tensor")
-    if isinstance(tensor, (list, tuple)):
-        tensor = tensor[0] if tensor else None
-    return (not kwargs.get("async_op", False) and getattr(tensor, "is_cuda", False))
+    from collectors.instrument import collectives
+    from collectors.instrument.collective_events import CollectiveEvents
+    if collectives.TRACKER is not None:  # device rows of collectives (collective_events.py)
+        collectives.TRACKER.device = CollectiveEvents(timer, ready, torch.cuda.is_current_stream_capturing)
 
 
 def _timed(orig, name, timer, ready, st, applies):

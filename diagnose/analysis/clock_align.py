@@ -26,7 +26,7 @@
 import numpy as np
 import pandas as pd
 
-from diagnose.analysis.device_collectives import DEVICE_DETAILS
+from diagnose.analysis.device_collectives import EXACT_END_DETAILS
 
 COLLECTIVE_PRECISION_NS = 200_000
 DEVICE_PRECISION_NS = 5_000
@@ -59,7 +59,7 @@ def measured_offsets(rank_meta: dict) -> tuple[dict, dict, set]:
 def _samples(events: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     """(rank, group, seq, end_ns) of the times members finish together, and their precision floor."""
     device = events[(events["kind"] == "done") & (events["seq"] >= 0)] if "detail" in events else events[:0]
-    device = device[device["detail"].isin(DEVICE_DETAILS)] if len(device) else device
+    device = device[device["detail"].isin(EXACT_END_DETAILS)] if len(device) else device
     if len(device):
         return device[["rank", "group", "seq", "start_ns"]].rename(columns={"start_ns": "end_ns"}), \
             DEVICE_PRECISION_NS

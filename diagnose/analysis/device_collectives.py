@@ -28,7 +28,11 @@ import numpy as np
 import pandas as pd
 
 INFERRED = "gpu:order"
-DEVICE_DETAILS = ("gpu", INFERRED)  # the detail of a collective seen as an NCCL kernel (diagnose.importers)
+WAIT_BOUND = "gpu:wait"  # a live run's async call: its end is when the host waited (an upper bound)
+# the detail of a collective seen on the device: an NCCL kernel (diagnose.importers)
+# or a live run's CUDA events (collectors/instrument/collective_events.py)
+EXACT_END_DETAILS = ("gpu", INFERRED)   # whose end is the kernel's: members end together
+DEVICE_DETAILS = (*EXACT_END_DETAILS, WAIT_BOUND)
 END_TOLERANCE_NS = 1_000_000
 _UNEQUAL_SIZES = ("all_to_all", "send_recv", "nccl")
 

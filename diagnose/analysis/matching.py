@@ -5,10 +5,13 @@ collectives(): one row per (rank, call) of a collective or p2p op, with issue
 arrivals(): one row per member per instance (group, seq): its arrival, the last
 arriver, its wait (last arrival - own arrival) and the transfer time (exit -
 last arrival). A p2p instance is the n-th message of one src->dst pair, whose
-two members are the send and the recv.
+two members are the send and the recv. A call recorded both on the host and on
+the device (a live CUDA run) is matched by its device row.
 """
 import numpy as np
 import pandas as pd
+
+from diagnose.analysis.device_collectives import DEVICE_DETAILS
 
 KEY = ["rank", "group", "seq", "name"]
 _CODED_KEY = ["rank", "_group", "seq", "_name"]  # KEY with group and name as integer codes
@@ -36,7 +39,7 @@ def collectives_table(events: pd.DataFrame) -> pd.DataFrame:
     # by all rows of the events table): joining on strings costs seconds per
     # million calls.
     events = events.assign(_group=_codes(events["group"]), _name=_codes(events["name"]))
-    calls = events[events["kind"].isin(["collective", "p2p"]) & (events["seq"] >= 0)]
+    calls = _one_row_per_call(events[events["kind"].isin(["collective", "p2p"]) & (events["seq"] >= 0)])
     calls = calls[["rank", "kind", "name", "group", "group_ranks", "seq", "peer", "bytes",
                    "async_op", "step", "microbatch", "stage", "callsite", "detail", "start_ns",
                    "end_ns", "_group", "_name"]]
@@ -57,6 +60,23 @@ def collectives_table(events: pd.DataFrame) -> pd.DataFrame:
     exit_ns = np.where(np.isnan(exit_ns.astype(float)), table["wait_end_ns"], exit_ns)
     table["exit_ns"] = exit_ns
     return table.reset_index(drop=True)
+
+
+def _one_row_per_call(calls: pd.DataFrame) -> pd.DataFrame:
+    """A live CUDA run records a call twice: on the host (issue -> return) and
+    on the device (collectors/instrument/collective_events.py: when the device
+    was ready for it). The device row is the member's arrival; the host row of
+    the same call leaves the matching (it stays in the events for the host's
+    breakdown)."""
+    device = per_distinct(calls["detail"], lambda d: d.astype(str).isin(DEVICE_DETAILS)).to_numpy(bool)
+    if not device.any() or device.all():
+        return calls
+
+    def keys(rows):
+        return pd.MultiIndex.from_arrays([rows["rank"].to_numpy(), rows["_group"].to_numpy(),
+                                          rows["seq"].to_numpy(), rows["_name"].to_numpy()])
+    twin = keys(calls).isin(keys(calls[device]))
+    return calls[device | ~twin]
 
 
 def arrivals_table(collectives: pd.DataFrame) -> pd.DataFrame:

@@ -1,0 +1,73 @@
+"""Device rows of collectives and sends/receives on CUDA (issue 21): when the
+device was ready for each call and when its communication was over, from CUDA
+events on the current stream, so that the analysis judges NCCL runs on device
+time as it does imported GPU traces (diagnose/analysis/device_collectives.py).
+
+    arrival  an event recorded on the current stream just before the call: the
+             NCCL stream waits on the current stream, so the collective's
+             kernel can start when the device reaches this event
+    end      synchronous call: an event recorded right after it returns. Since
+             torch 2.8 a synchronous collective runs on the current stream, so
+             this is its kernel's end; before, it runs on an internal NCCL
+             stream that the current stream is made to wait for, so this is
+             the end plus that wait's latency. Both: detail "gpu".
+             Async call: an event recorded when the host calls Work.wait()
+             (after it, the current stream waits for the NCCL stream): an
+             upper bound, as late as the host waited and behind whatever the
+             current stream had queued by then. Detail "gpu:wait".
+
+The rows, written by the poller of cuda_events.py once both events have
+completed (never waiting for them): a "collective" (or "p2p") row at the
+arrival, with the host row's group, seq and name, and a "done" row at the end;
+times through the GPU-to-host anchor, so their error is the anchor's residual.
+The matching prefers them to the host row of the same call
+(diagnose/analysis/matching.py). Not recorded: gloo groups (their work is the
+host's), calls on CPU tensors, and anything while the stream is being captured
+into a CUDA graph (a captured event has no time, and recording one would
+change the graph).
+"""
+
+
+class CollectiveEvents:
+    """What collectives.Tracker calls around each collective when CUDA is in use."""
+
+    def __init__(self, timer, ready, capturing):
+        self.timer = timer            # cuda_events.CudaEventTimer
+        self.ready = ready            # () -> bool: CUDA usable, the poller running
+        self.capturing = capturing    # () -> bool: the current stream is being graph-captured
+        self.by_work: dict = {}       # id(work) -> arrival event of async work not yet waited
+
+    def mark(self, tensor, is_gloo: bool):
+        """Before the call: its arrival event, or None when not timed."""
+        if is_gloo or not getattr(tensor, "is_cuda", False) or not self.ready() or self.capturing():
+            return None
+        return self.timer.start()
+
+    def returned(self, arrival, row, work) -> None:
+        """After the call: a synchronous call ends now; async work at its wait."""
+        if arrival is None:
+            return
+        if work is None:
+            self._finish(arrival, row, "gpu")
+        else:
+            self.by_work.setdefault(id(work), []).append((arrival, row))
+            if len(self.by_work) > 65536:  # work never waited: forget rather than grow
+                self.by_work.clear()
+
+    def waited(self, work) -> None:
+        """Right after Work.wait() returned on the host."""
+        for arrival, row in self.by_work.pop(id(work), ()):
+            self._finish(arrival, row, "gpu:wait")
+
+    def _finish(self, arrival, row, detail: str) -> None:
+        if self.capturing():
+            return
+        self.timer.finish(arrival, row, rows_of=lambda t0, t1: device_rows(row, t0, t1, detail))
+
+
+def device_rows(host_row: tuple, arrival_ns: int, end_ns: int, detail: str) -> list:
+    """The call's device rows from its host row (collectors.schema order)."""
+    kind, name, _, _, step, mb, stage, group, ranks, seq, peer, nbytes, _, callsite, _ = host_row
+    return [(kind, name, arrival_ns, arrival_ns, step, mb, stage, group, ranks, seq, peer, nbytes, True,
+             callsite, detail),
+            ("done", name, end_ns, end_ns, step, mb, stage, group, ranks, seq, peer, 0, True, "", detail)]

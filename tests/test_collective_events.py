@@ -1,0 +1,160 @@
+"""Device rows of collectives on CUDA (issue 21, collectors/instrument/collective_events.py):
+built from CUDA event times through the GPU-to-host anchor, re-anchored with
+its residual and drift recorded, skipped during graph capture and on gloo,
+and preferred by the matching to the host row of the same call.
+
+No GPU here: CUDA events are faked as torch.cuda.Event behaves, name for name
+(record(stream=None), query(), elapsed_time(end_event), synchronize()), over a
+device clock and one stream's queue; the torch.distributed calls and Work are
+stand-ins with the real signatures the wrappers read."""
+import pytest
+
+from collectors.instrument import collectives
+from collectors.instrument.collective_events import CollectiveEvents
+from collectors.instrument.cuda_events import REANCHOR_S, CudaEventTimer
+from collectors.recorder import Recorder
+from collectors.schema import event_row
+from conftest import load_run
+from diagnose.importers.run_writer import RunDirWriter, clock_meta
+
+MS = 1_000_000
+
+
+class FakeGPU:
+    """The device clock (now_ms) and the current stream's queue (queue_end_ms)."""
+    now_ms, queue_end_ms, capturing = 0.0, 0.0, False
+
+
+class Event:
+    def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+        self.enable_timing, self.t_ms, self.side = enable_timing, None, False
+
+    def record(self, stream=None):
+        self.side = stream == "side"  # the idle side stream runs it at once
+        self.t_ms = FakeGPU.now_ms if self.side else max(FakeGPU.queue_end_ms, FakeGPU.now_ms)
+
+    def query(self):
+        return self.t_ms is not None and FakeGPU.now_ms >= self.t_ms
+
+    def synchronize(self):
+        assert self.side, "only the anchor on the idle side stream may be waited for"
+
+    def elapsed_time(self, end_event):
+        if not (self.query() and end_event.query()):
+            raise RuntimeError("Both events must be completed before calculating elapsed time.")
+        return end_event.t_ms - self.t_ms
+
+
+class Tensor:
+    is_cuda = True
+
+    def element_size(self):
+        return 4
+
+    def numel(self):
+        return 1024
+
+
+class Work:
+    def __init__(self, kernel_ms):
+        self.kernel_ms = kernel_ms
+
+    def wait(self, timeout=None):  # the current stream now waits for the NCCL stream
+        return True
+
+    def is_completed(self):
+        return False
+
+
+def _queue(ms):
+    FakeGPU.queue_end_ms = max(FakeGPU.queue_end_ms, FakeGPU.now_ms) + ms
+
+
+@pytest.fixture
+def traced(monkeypatch):
+    FakeGPU.now_ms, FakeGPU.queue_end_ms, FakeGPU.capturing = 100.0, 100.0, False
+    host = [10_000 * MS]
+    anchors = []
+    rec = Recorder(None)
+    rec.max_buffered = 10_000
+    tracker = collectives.Tracker(rec, dist=None)
+    groups = {"dp": ("pg", "0", "0,1", False), "gloo": ("pg2", "1", "0,1", True)}
+    monkeypatch.setattr(tracker, "group_info", lambda group: groups[group or "dp"])
+    timer = CudaEventTimer(lambda: Event(enable_timing=True), side_stream="side", clock=lambda: host[0],
+                           on_anchor=lambda *a: anchors.append(a))
+    tracker.device = CollectiveEvents(timer, ready=lambda: True, capturing=lambda: FakeGPU.capturing)
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        _queue(3.0)   # the NCCL kernel, after what the stream holds
+        return Work(3.0) if async_op else None
+    monkeypatch.setattr(Work, "wait", collectives._wrap_wait(tracker, Work.wait))
+    return dict(rec=rec, timer=timer, host=host, anchors=anchors,
+                all_reduce=collectives._wrap_collective(tracker, "all_reduce", all_reduce))
+
+
+def _device_rows(rec):
+    return [r for r in rec.events if r[14] in ("gpu", "gpu:wait")]
+
+
+def test_device_rows_come_from_event_times_through_the_anchor(traced):
+    rec, timer, all_reduce = traced["rec"], traced["timer"], traced["all_reduce"]
+    timer.poll()                          # anchor: GPU 100 ms <-> host 10 s
+    _queue(5.0)                           # a forward still queued: the device is ready at 105 ms
+    all_reduce(Tensor())                  # synchronous: ends at 108 ms on the device
+    work = all_reduce(Tensor(), async_op=True)   # arrives at 108, its kernel ends at 111
+    _queue(4.0)                           # more compute queued before the host waits: 115 ms
+    work.wait()
+    FakeGPU.capturing = True              # a CUDA graph being captured: no events recorded
+    all_reduce(Tensor())
+    FakeGPU.capturing = False
+    all_reduce(Tensor(), group="gloo")    # gloo's work is the host's: no device rows
+    assert timer.poll() == [] and _device_rows(rec) == []   # nothing has run: nothing waited for
+    FakeGPU.now_ms = 200.0
+    for row in timer.poll():
+        rec.add(row)
+    hosts = [r for r in rec.events if r[0] == "collective" and r[14] == ""]
+    assert [r[9] for r in hosts] == [0, 1, 2, 0]            # the host rows, all four calls
+    rows = [(r[0], r[9], r[2], r[14]) for r in _device_rows(rec)]
+    assert rows == [("collective", 0, 10_005 * MS, "gpu"), ("done", 0, 10_008 * MS, "gpu"),
+                    ("collective", 1, 10_008 * MS, "gpu:wait"), ("done", 1, 10_015 * MS, "gpu:wait")]
+    device = _device_rows(rec)
+    assert all(r[7] == "0" and r[8] == "0,1" and r[12] for r in device)   # group, ranks, async
+    assert device[0][11] == 4096 and device[1][11] == 0
+
+
+def test_the_anchor_is_renewed_with_its_residual_and_the_drift_recorded(traced):
+    timer, host, anchors = traced["timer"], traced["host"], traced["anchors"]
+    timer.poll()
+    assert anchors == [(10_000 * MS, 0, None)] and timer.residual_ns == 0
+    # a minute later on the host, and 1 ms less on the GPU's clock: drift 1 ms
+    host[0] += int(REANCHOR_S * 1e9) + MS
+    FakeGPU.now_ms += REANCHOR_S * 1e3
+    timer.poll()
+    assert len(anchors) == 2 and anchors[1][2] == 1 * MS
+
+
+def test_matching_takes_the_device_row_of_a_call_recorded_twice(tmp_path):
+    """Two ranks call each all-reduce at the same host time (their hosts run
+    ahead); on the device rank 1 is ready 4 ms later every time."""
+    writer = RunDirWriter(str(tmp_path / "run"), "test", [])
+    for rank in (0, 1):
+        rows = []
+        for seq in range(4):
+            t = (10 + 20 * seq) * MS
+            rows.append(event_row("step", "step", t - MS, t + 19 * MS, seq))
+            rows.append(event_row("collective", "all_reduce", t, t + MS // 10, seq, group="0",
+                                  group_ranks="0,1", seq=seq, nbytes=4096))
+            ready = t + 2 * MS + (4 * MS if rank == 1 else 0)
+            common = dict(group="0", group_ranks="0,1", seq=seq, async_op=True, detail="gpu")
+            rows.append(event_row("collective", "all_reduce", ready, ready, seq, nbytes=4096, **common))
+            rows.append(event_row("done", "all_reduce", t + 9 * MS, t + 9 * MS, seq, **common))
+        writer.write_rank(rank, sorted(rows, key=lambda r: r[2]), {"world_size": 2, "clock": clock_meta()})
+    run = load_run(writer.finish())
+    arrivals = run.arrivals()
+    assert len(arrivals) == 8 and (arrivals["members"] == 2).all()
+    assert set(arrivals["detail"]) == {"gpu"} and (arrivals["last_rank"] == 1).all()
+    assert arrivals.groupby("rank")["wait_ms"].median().to_dict() == {0: 4.0, 1: 0.0}
+    assert arrivals["transfer_ms"].median() == pytest.approx(3.0)
+    # the host rows stay in the events (the host's breakdown reads them)
+    events = run.events()
+    assert ((events["kind"] == "collective") & (events["detail"].astype(str) == "")).sum() == 8
