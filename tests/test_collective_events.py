@@ -15,6 +15,7 @@ from collectors.instrument.cuda_events import REANCHOR_S, CudaEventTimer
 from collectors.recorder import Recorder
 from collectors.schema import event_row
 from conftest import load_run
+from diagnose.analysis.run_detectors import detect
 from diagnose.importers.run_writer import RunDirWriter, clock_meta
 
 MS = 1_000_000
@@ -133,28 +134,38 @@ def test_the_anchor_is_renewed_with_its_residual_and_the_drift_recorded(traced):
     assert len(anchors) == 2 and anchors[1][2] == 1 * MS
 
 
-def test_matching_takes_the_device_row_of_a_call_recorded_twice(tmp_path):
+def test_a_live_cuda_straggler_is_judged_on_its_device_rows_and_spans(tmp_path):
     """Two ranks call each all-reduce at the same host time (their hosts run
-    ahead); on the device rank 1 is ready 4 ms later every time."""
+    ahead); on the device rank 1's forward+backward take 1.5x as long (its
+    gpu:forward/gpu:backward event spans), so it is ready 3 ms later every time."""
     writer = RunDirWriter(str(tmp_path / "run"), "test", [])
     for rank in (0, 1):
         rows = []
-        for seq in range(4):
-            t = (10 + 20 * seq) * MS
-            rows.append(event_row("step", "step", t - MS, t + 19 * MS, seq))
-            rows.append(event_row("collective", "all_reduce", t, t + MS // 10, seq, group="0",
-                                  group_ranks="0,1", seq=seq, nbytes=4096))
-            ready = t + 2 * MS + (4 * MS if rank == 1 else 0)
-            common = dict(group="0", group_ranks="0,1", seq=seq, async_op=True, detail="gpu")
-            rows.append(event_row("collective", "all_reduce", ready, ready, seq, nbytes=4096, **common))
-            rows.append(event_row("done", "all_reduce", t + 9 * MS, t + 9 * MS, seq, **common))
+        for step in range(8):
+            t = (10 + 20 * step) * MS
+            compute = 6 * MS if rank == 0 else 9 * MS
+            rows.append(event_row("step", "step", t - MS, t + 19 * MS, step))
+            rows.append(event_row("forward", "forward", t, t + MS // 10, step))
+            rows.append(event_row("phase", "gpu:forward", t, t + compute // 3, step, detail="cuda_event"))
+            rows.append(event_row("phase", "gpu:backward", t + compute // 3, t + compute, step, detail="cuda_event"))
+            rows.append(event_row("collective", "all_reduce", t + MS // 5, t + MS // 4, step, group="0",
+                                  group_ranks="0,1", seq=step, nbytes=4096))
+            common = dict(group="0", group_ranks="0,1", seq=step, async_op=True, detail="gpu")
+            rows.append(event_row("collective", "all_reduce", t + compute, t + compute, step, nbytes=4096, **common))
+            rows.append(event_row("done", "all_reduce", t + 12 * MS, t + 12 * MS, step, **common))
         writer.write_rank(rank, sorted(rows, key=lambda r: r[2]), {"world_size": 2, "clock": clock_meta()})
     run = load_run(writer.finish())
     arrivals = run.arrivals()
-    assert len(arrivals) == 8 and (arrivals["members"] == 2).all()
+    assert len(arrivals) == 16 and (arrivals["members"] == 2).all()   # one row per member: the device's
     assert set(arrivals["detail"]) == {"gpu"} and (arrivals["last_rank"] == 1).all()
-    assert arrivals.groupby("rank")["wait_ms"].median().to_dict() == {0: 4.0, 1: 0.0}
+    assert arrivals.groupby("rank")["wait_ms"].median().to_dict() == {0: 3.0, 1: 0.0}
     assert arrivals["transfer_ms"].median() == pytest.approx(3.0)
     # the host rows stay in the events (the host's breakdown reads them)
     events = run.events()
-    assert ((events["kind"] == "collective") & (events["detail"].astype(str) == "")).sum() == 8
+    assert ((events["kind"] == "collective") & (events["detail"].astype(str) == "")).sum() == 16
+    found = detect(run)
+    assert [w for w in run.warnings if "detector" in w] == []
+    (f,) = found   # and nothing else
+    assert f["kind"] == "straggler" and f["severity"] == "critical"
+    assert f["ranks"] == [1] and f["stage"] is None and f["callsite"] is None
+    assert f["metrics"]["device_time"] == 1.0 and f["metrics"]["busy_ratio_x"] == pytest.approx(1.5, rel=0.01)

@@ -98,3 +98,14 @@ def _unmatch(events: pd.DataFrame, bad: pd.DataFrame, why: str, warn) -> int:
         warn(f"rank {rank}, {group}: {n} of {total} collectives differ ({why}) from the other ranks' "
              "at the same position in the trace; left unmatched (a sampled or truncated trace?)")
     return len(bad_keys)
+
+
+def kernel_steps(run, steps) -> list[int]:
+    """Of `steps`, those whose device time the kernels show: every rank has
+    kernels launched in them. An import: all of them; a live run: none, or the
+    few of a profiler window (the others would read as an idle device)."""
+    kernels = run.kernels()
+    if kernels.empty or not steps:
+        return []
+    ranks = kernels[kernels["step"].isin(list(steps))].groupby("step")["rank"].nunique()
+    return sorted(int(s) for s in ranks[ranks == len(run.ranks)].index)

@@ -26,6 +26,12 @@ device_compute(): per rank and step, the time at least one compute kernel ran
 (device_compute_ms), kernels counted in the step that launched them: a rank's
 busy time on the device, which the straggler detector compares across ranks.
 
+device_compute_spans(): the same from a live CUDA run's event spans (no
+kernels recorded): per rank and step, the union of its gpu:forward and
+gpu:backward spans (collectors/instrument/cuda_events.py), the time from the
+device reaching a forward's start to finishing its last kernel: an upper bound
+of the compute, as it includes what the stream waited for in between.
+
 device_exposed_comm(): per rank and step, communication-kernel time (comm_ms)
 and the part of it no compute kernel overlaps (exposed_comm_ms): what the
 device spends communicating, or waiting inside NCCL kernels for the last
@@ -172,6 +178,17 @@ def device_compute(kernels: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({"rank": [], "step": [], "device_compute_ms": []})
     rows = [(int(rank), int(step), covered_ns(k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64)) / 1e6)
             for (rank, step), k in compute.groupby(["rank", "step"])]
+    return pd.DataFrame(rows, columns=["rank", "step", "device_compute_ms"])
+
+
+DEVICE_SPANS = ("gpu:forward", "gpu:backward")
+
+
+def device_compute_spans(events: pd.DataFrame) -> pd.DataFrame:
+    spans = events[(events["kind"] == "phase") & (events["step"] >= 0)
+                   & events["name"].isin(DEVICE_SPANS) & (events["detail"] == "cuda_event")]
+    rows = [(int(rank), int(step), covered_ns(k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64)) / 1e6)
+            for (rank, step), k in spans.groupby(["rank", "step"])]
     return pd.DataFrame(rows, columns=["rank", "step", "device_compute_ms"])
 
 

@@ -207,6 +207,11 @@ class Run:
         return device_compute(self.kernels())
 
     @functools.lru_cache(maxsize=None)
+    def device_compute_spans(self) -> pd.DataFrame:
+        from diagnose.analysis.gpu_tables import device_compute_spans
+        return device_compute_spans(self._events)
+
+    @functools.lru_cache(maxsize=None)
     def device_exposed_comm(self) -> pd.DataFrame:
         from diagnose.analysis.gpu_tables import device_exposed_comm
         return device_exposed_comm(self.kernels())

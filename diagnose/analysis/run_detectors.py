@@ -5,6 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from collectors.part_writer import atomic_write_json
 from diagnose import rundir
+from diagnose.analysis import device_collectives
 from diagnose.analysis.detectors import DETECTORS
 from diagnose.analysis.findings import sort_findings, with_severity
 
@@ -19,6 +20,11 @@ class Context:
         breakdown = run.breakdown()
         self.breakdown = breakdown[breakdown["step"].isin(self.steady)] if len(breakdown) else breakdown
         self.step_ms = float(self.breakdown["step_ms"].median()) if len(self.breakdown) else 0.0
+        # Collectives seen on the device (NCCL kernels, or a live run's CUDA events):
+        # waits and arrivals are device time. Device idle and overlap need the
+        # kernels themselves, so those detectors judge the steady steps kernels cover.
+        self.on_device = device_collectives.on_device(run.arrivals())
+        self.kernel_steady = device_collectives.kernel_steps(run, self.steady) if self.on_device else []
 
     def relpath(self, callsite: str) -> str:
         if not callsite:

@@ -18,7 +18,6 @@ the communication-kernel time no compute kernel overlaps, per step
 (gpu_tables.device_exposed_comm), again on the rank that exposes the least.
 """
 from diagnose.analysis.detectors import hidden_sync
-from diagnose.analysis import device_collectives
 from diagnose.analysis.findings import Finding
 
 INFO_FRAC, WARNING_FRAC, CRITICAL_FRAC = 0.10, 0.35, 0.50
@@ -47,10 +46,11 @@ def detect(ctx):
     b = ctx.breakdown
     if b.empty:
         return []
-    on_device = device_collectives.on_device(ctx.run.arrivals())
+    on_device = bool(ctx.kernel_steady)
     if on_device:
         device = ctx.run.device_exposed_comm()
-        b = b.drop(columns="exposed_comm_ms").merge(device, on=["rank", "step"], how="left")
+        b = b[b["step"].isin(ctx.kernel_steady)].drop(columns="exposed_comm_ms").merge(
+            device, on=["rank", "step"], how="left")
         b["exposed_comm_ms"] = b["exposed_comm_ms"].fillna(0.0)
     per_rank = b.groupby("rank")[["exposed_comm_ms", "step_ms"]].median()
     syncs = hidden_sync.candidates(ctx)

@@ -10,7 +10,8 @@ wait for the slowest, every micro-batch. (b) device syncs (.item/.cpu/.tolist/
 Impact: the time those calls block per step (median rank). Threshold: >= 3% of
 the step for a warning (severity from impact).
 
-On device traces (collectives are NCCL kernels: imported Kineto / Nsight) a
+On device traces (collectives seen on the device, kernels recorded: imported
+Kineto / Nsight; judged on the steady steps the kernels cover) a
 host sync costs what the device loses, not what the host waits: the device
 idle from the sync's start until the host gives it work again
 (gpu_tables.device_idle_behind_syncs), as far as the sync caused it: at most
@@ -22,7 +23,6 @@ idle is measured, so no count rule); reported from DEVICE_MIN_FRAC of the step.
 """
 import pandas as pd
 
-from diagnose.analysis import device_collectives
 from diagnose.analysis.findings import Finding
 from diagnose.analysis.matching import as_str
 from diagnose.analysis.per_rank import started_inside
@@ -58,7 +58,7 @@ def _candidates(ctx):
 
 
 def detect(ctx):
-    if device_collectives.on_device(ctx.run.arrivals()):
+    if ctx.kernel_steady:
         return _detect_on_device(ctx)
     found = candidates(ctx)
     if found.empty or not ctx.steady:
@@ -91,11 +91,11 @@ def detect(ctx):
 
 def _detect_on_device(ctx):
     syncs = ctx.run.device_idle_behind_syncs()
-    syncs = syncs[syncs["step"].isin(ctx.steady)]
-    if syncs.empty or not ctx.steady or ctx.step_ms <= 0:
+    syncs = syncs[syncs["step"].isin(ctx.kernel_steady)]
+    if syncs.empty or ctx.step_ms <= 0:
         return []
     findings = []
-    n_steps = len(ctx.steady)
+    n_steps = len(ctx.kernel_steady)
     where_of = syncs["callsite"].where(syncs["callsite"] != "", syncs["name"])
     for where, at_site in syncs.groupby(where_of):
         per_rank_ms = at_site.groupby("rank")["idle_caused_ms"].sum() / n_steps

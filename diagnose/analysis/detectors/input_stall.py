@@ -8,7 +8,8 @@ would lose if the input were ready. "periodic" when the wait comes in spikes
 that cannot keep up and drain the prefetch queue; "constant" otherwise, the
 signature of loading on the training thread.
 
-On device traces (collectives are NCCL kernels) the wait that counts is the
+On device traces (collectives seen on the device, kernels recorded; the
+steady steps the kernels cover) the wait that counts is the
 part of it during which no kernel runs (gpu_tables.device_data_wait): a host
 that waits for its input while the device still works through the queue it
 was given loses nothing, and a GPU is never "stalled" by a host that is ahead
@@ -16,7 +17,6 @@ of it. Same threshold and pattern rule, on that device idle.
 """
 import numpy as np
 
-from diagnose.analysis import device_collectives
 from diagnose.analysis.findings import Finding
 
 STALL_FRAC = 0.10
@@ -36,10 +36,10 @@ def detect(ctx):
     b = ctx.breakdown
     if b.empty:
         return []
-    on_device = device_collectives.on_device(ctx.run.arrivals())
+    on_device = bool(ctx.kernel_steady)
     if on_device:
         device = ctx.run.device_data_wait()[["rank", "step", "idle_in_data_wait_ms"]]
-        b = b.merge(device, on=["rank", "step"], how="left")
+        b = b[b["step"].isin(ctx.kernel_steady)].merge(device, on=["rank", "step"], how="left")
         b = b.assign(host_data_wait_ms=b["data_wait_ms"], data_wait_ms=b["idle_in_data_wait_ms"].fillna(0.0))
     per_rank = b.groupby("rank")[["data_wait_ms", "step_ms"]].median()
     if on_device:  # what the host waited, for comparison

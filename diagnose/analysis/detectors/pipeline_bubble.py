@@ -9,7 +9,8 @@ micro-batches is reported as info only: its causes (a slow stage, blocking p2p,
 CPU contention between co-located stages) have findings of their own. The
 recommendation gives the micro-batch count that brings theory under 10%.
 
-On device traces (collectives are NCCL kernels) a stage's forward and backward
+On device traces (collectives seen on the device, kernels recorded; the steady
+steps the kernels cover) a stage's forward and backward
 return when their kernels are queued, so the host's phases say nothing of the
 bubble: a stage is busy while one of its compute kernels runs
 (gpu_tables.device_compute) and idle otherwise, including while an NCCL
@@ -18,7 +19,6 @@ phases' stage stamps, so an import without them has no pipeline to judge.
 """
 import math
 
-from diagnose.analysis import device_collectives
 from diagnose.analysis.detectors.run_structure import rank_stages
 from diagnose.analysis.findings import Finding
 
@@ -35,9 +35,9 @@ def detect(ctx):
     if n_stages < 2 or ctx.breakdown.empty:
         return []
     pipeline = ctx.breakdown[ctx.breakdown["rank"].isin(stages)]
-    on_device = device_collectives.on_device(ctx.run.arrivals())
+    on_device = bool(ctx.kernel_steady)
     if on_device:
-        pipeline = pipeline.merge(ctx.run.device_compute(), on=["rank", "step"], how="left")
+        pipeline = pipeline[pipeline["step"].isin(ctx.kernel_steady)].merge(ctx.run.device_compute(), on=["rank", "step"], how="left")
         pipeline = pipeline.assign(busy_ms=pipeline["device_compute_ms"].fillna(0.0))
     else:
         pipeline = pipeline.assign(busy_ms=pipeline["forward_ms"] + pipeline["backward_ms"])

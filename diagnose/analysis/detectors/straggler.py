@@ -20,7 +20,6 @@ the median rank, and which part of its step is slow.
 import numpy as np
 import pandas as pd
 
-from diagnose.analysis import device_collectives
 from diagnose.analysis.detectors.run_structure import rank_stages
 from diagnose.analysis.findings import Finding
 
@@ -99,9 +98,15 @@ def _busy_ratio(ctx, rank, stages, steps):
     ranks doing the same work (its pipeline stage), over the given steps; on a
     device trace busy is the device compute."""
     breakdown = ctx.breakdown
-    # device time when the collectives are NCCL kernels (not for host-recorded
-    # collectives beside a profiler window's kernels: those cover a few steps)
-    device = ctx.run.device_compute() if device_collectives.on_device(ctx.run.arrivals()) else ()
+    # device time when the collectives are seen on the device: the compute
+    # kernels on the steps they cover, else (a live CUDA run) the CUDA-event
+    # spans of forward and backward; host time otherwise
+    device = ()
+    if ctx.kernel_steady and set(steps) & set(ctx.kernel_steady):
+        device = ctx.run.device_compute()
+        steps = [s for s in steps if s in set(ctx.kernel_steady)]
+    elif ctx.on_device:
+        device = ctx.run.device_compute_spans()
     if len(device):
         breakdown = breakdown.merge(device, on=["rank", "step"], how="left").fillna({"device_compute_ms": 0.0})
     if len(steps):
