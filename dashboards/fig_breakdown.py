@@ -105,9 +105,10 @@ def device_per_rank(device, steady_steps) -> Section | None:
 def build(run, ctx) -> list:
     breakdown = run.breakdown()
     sections = [s for s in (per_rank(breakdown, ctx.steady), over_steps(breakdown)) if s is not None]
-    if device_collectives.on_device(run.arrivals()):
+    device = device_per_rank(run.device_step_breakdown(), ctx.steady) \
+        if device_collectives.on_device(run.arrivals()) else None
+    if device is not None:
         for section in sections:
             section.notes.append(HOST_CLOCK_NOTE)
-        device = device_per_rank(run.device_step_breakdown(), ctx.steady)
-        sections += [device] if device is not None else []
+        sections.append(device)
     return sections

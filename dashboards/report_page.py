@@ -87,7 +87,7 @@ def clocks_text(run) -> str:
                else "one rank")
     if device_collectives.on_device(run.arrivals()):
         return ("device work (collective arrivals and waits, compute, exposed communication, device idle) "
-                "on the GPUs' clocks, from the NCCL and compute kernels; host work (steps, phases, data "
+                "on the GPUs' clocks, from the NCCL and compute kernels (a live run: CUDA events); host work (steps, phases, data "
                 f"loading, host syncs) on the hosts' clocks; {aligned}. Each finding says which it uses.")
     return f"host clocks (the work runs on the host: CPU/gloo); {aligned}"
 
