@@ -22,8 +22,9 @@ MS = 1_000_000
 
 
 class FakeGPU:
-    """The device clock (now_ms) and the current stream's queue (queue_end_ms)."""
-    now_ms, queue_end_ms, capturing = 0.0, 0.0, False
+    """The device clock (now_ms), the current stream's queue (queue_end_ms) and
+    the NCCL stream's, where async collectives run (nccl_end_ms)."""
+    now_ms, queue_end_ms, nccl_end_ms, capturing = 0.0, 0.0, 0.0, False
 
 
 class Event:
@@ -61,6 +62,7 @@ class Work:
         self.kernel_ms = kernel_ms
 
     def wait(self, timeout=None):  # the current stream now waits for the NCCL stream
+        FakeGPU.queue_end_ms = max(FakeGPU.queue_end_ms, FakeGPU.nccl_end_ms)
         return True
 
     def is_completed(self):
@@ -73,7 +75,7 @@ def _queue(ms):
 
 @pytest.fixture
 def traced(monkeypatch):
-    FakeGPU.now_ms, FakeGPU.queue_end_ms, FakeGPU.capturing = 100.0, 100.0, False
+    FakeGPU.now_ms, FakeGPU.queue_end_ms, FakeGPU.nccl_end_ms, FakeGPU.capturing = 100.0, 100.0, 0.0, False
     host = [10_000 * MS]
     anchors = []
     rec = Recorder(None)
@@ -86,8 +88,12 @@ def traced(monkeypatch):
     tracker.device = CollectiveEvents(timer, ready=lambda: True, capturing=lambda: FakeGPU.capturing)
 
     def all_reduce(tensor, op=None, group=None, async_op=False):
-        _queue(3.0)   # the NCCL kernel, after what the stream holds
-        return Work(3.0) if async_op else None
+        if not async_op:  # torch >= 2.8: on the current stream, after what it holds
+            _queue(3.0)
+            return None
+        # on the NCCL stream, once the current stream has reached the call
+        FakeGPU.nccl_end_ms = max(FakeGPU.nccl_end_ms, FakeGPU.queue_end_ms, FakeGPU.now_ms) + 3.0
+        return Work(3.0)
     monkeypatch.setattr(Work, "wait", collectives._wrap_wait(tracker, Work.wait))
     return dict(rec=rec, timer=timer, host=host, anchors=anchors,
                 all_reduce=collectives._wrap_collective(tracker, "all_reduce", all_reduce))
@@ -102,9 +108,11 @@ def test_device_rows_come_from_event_times_through_the_anchor(traced):
     timer.poll()                          # anchor: GPU 100 ms <-> host 10 s
     _queue(5.0)                           # a forward still queued: the device is ready at 105 ms
     all_reduce(Tensor())                  # synchronous: ends at 108 ms on the device
-    work = all_reduce(Tensor(), async_op=True)   # arrives at 108, its kernel ends at 111
-    _queue(4.0)                           # more compute queued before the host waits: 115 ms
-    work.wait()
+    work = all_reduce(Tensor(), async_op=True)   # arrives at 108, its kernel runs 108-111 on NCCL's stream
+    _queue(4.0)                           # compute queued before the host waits: the stream is at 112
+    work.wait()                           # no stall: the all-reduce was over by then
+    work = all_reduce(Tensor(), async_op=True)   # arrives at 112, runs 112-115
+    work.wait()                           # waited at once: the stream stalls 3 ms
     FakeGPU.capturing = True              # a CUDA graph being captured: no events recorded
     all_reduce(Tensor())
     FakeGPU.capturing = False
@@ -114,10 +122,13 @@ def test_device_rows_come_from_event_times_through_the_anchor(traced):
     for row in timer.poll():
         rec.add(row)
     hosts = [r for r in rec.events if r[0] == "collective" and r[14] == ""]
-    assert [r[9] for r in hosts] == [0, 1, 2, 0]            # the host rows, all four calls
-    rows = [(r[0], r[9], r[2], r[14]) for r in _device_rows(rec)]
-    assert rows == [("collective", 0, 10_005 * MS, "gpu"), ("done", 0, 10_008 * MS, "gpu"),
-                    ("collective", 1, 10_008 * MS, "gpu:wait"), ("done", 1, 10_015 * MS, "gpu:wait")]
+    assert [r[9] for r in hosts] == [0, 1, 2, 3, 0]          # the host rows, all five calls
+    rows = [(r[0], r[9], r[2] // MS - 10_000, r[3] // MS - 10_000, r[14]) for r in _device_rows(rec)]
+    assert rows == [("collective", 0, 5, 5, "gpu"), ("done", 0, 8, 8, "gpu"),
+                    ("collective", 1, 8, 8, "gpu:wait"), ("done", 1, 12, 12, "gpu:wait"),
+                    ("wait", 1, 12, 12, "gpu:wait"),     # the stream did not stall
+                    ("collective", 2, 12, 12, "gpu:wait"), ("done", 2, 15, 15, "gpu:wait"),
+                    ("wait", 2, 12, 15, "gpu:wait")]     # it stalled 3 ms behind the wait
     device = _device_rows(rec)
     assert all(r[7] == "0" and r[8] == "0,1" and r[12] for r in device)   # group, ranks, async
     assert device[0][11] == 4096 and device[1][11] == 0
@@ -169,3 +180,40 @@ def test_a_live_cuda_straggler_is_judged_on_its_device_rows_and_spans(tmp_path):
     assert f["kind"] == "straggler" and f["severity"] == "critical"
     assert f["ranks"] == [1] and f["stage"] is None and f["callsite"] is None
     assert f["metrics"]["device_time"] == 1.0 and f["metrics"]["busy_ratio_x"] == pytest.approx(1.5, rel=0.01)
+
+
+def test_blocking_async_on_a_live_cuda_run_is_the_compute_stream_stalled(tmp_path):
+    """Per step two async all-reduces: one waited at once (train.py:20), the
+    compute stream stalls 3 ms behind it; one waited after 5 ms of queued
+    compute (train.py:30), no stall. On the host both waits return at once."""
+    writer = RunDirWriter(str(tmp_path / "run"), "test", [])
+    for rank in (0, 1):
+        rows = []
+        for step in range(8):
+            t = (10 + 20 * step) * MS
+            rows.append(event_row("step", "step", t - MS, t + 19 * MS, step))
+            for k, (site, queued_ms, stall_ms) in enumerate((("train.py:20", 0, 3), ("train.py:30", 5, 0))):
+                seq, host_t = 2 * step + k, t + k * MS // 10
+                common = dict(group="0", group_ranks="0,1", seq=seq, async_op=True)
+                rows.append(event_row("collective", "all_reduce", host_t, host_t + 20_000, step, nbytes=4096,
+                                      callsite=site, **common))
+                rows.append(event_row("wait", "all_reduce", host_t + 30_000, host_t + 40_000, step,
+                                      callsite=site, **common))   # the host's wait: returns at once
+                arrival = t + (2 + 9 * k) * MS
+                waited_at = arrival + queued_ms * MS
+                device = dict(common, detail="gpu:wait")
+                rows.append(event_row("collective", "all_reduce", arrival, arrival, step, nbytes=4096,
+                                      callsite=site, **device))
+                rows.append(event_row("wait", "all_reduce", waited_at, waited_at + stall_ms * MS, step,
+                                      callsite=site, **device))
+                rows.append(event_row("done", "all_reduce", waited_at + stall_ms * MS, waited_at + stall_ms * MS,
+                                      step, **device))
+        writer.write_rank(rank, sorted(rows, key=lambda r: r[2]), {"world_size": 2, "clock": clock_meta()})
+    run = load_run(writer.finish())
+    assert run.breakdown()["exposed_comm_ms"].max() == pytest.approx(0.06)   # the host: 2 x 30 us
+    found = detect(run)
+    assert [w for w in run.warnings if "detector" in w] == []
+    (f,) = found   # and nothing else: one call per step and site is no hidden sync
+    assert f["kind"] == "blocking_async" and f["callsite"] == "train.py:20" and f["ranks"] == [0, 1]
+    assert f["stage"] is None and f["metrics"]["device_time"] == 1.0
+    assert f["impact_ms_per_step"] == pytest.approx(3.0) and "compute stream stalled" in f["title"]

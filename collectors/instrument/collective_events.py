@@ -15,6 +15,9 @@ time as it does imported GPU traces (diagnose/analysis/device_collectives.py).
              (after it, the current stream waits for the NCCL stream): an
              upper bound, as late as the host waited and behind whatever the
              current stream had queued by then. Detail "gpu:wait".
+    stall    async call: a "wait" row from an event recorded right before
+             Work.wait() (where the current stream was) to that end: how long
+             the stream stalled behind the wait (blocking_async reads it).
 
 The rows, written by the poller of cuda_events.py once both events have
 completed (never waiting for them): a "collective" (or "p2p") row at the
@@ -54,10 +57,20 @@ class CollectiveEvents:
             if len(self.by_work) > 65536:  # work never waited: forget rather than grow
                 self.by_work.clear()
 
-    def waited(self, work) -> None:
+    def before_wait(self, work):
+        """Right before Work.wait(): where the current stream is (an event), if
+        the work is timed. The stream stalls from there until the work's end."""
+        if id(work) not in self.by_work or self.capturing():
+            return None
+        return self.timer.start()
+
+    def waited(self, work, before, callsite: str) -> None:
         """Right after Work.wait() returned on the host."""
         for arrival, row in self.by_work.pop(id(work), ()):
-            self._finish(arrival, row, "gpu:wait")
+            if before is None or self.capturing():
+                continue
+            self.timer.finish(arrival, row, rows_of=lambda t0, t1, row=row: device_rows(row, t0, t1, "gpu:wait"))
+            self.timer.finish(before, row, rows_of=lambda t0, t1, row=row: [stall_row(row, t0, t1, callsite)])
 
     def _finish(self, arrival, row, detail: str) -> None:
         if self.capturing():
@@ -71,3 +84,12 @@ def device_rows(host_row: tuple, arrival_ns: int, end_ns: int, detail: str) -> l
     return [(kind, name, arrival_ns, arrival_ns, step, mb, stage, group, ranks, seq, peer, nbytes, True,
              callsite, detail),
             ("done", name, end_ns, end_ns, step, mb, stage, group, ranks, seq, peer, 0, True, "", detail)]
+
+
+def stall_row(host_row: tuple, stream_at_wait_ns: int, end_ns: int, callsite: str) -> tuple:
+    """The wait on the device: from where the current stream was when the host
+    called Work.wait() to the work's end; its length is how long the stream
+    stalled behind the wait (0 when the work was over by then)."""
+    kind, name, _, _, step, mb, stage, group, ranks, seq, peer, _, _, _, _ = host_row
+    return ("wait", name, stream_at_wait_ns, end_ns, step, mb, stage, group, ranks, seq, peer, 0, True, callsite,
+            "gpu:wait")

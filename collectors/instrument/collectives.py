@@ -263,6 +263,7 @@ def _wrap_wait(tracker, orig):
         if nvtx_ranges.MIRRORING:
             nvtx_ranges.push("wait", "collective")
         tracker.waiting_on = rows
+        before = _device_before_wait(tracker, self)
         try:
             return orig(self, *args, **kwargs)
         finally:
@@ -271,9 +272,10 @@ def _wrap_wait(tracker, orig):
             if nvtx_ranges.MIRRORING:
                 nvtx_ranges.pop()
             try:
-                tracker.waited(self, t0, t1, user_callsite(2), completed_before)
+                callsite = user_callsite(2)
+                tracker.waited(self, t0, t1, callsite, completed_before)
                 if tracker.device is not None:
-                    tracker.device.waited(self)
+                    tracker.device.waited(self, before, callsite)
             except Exception as exc:
                 tracker.rec.record_error("collectives", exc)
 
@@ -300,6 +302,17 @@ def _device_returned(tracker, arrival, row, work) -> None:
     except Exception as exc:
         tracker.rec.record_error("collective_events", exc)
         tracker.device = None
+
+
+def _device_before_wait(tracker, work):
+    if tracker.device is None:
+        return None
+    try:
+        return tracker.device.before_wait(work)
+    except Exception as exc:
+        tracker.rec.record_error("collective_events", exc)
+        tracker.device = None
+        return None
 
 
 def _is_gloo(tracker, group) -> bool:

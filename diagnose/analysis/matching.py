@@ -45,7 +45,7 @@ def collectives_table(events: pd.DataFrame) -> pd.DataFrame:
                    "end_ns", "_group", "_name"]]
     calls = calls.assign(**{column: as_str(calls[column]) for column in STRING_COLUMNS})
     calls = calls.rename(columns={"start_ns": "issue_ns", "end_ns": "return_ns"})
-    waits = events[events["kind"] == "wait"]
+    waits = _one_row_per_call(events[events["kind"] == "wait"])
     waits = pd.DataFrame({"rank": waits["rank"], "_group": waits["_group"], "seq": waits["seq"],
                           "_name": waits["_name"], "wait_start_ns": waits["start_ns"],
                           "wait_end_ns": waits["end_ns"], "wait_callsite": as_str(waits["callsite"])})
@@ -63,11 +63,11 @@ def collectives_table(events: pd.DataFrame) -> pd.DataFrame:
 
 
 def _one_row_per_call(calls: pd.DataFrame) -> pd.DataFrame:
-    """A live CUDA run records a call twice: on the host (issue -> return) and
-    on the device (collectors/instrument/collective_events.py: when the device
-    was ready for it). The device row is the member's arrival; the host row of
-    the same call leaves the matching (it stays in the events for the host's
-    breakdown)."""
+    """A live CUDA run records a call (and its wait) twice: on the host (issue
+    -> return) and on the device (collectors/instrument/collective_events.py:
+    when the device was ready for it; how long the stream stalled behind the
+    wait). The device row is the member's; the host row of the same call leaves
+    the matching (it stays in the events for the host's breakdown)."""
     device = per_distinct(calls["detail"], lambda d: d.astype(str).isin(DEVICE_DETAILS)).to_numpy(bool)
     if not device.any() or device.all():
         return calls

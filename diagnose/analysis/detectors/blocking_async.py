@@ -9,9 +9,16 @@ the wait is for the receive).
 Threshold: >= 80% of the async ops at one callsite waited immediately, >= 1 per
 step; impact is their wait time per step (what overlap would hide), severity
 from impact.
+
+On a live CUDA run the calls and waits are their device rows
+(collectors/instrument/collective_events.py): Work.wait() returns at once on
+the host and only makes the compute stream wait, so the gap is the compute the
+device had queued between the call's arrival and the wait, and the wait is how
+long the compute stream stalled behind it, never how long Python waited.
 """
 import pandas as pd
 
+from diagnose.analysis.device_collectives import WAIT_BOUND
 from diagnose.analysis.findings import Finding
 
 IMMEDIATE_NS = 500_000
@@ -46,13 +53,16 @@ def detect(ctx):
         impact_ms = float(per_rank_ms.median())
         where = ctx.relpath(site)
         ops = "/".join(sorted(at_site["name"].unique()))
+        on_device = bool((at_site["detail"] == WAIT_BOUND).all())
+        what = "the compute stream stalled" if on_device else "non-overlapped waiting"
         findings.append(Finding(
             kind="blocking_async", callsite=where, ranks=sorted(int(r) for r in per_rank_ms.index),
             impact_ms_per_step=impact_ms,
             title=(f"{where}: async {ops} waited immediately after issue ({frac:.0%} of "
-                   f"{len(at_site)} ops), {impact_ms:.1f} ms/step of non-overlapped waiting"),
+                   f"{len(at_site)} ops), {impact_ms:.1f} ms/step of {what}"
+                   + (" (on the GPUs' clocks)" if on_device else "")),
             recommendation=("Issue the operation earlier and wait only where its result is needed "
                             "(e.g. start the send, run the next micro-batch's compute, then wait)."),
             metrics={"immediate_wait_frac": frac, "ops_per_step": per_step,
-                     "blocked_ms_per_step": impact_ms}))
+                     "blocked_ms_per_step": impact_ms, "device_time": float(on_device)}))
     return findings

@@ -23,6 +23,7 @@ idle is measured, so no count rule); reported from DEVICE_MIN_FRAC of the step.
 """
 import pandas as pd
 
+from diagnose.analysis.device_collectives import DEVICE_DETAILS
 from diagnose.analysis.findings import Finding
 from diagnose.analysis.matching import as_str
 from diagnose.analysis.per_rank import started_inside
@@ -48,7 +49,8 @@ def _candidates(ctx):
                     & events["step"].isin(ctx.steady)]
     kind, detail = as_str(events["kind"]), as_str(events["detail"])
     calls = events[(kind == "collective") & (events["bytes"] <= SMALL_BYTES)
-                   & (as_str(events["callsite"]) != "") & ~detail.str.startswith("ddp")]
+                   & (as_str(events["callsite"]) != "") & ~detail.str.startswith("ddp")
+                   & ~detail.isin(DEVICE_DETAILS)]  # a live CUDA run's device rows: the host's are here
     syncs = events[(kind == "sync") & (detail == "cuda")]
     windows = events[events["kind"].isin(["forward", "backward"])]
     found = pd.concat([calls[~started_inside(calls, windows)], syncs[started_inside(syncs, windows)]])
