@@ -21,6 +21,7 @@ import time
 
 from collectors import clock
 from collectors.daemon_thread import start_daemon
+from collectors.instrument import rank_environment
 from collectors.part_writer import PartWriter
 from collectors.schema import STEPS_DONE_FILE, rank_dir_name
 
@@ -70,6 +71,12 @@ class Recorder:
         self._steps_done_cell = None  # int64 view of the mapped STEPS_DONE_FILE
         self._published_steps = None  # steps_done in the last progress.json written
         self._thread = None
+        self._env_final = False  # meta["env"] holds the probe after the first step (or later)
+        self._env_nvml = None    # NVML's part of the first probe, reused by the second
+        # meta.json is now written from two threads (the writer's probes, the main
+        # thread's instrumentors and exit): one at a time, so the last file renamed
+        # into place is always the latest dict, never an older copy overtaking it
+        self._meta_lock = threading.RLock()
 
     # -- hot path ---------------------------------------------------------
     def add(self, row: tuple) -> None:
@@ -125,11 +132,29 @@ class Recorder:
         self.max_buffered = 0
         self.events, self.samples = [], []
 
+    def _probe_env(self, stage: str) -> None:
+        """This rank's environment into meta.json (collectors/instrument/rank_environment.py:
+        when and why). Called on the writer thread only (and at exit): never a cost per step."""
+        with self._meta_lock:
+            if self._env_final:  # a later probe (first step, exit) already landed
+                return
+            try:
+                if self._env_nvml is None:
+                    self._env_nvml = rank_environment.nvml_facts()
+                self.meta["env"] = rank_environment.probe(stage, nvml_part=self._env_nvml)
+            except Exception as exc:  # the probe guards itself; this is the last net
+                self.record_error("rank_environment", exc)
+            self._env_final = stage != "start"
+            self.write_meta()
+
     def _run(self) -> None:
         dump_request = os.path.join(os.path.dirname(os.path.dirname(self.rank_dir)), DUMP_REQUEST)
         dumped = False
+        self._probe_env("start")
         next_flush = time.monotonic() + self.flush_interval_s
         while not self._stop.wait(max(0.0, min(PROGRESS_INTERVAL_S, next_flush - time.monotonic()))):
+            if not self._env_final and self.progress["steps_done"] > 0:  # two reads, no lock
+                self._probe_env("first_step")
             now = time.monotonic()
             if now < next_flush:
                 if self.progress["steps_done"] != self._published_steps:
@@ -143,6 +168,7 @@ class Recorder:
                 # The launcher saw no progress: say where every thread is. This
                 # thread does it because the main one may be stuck inside C++.
                 dumped = True
+                self._probe_env("hang_dump")  # a hang before step 1: what the stuck rank had set
                 self.dump()
 
     def dump(self) -> None:
@@ -196,12 +222,13 @@ class Recorder:
     def write_meta(self) -> None:
         if self._writer is None:
             return
-        self.meta["collector_errors"] = self.errors
-        self.meta["dropped_events"] = self.dropped
-        try:
-            self._writer.write_meta(self.meta)
-        except Exception as exc:
-            self.record_error("meta", exc)
+        with self._meta_lock:
+            self.meta["collector_errors"] = self.errors
+            self.meta["dropped_events"] = self.dropped
+            try:
+                self._writer.write_meta(self.meta)
+            except Exception as exc:
+                self.record_error("meta", exc)
 
     def close(self, exit_status: str = "exit") -> None:
         if self._writer is None:
@@ -210,6 +237,7 @@ class Recorder:
         self.flush()
         with self._flush_lock:
             self._writer.compact()  # a clean exit: one file per rank, not one per flush
+        self._probe_env("exit")  # a no-op when a step ended while the writer ran
         self.meta["end_wall_ns"] = time.time_ns()
         self.meta["exit"] = exit_status
         self.write_meta()

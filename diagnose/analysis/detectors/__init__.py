@@ -5,4 +5,5 @@ run_structure holds the helpers several share (robust statistics, stages).
 run_detectors runs them in DETECTORS order."""
 
 DETECTORS = ("hang", "rank_failure", "straggler", "stage_imbalance", "pipeline_bubble",
-             "input_stall", "hidden_sync", "blocking_async", "exposed_comm", "memory_imbalance")
+             "input_stall", "hidden_sync", "blocking_async", "exposed_comm", "memory_imbalance",
+             "env_mismatch")
