@@ -159,7 +159,7 @@ def _wrap_collective(tracker, op, orig):
         tracker.depth += 1
         if nvtx_ranges.MIRRORING:
             nvtx_ranges.push(nvtx_name, "collective")
-        arrival = _device_mark(tracker, args[0] if args else None, is_gloo)
+        arrival = _device_mark(tracker, args[0] if args else None, is_gloo=is_gloo)
         t0 = now_ns()
         st = tracker.rec.state
         tracker.blocked_in = ("collective", op, t0, t0, st.step, st.microbatch, st.stage, group,
@@ -175,7 +175,7 @@ def _wrap_collective(tracker, op, orig):
         is_work = work is not None and hasattr(work, "wait") and not isinstance(work, list)
         row = tracker.issued("collective", op, group, ranks, seq, -1, nbytes, callsite, t0, t1,
                              work if is_work else None, is_gloo)
-        _device_returned(tracker, arrival, row, work if is_work else None)
+        _device(tracker, "returned", arrival, row, work if is_work else None)
         return work
 
     return wrapper
@@ -189,7 +189,8 @@ def _wrap_send_recv(tracker, op, orig, dist):
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
         tensor = args[0] if args else kwargs.get("tensor")
-        arrival = _device_mark(tracker, tensor, _is_gloo(tracker, _arg(args, kwargs, group_index, "group")))
+        arrival = (_device_mark(tracker, tensor, _arg(args, kwargs, group_index, "group"))
+                   if tracker.device is not None else None)
         t0 = now_ns()
         result = orig(*args, **kwargs)
         t1 = now_ns()
@@ -205,7 +206,7 @@ def _wrap_send_recv(tracker, op, orig, dist):
             seq = tracker.next_seq(f"{src}->{dst}")
             row = tracker.issued("p2p", op, f"{src}->{dst}", f"{src},{dst}", seq, other, tensor_bytes(tensor),
                                  user_callsite(2), t0, t1, None, False)
-            _device_returned(tracker, arrival, row, None)
+            _device(tracker, "returned", arrival, row, None)
         except Exception as exc:
             tracker.rec.record_error("collectives", exc)
         return result
@@ -217,8 +218,7 @@ def _wrap_batch_isend_irecv(tracker, orig, dist):
     @functools.wraps(orig)
     def wrapper(p2p_op_list):
         first = p2p_op_list[0] if p2p_op_list else None
-        arrival = _device_mark(tracker, getattr(first, "tensor", None),
-                               _is_gloo(tracker, getattr(first, "group", None)))
+        arrival = _device_mark(tracker, getattr(first, "tensor", None), getattr(first, "group", None))
         t0 = now_ns()
         works = orig(p2p_op_list)
         t1 = now_ns()
@@ -241,7 +241,7 @@ def _wrap_batch_isend_irecv(tracker, orig, dist):
                 row = tracker.issued("p2p", op, f"{src}->{dst}", f"{src},{dst}", seq, peer, nbytes,
                                      callsite, t0, t1, work, is_gloo)
                 # one arrival for the batch: its ops are queued together, and end together
-                _device_returned(tracker, arrival, row, work)
+                _device(tracker, "returned", arrival, row, work)
         except Exception as exc:
             tracker.rec.record_error("collectives", exc)
         return works
@@ -263,7 +263,7 @@ def _wrap_wait(tracker, orig):
         if nvtx_ranges.MIRRORING:
             nvtx_ranges.push("wait", "collective")
         tracker.waiting_on = rows
-        before = _device_before_wait(tracker, self)
+        before = _device(tracker, "before_wait", self)
         try:
             return orig(self, *args, **kwargs)
         finally:
@@ -274,54 +274,38 @@ def _wrap_wait(tracker, orig):
             try:
                 callsite = user_callsite(2)
                 tracker.waited(self, t0, t1, callsite, completed_before)
-                if tracker.device is not None:
-                    tracker.device.waited(self, before, callsite)
+                _device(tracker, "waited", self, before, callsite)
             except Exception as exc:
                 tracker.rec.record_error("collectives", exc)
 
     return wait
 
 
-def _device_mark(tracker, tensor, is_gloo: bool):
-    """The call's arrival event on the device (collective_events.py), or None."""
-    if tracker.device is None:
+def _device(tracker, method: str, *args):
+    """tracker.device.<method>(*args) (collective_events.py) when CUDA timing is
+    on; a failure turns it off for the rest of the run, never in the job's way."""
+    device = tracker.device
+    if device is None:
         return None
     try:
-        return tracker.device.mark(tensor, is_gloo)
-    except Exception as exc:
-        tracker.rec.record_error("collective_events", exc)
-        tracker.device = None  # off for the rest of the run, never in the job's way
-        return None
-
-
-def _device_returned(tracker, arrival, row, work) -> None:
-    if arrival is None or tracker.device is None:
-        return
-    try:
-        tracker.device.returned(arrival, row, work)
-    except Exception as exc:
-        tracker.rec.record_error("collective_events", exc)
-        tracker.device = None
-
-
-def _device_before_wait(tracker, work):
-    if tracker.device is None:
-        return None
-    try:
-        return tracker.device.before_wait(work)
+        return getattr(device, method)(*args)
     except Exception as exc:
         tracker.rec.record_error("collective_events", exc)
         tracker.device = None
         return None
 
 
-def _is_gloo(tracker, group) -> bool:
+def _device_mark(tracker, tensor, group=None, is_gloo=None):
+    """The call's arrival event on the device, or None (CUDA timing off, or
+    a gloo group: its work is the host's)."""
     if tracker.device is None:
-        return False
-    try:
-        return tracker.group_info(group)[3]
-    except Exception:
-        return True  # unknown: do not time it
+        return None
+    if is_gloo is None:
+        try:
+            is_gloo = tracker.group_info(group)[3]
+        except Exception:
+            return None  # unknown backend: not timed
+    return _device(tracker, "mark", tensor, is_gloo)
 
 
 def _patch(modules, name, wrapper_factory):

@@ -18,7 +18,7 @@ reducer waits for buckets still in flight).
 import numpy as np
 import pandas as pd
 
-from diagnose.analysis.device_collectives import DEVICE_DETAILS
+from diagnose.analysis.device_collectives import timed_on_device
 from diagnose.analysis.per_rank import rank_slice, sorted_by_rank
 
 CATEGORIES = ("data_wait", "exposed_comm", "pipeline_wait", "host_sync", "optimizer", "backward",
@@ -73,8 +73,7 @@ def priorities(events: pd.DataFrame) -> np.ndarray:
     prio[p2p] = PRIORITY["pipeline_wait"]
     # rows timed on the device (a GPU trace's NCCL kernels, a live run's CUDA
     # events) are not the host's time: the breakdown is the host's
-    detail_codes, details = _codes(events["detail"])
-    prio[_lookup(detail_codes, details, lambda d: d in DEVICE_DETAILS)] = -1
+    prio[timed_on_device(events["detail"])] = -1
     return prio
 
 

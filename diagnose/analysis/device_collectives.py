@@ -38,9 +38,18 @@ _UNEQUAL_SIZES = ("all_to_all", "send_recv", "nccl")
 
 
 def on_device(arrivals: pd.DataFrame) -> bool:
-    """Whether the run's collectives are NCCL kernels (imported GPU traces),
-    so that its detectors judge device time."""
-    return bool(len(arrivals)) and bool(arrivals["detail"].isin(DEVICE_DETAILS).any())
+    """Whether the run's collectives are seen on the device (NCCL kernels of an
+    imported trace, a live run's CUDA events), so that its detectors judge
+    device time."""
+    return bool(len(arrivals)) and bool(timed_on_device(arrivals["detail"]).any())
+
+
+def timed_on_device(detail: pd.Series) -> np.ndarray:
+    """Whether each row is a device row (its detail one of DEVICE_DETAILS): the
+    test runs once per distinct value (the loader's details are categoricals)."""
+    codes, uniques = pd.factorize(detail)
+    device = np.append(np.isin(np.asarray(uniques, dtype=str), DEVICE_DETAILS), False)
+    return device[codes]  # code -1 (missing) reads the appended False
 
 
 def _inferred(events: pd.DataFrame) -> np.ndarray:

@@ -173,23 +173,23 @@ def temporal_breakdown(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFra
 
 
 def device_compute(kernels: pd.DataFrame) -> pd.DataFrame:
-    compute = kernels[(kernels["kind"] == COMPUTE) & (kernels["step"] >= 0)]
-    if compute.empty:
-        return pd.DataFrame({"rank": [], "step": [], "device_compute_ms": []})
-    rows = [(int(rank), int(step), covered_ns(k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64)) / 1e6)
-            for (rank, step), k in compute.groupby(["rank", "step"])]
-    return pd.DataFrame(rows, columns=["rank", "step", "device_compute_ms"])
+    return _covered_per_step(kernels[(kernels["kind"] == COMPUTE) & (kernels["step"] >= 0)])
+
+
+def _covered_per_step(rows: pd.DataFrame) -> pd.DataFrame:
+    """rank, step, device_compute_ms: the union of `rows` per rank and step."""
+    out = [(int(rank), int(step), covered_ns(k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64)) / 1e6)
+           for (rank, step), k in rows.groupby(["rank", "step"])]
+    table = pd.DataFrame(out, columns=["rank", "step", "device_compute_ms"])
+    return table.astype({"rank": "int64", "step": "int64", "device_compute_ms": "float64"})
 
 
 DEVICE_SPANS = ("gpu:forward", "gpu:backward")
 
 
 def device_compute_spans(events: pd.DataFrame) -> pd.DataFrame:
-    spans = events[(events["kind"] == "phase") & (events["step"] >= 0)
-                   & events["name"].isin(DEVICE_SPANS) & (events["detail"] == "cuda_event")]
-    rows = [(int(rank), int(step), covered_ns(k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64)) / 1e6)
-            for (rank, step), k in spans.groupby(["rank", "step"])]
-    return pd.DataFrame(rows, columns=["rank", "step", "device_compute_ms"])
+    return _covered_per_step(events[(events["kind"] == "phase") & (events["step"] >= 0)
+                                    & events["name"].isin(DEVICE_SPANS) & (events["detail"] == "cuda_event")])
 
 
 def device_exposed_comm(kernels: pd.DataFrame) -> pd.DataFrame:

@@ -11,7 +11,7 @@ the device (a live CUDA run) is matched by its device row.
 import numpy as np
 import pandas as pd
 
-from diagnose.analysis.device_collectives import DEVICE_DETAILS
+from diagnose.analysis.device_collectives import timed_on_device
 
 KEY = ["rank", "group", "seq", "name"]
 _CODED_KEY = ["rank", "_group", "seq", "_name"]  # KEY with group and name as integer codes
@@ -68,7 +68,7 @@ def _one_row_per_call(calls: pd.DataFrame) -> pd.DataFrame:
     when the device was ready for it; how long the stream stalled behind the
     wait). The device row is the member's; the host row of the same call leaves
     the matching (it stays in the events for the host's breakdown)."""
-    device = per_distinct(calls["detail"], lambda d: d.astype(str).isin(DEVICE_DETAILS)).to_numpy(bool)
+    device = timed_on_device(calls["detail"])
     if not device.any() or device.all():
         return calls
 

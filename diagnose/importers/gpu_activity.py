@@ -84,6 +84,14 @@ def nccl_call_op(text: str) -> str | None:
     return op if op in _NCCL_CALLS else None
 
 
+def p2p_pair(op: str, rank: int, peer: int) -> tuple[str, str]:
+    """(group, group_ranks) of a send or recv between rank and peer, as a
+    native run names them (collectors/instrument/collectives.py): "SRC->DST",
+    "SRC,DST", so that the n-th message of a pair meets its partner."""
+    src, dst = (rank, peer) if op == "send" else (peer, rank)
+    return f"{src}->{dst}", f"{src},{dst}"
+
+
 def tensor_bytes(dims, types) -> int:
     """The bytes of a call's tensors from a profiler op's "Input Dims" and
     "Input type" ([[19618307]], ["float"]); 0 where they say nothing usable.

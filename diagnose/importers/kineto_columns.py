@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from collectors.schema import COMMUNICATION, EVENT_COLUMNS, EVENT_FIELDS, EVENT_SCHEMA, arrow_array, event_row
 from diagnose.importers.gpu_activity import (DTYPE_BYTES, as_int, collective_op, kernel_class, launching_ranges,
-                                             ranks_string)
+                                             p2p_pair, ranks_string)
 from diagnose.importers.run_writer import assign_steps
 
 _NUMPY_DTYPES = {pa.int32(): np.int32, pa.int64(): np.int64, pa.bool_(): np.bool_}
@@ -205,8 +205,7 @@ def _collective_blocks(gpu, kernels: dict, start_order: np.ndarray, world_size: 
             op, group, group_ranks = _collective_names(*key, streams, world)
         peer = _p2p_peer(op, a, rank)
         if peer >= 0:
-            src, dst = (rank, peer) if op == "send" else (peer, rank)
-            group, group_ranks = f"{src}->{dst}", f"{src},{dst}"
+            group, group_ranks = p2p_pair(op, rank, peer)
         seq = as_int(a.get("Seq", a.get("seq")))
         call = ("seq", seq) if seq >= 0 else ("range", r) if r >= 0 else None
         previous = last_call.get(group)

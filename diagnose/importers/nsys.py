@@ -48,7 +48,7 @@ import numpy as np
 
 from collectors.schema import COMMUNICATION, KINDS, MEMORY
 from diagnose.errors import UserError
-from diagnose.importers.gpu_activity import collective_op, kernel_class, launching_ranges, nccl_call_op
+from diagnose.importers.gpu_activity import collective_op, kernel_class, launching_ranges, nccl_call_op, p2p_pair
 from diagnose.importers.run_writer import RunDirWriter, assign_steps, clock_meta
 
 NVTX_RANGE_TYPES = (59, 60)      # NvtxPushPopRange, NvtxStartEndRange
@@ -253,8 +253,7 @@ class Export:
                 op = collective_op(None, name)
             kind, members, detail = "collective", world, "gpu:order"
             if peer >= 0 and rank >= 0:  # a send/recv to a known peer: matched as the pair's n-th message
-                src, dst = (rank, peer) if op == "send" else (peer, rank)
-                kind, group, members, detail = "p2p", f"{src}->{dst}", f"{src},{dst}", "gpu"
+                (group, members), kind, detail = p2p_pair(op, rank, peer), "p2p", "gpu"
             else:
                 peer = -1
             group = group or f"nccl:comm{streams.index(stream)}"

@@ -23,7 +23,7 @@ idle is measured, so no count rule); reported from DEVICE_MIN_FRAC of the step.
 """
 import pandas as pd
 
-from diagnose.analysis.device_collectives import DEVICE_DETAILS
+from diagnose.analysis.device_collectives import timed_on_device
 from diagnose.analysis.findings import Finding
 from diagnose.analysis.matching import as_str
 from diagnose.analysis.per_rank import started_inside
@@ -50,7 +50,7 @@ def _candidates(ctx):
     kind, detail = as_str(events["kind"]), as_str(events["detail"])
     calls = events[(kind == "collective") & (events["bytes"] <= SMALL_BYTES)
                    & (as_str(events["callsite"]) != "") & ~detail.str.startswith("ddp")
-                   & ~detail.isin(DEVICE_DETAILS)]  # a live CUDA run's device rows: the host's are here
+                   & ~timed_on_device(events["detail"])]  # a live CUDA run's device rows: the host's are here
     syncs = events[(kind == "sync") & (detail == "cuda")]
     windows = events[events["kind"].isin(["forward", "backward"])]
     found = pd.concat([calls[~started_inside(calls, windows)], syncs[started_inside(syncs, windows)]])
