@@ -64,6 +64,7 @@ class Recorder:
         self.progress: dict = {"step": 0, "steps_done": 0, "last_step_ms": None, "events_total": 0,
                                "recent_steps": []}
         self.dump_providers: list = []  # callables -> dict, merged into a watchdog dump
+        self.close_hooks: list = []     # callables run once at close, before the last flush
         self._writer = PartWriter(rank_dir, live=True) if rank_dir else None
         self.active = self._writer is not None  # an attribute, not a property: read by every phase
         self._flush_lock = threading.Lock()  # serialises writers, never taken on the hot path
@@ -234,6 +235,11 @@ class Recorder:
         if self._writer is None:
             return
         self._stop.set()
+        for hook in self.close_hooks:
+            try:
+                hook()
+            except Exception as exc:
+                self.record_error("close", exc)
         self.flush()
         with self._flush_lock:
             self._writer.compact()  # a clean exit: one file per rank, not one per flush

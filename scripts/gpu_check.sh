@@ -3,15 +3,25 @@
 #   1. a single-rank NCCL run of the reference trainer under `diagnose run
 #      --torch-profiler 3-4`: profiler kernels imported, temporal breakdown,
 #      NVML samples, CUDA-event spans, sync-debug events;
-#   2. a 1-rank NCCL script of sync and async all-reduces: their device rows
-#      (CUDA events, collective_events.py) and the clock anchors;
+#   2. a 1-rank NCCL script of sync and async all-reduces under
+#      `--torch-profiler 3-4`: their device rows (CUDA events,
+#      collective_events.py) and the clock anchors; (a) in steps 3-4 each
+#      device row agrees with the profiler's NCCL kernel of the same call
+#      within the mapping bound (the largest anchor residual + 50 us);
+#   4. (b) the cuda*Synchronize calls of the training thread in a profiler
+#      window of a 1-rank DDP script: the same count with and without
+#      `diagnose run` (device events add no host sync);
 #      a 2-rank gloo run on CUDA tensors (both ranks on GPU 0): collectives
 #      matched, no device rows (gloo's work is the host's), NVML on both ranks;
 #   3. with nsys on PATH: `diagnose run --nsys`, export, import.
 # Prints one line per check and exits non-zero if any failed.
+# Runs where only torch, pyarrow, pandas, numpy, typer, rich and nvidia-ml-py are
+# installed (no mlflow, plotly, nvtx, msgspec, orjson): runs use --no-analyze and
+# the checks read the runs with diagnose.load; PYTHON picks the interpreter
+# (default: .venv/bin/python, else python3).
 set -u
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
+if [ -x .venv/bin/python ]; then PY=${PYTHON:-.venv/bin/python}; else PY=${PYTHON:-python3}; fi
 DIAG=("$PY" -m diagnose)
 T=$(mktemp -d /tmp/gpu_check.XXXXXX)
 export OMP_NUM_THREADS=1 DIAGNOSE_NVML_INTERVAL_S=0.2
@@ -42,16 +52,50 @@ cat > "$T/nccl_calls.py" <<'PYEOF'
 import torch, torch.distributed as dist
 dist.init_process_group("nccl")
 torch.cuda.set_device(0)
+model = torch.nn.Linear(4096, 4096, bias=False).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=1e-6)
 x = torch.randn(4096, 4096, device="cuda")
 for step in range(8):
-    y = x @ x                                   # compute queued ahead of the collectives
+    y = model(x)                                # compute queued ahead of the collectives
+    y.sum().backward()
+    y = y.detach()
     dist.all_reduce(y)                          # synchronous: device rows "gpu"
-    work = dist.all_reduce(y, async_op=True)    # async, waited at once: "gpu:wait"
+    work = dist.all_reduce(y, async_op=True)    # async, waited at once: "gpu:nccl" (NCCL timing) or "gpu:wait"
     work.wait()
+    opt.step(); opt.zero_grad()
 print("done", float(y.sum()))
 dist.destroy_process_group()
 PYEOF
-"${DIAG[@]}" run --out "$T/nccl_calls" --no-analyze -- \
+cat > "$T/sync_count.py" <<'PYEOF'
+import json, threading, torch, torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
+dist.init_process_group("nccl")
+torch.cuda.set_device(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2048, 2048).cuda())
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x = torch.randn(256, 2048, device="cuda")
+def step():
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step(); opt.zero_grad()
+    return loss.item()                          # the job's own sync, one per step
+for _ in range(5):
+    step()
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    for _ in range(5):
+        step()
+main = threading.get_native_id()
+syncs = [e for e in prof.events() if "Synchronize" in e.name]
+print("SYNCS " + json.dumps({"main": sum(e.thread == main for e in syncs), "all": len(syncs),
+                             "names": sorted({e.name for e in syncs})}))
+dist.destroy_process_group()
+PYEOF
+"$PY" -m torch.distributed.run --standalone --nproc-per-node 1 "$T/sync_count.py" \
+    > "$T/sync_plain.log" 2>&1 || { echo "gpu_check: FAIL sync count, plain (see $T/sync_plain.log)"; fail=1; }
+"${DIAG[@]}" run --out "$T/sync_count" --no-analyze -- \
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 "$T/sync_count.py" \
+    > "$T/sync_diag.log" 2>&1 || { echo "gpu_check: FAIL sync count, under diagnose (see $T/sync_diag.log)"; fail=1; }
+"${DIAG[@]}" run --out "$T/nccl_calls" --torch-profiler 3-4 --no-analyze -- \
     "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 "$T/nccl_calls.py" \
     > "$T/nccl_calls.log" 2>&1 || { echo "gpu_check: FAIL nccl calls run (see $T/nccl_calls.log)"; fail=1; }
 
@@ -88,7 +132,7 @@ try:
     a = g.arrivals()
     check("gloo/CUDA: collectives matched on 2 ranks", len(a) > 0 and (a["members"] == 2).all(), f"({len(a)} arrivals)")
     ev = g.events()
-    gpu = ev[ev["detail"].astype(str).isin(["gpu", "gpu:wait"])]
+    gpu = ev[ev["detail"].astype(str).isin(["gpu", "gpu:wait", "gpu:nccl"])]
     check("gloo/CUDA: no device rows for gloo (its work is the host's)", len(gpu) == 0, f"({len(gpu)})")
     s = g.samples()
     check("gloo/CUDA: NVML samples on both ranks", set(s[s["metric"] == "gpu_util_pct"]["rank"]) == {0, 1})
@@ -97,18 +141,49 @@ except Exception as exc:
 try:
     n = diagnose.load(f"{T}/nccl_calls", warn=lambda m: None)
     ev = n.events()
-    dev = ev[ev["detail"].astype(str).isin(["gpu", "gpu:wait"])]
+    dev = ev[ev["detail"].astype(str).isin(["gpu", "gpu:wait", "gpu:nccl"])]
     kinds = dev.groupby([dev["kind"].astype(str), dev["detail"].astype(str)]).size().to_dict()
+    async_rows = kinds.get(("collective", "gpu:wait"), 0) + kinds.get(("collective", "gpu:nccl"), 0)
     check("nccl calls: device rows, sync and async", kinds.get(("collective", "gpu"), 0) >= 6
-          and kinds.get(("collective", "gpu:wait"), 0) >= 6 and kinds.get(("done", "gpu"), 0) >= 6, str(kinds))
+          and async_rows >= 6 and kinds.get(("done", "gpu"), 0) >= 6, str(kinds))
     calls = n.collectives()
     lag = (calls["exit_ns"] - calls["issue_ns"]) / 1e6
     check("nccl calls: each ends after it arrives on the device", bool((lag >= 0).all()),
           f"(ms: median {lag.median():.3f}, max {lag.max():.3f})")
     anchors = n.rank_meta[0].get("gpu", {}).get("clock_anchors", [])
     check("nccl calls: clock anchors with residual", len(anchors) >= 1, str(anchors[:2]))
+    # (a) device rows against the profiler's NCCL kernels of the same calls (steps 3-4)
+    bound_ns = max([a["residual_ns"] for a in anchors] or [0]) + 50_000
+    k = n.kernels()
+    k = k[(k["kind"] == "communication") & k["step"].isin([3, 4])].sort_values("start_ns")
+    rows = ev[ev["detail"].astype(str).isin(["gpu", "gpu:wait", "gpu:nccl"]) & ev["step"].isin([3, 4])]
+    arrive = rows[rows["kind"].astype(str) == "collective"].sort_values("start_ns")
+    done = rows[rows["kind"].astype(str) == "done"].sort_values("start_ns")
+    pairs = list(zip(arrive.itertuples(), done.itertuples(), k.itertuples()))
+    err_us = []
+    for a, d, kern in pairs:   # arrival <= kernel start (+bound); end ~ kernel end (an upper bound for gpu:wait)
+        late_start = (a.start_ns - kern.start_ns) / 1e3
+        end_off = (d.start_ns - kern.end_ns) / 1e3
+        exact = str(d.detail) != "gpu:wait"
+        err_us.append((str(d.detail), round(late_start, 1), round(end_off, 1)))
+        if late_start > bound_ns / 1e3 or end_off < -bound_ns / 1e3 or (exact and end_off > bound_ns / 1e3):
+            err_us[-1] += ("OUT",)
+    check("nccl calls: (a) device rows agree with the profiler's kernels", len(pairs) == 4 and len(k) == 4
+          and not any(len(e) == 4 for e in err_us),
+          f"(bound {bound_ns / 1e3:.0f} us; detail, arrival-kernel start, end-kernel end in us: {err_us})")
 except Exception as exc:
     check("nccl calls: load", False, repr(exc))
+import json, re
+def syncs(log):
+    try:
+        m = re.search(r"^SYNCS (.*)$", open(log).read(), re.M)
+        return json.loads(m.group(1)) if m else None
+    except OSError:
+        return None
+plain, under = syncs(f"{T}/sync_plain.log"), syncs(f"{T}/sync_diag.log")
+check("sync count: (b) training thread's cuda*Synchronize the same with and without diagnose",
+      plain is not None and under is not None and plain["main"] >= 5 and plain["main"] == under["main"],
+      f"(plain {plain}, under diagnose {under})")
 sys.exit(1 if failed else 0)
 PYEOF
 

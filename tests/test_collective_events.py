@@ -56,10 +56,23 @@ class Tensor:
     def numel(self):
         return 1024
 
+    def mul_(self, factor):
+        self.scaled_by = factor
+        return self
+
 
 class Work:
+    timing = False   # TORCH_NCCL_ENABLE_TIMING in the process group
+
     def __init__(self, kernel_ms):
-        self.kernel_ms = kernel_ms
+        self.kernel_ms, self.end_ms = kernel_ms, FakeGPU.nccl_end_ms
+
+    def _get_duration(self):  # ms between NCCL's own start and end events of the kernel
+        if not self.timing:
+            raise RuntimeError("getDuration only works if timing was enabled")
+        if FakeGPU.now_ms < self.end_ms:   # cudaEventElapsedTime on an unfinished event
+            raise RuntimeError("CUDA error: device not ready")
+        return self.kernel_ms
 
     def wait(self, timeout=None):  # the current stream now waits for the NCCL stream
         FakeGPU.queue_end_ms = max(FakeGPU.queue_end_ms, FakeGPU.nccl_end_ms)
@@ -95,12 +108,12 @@ def traced(monkeypatch):
         FakeGPU.nccl_end_ms = max(FakeGPU.nccl_end_ms, FakeGPU.queue_end_ms, FakeGPU.now_ms) + 3.0
         return Work(3.0)
     monkeypatch.setattr(Work, "wait", collectives._wrap_wait(tracker, Work.wait))
-    return dict(rec=rec, timer=timer, host=host, anchors=anchors,
+    return dict(rec=rec, timer=timer, host=host, anchors=anchors, tracker=tracker,
                 all_reduce=collectives._wrap_collective(tracker, "all_reduce", all_reduce))
 
 
 def _device_rows(rec):
-    return [r for r in rec.events if r[14] in ("gpu", "gpu:wait")]
+    return [r for r in rec.events if r[14] in ("gpu", "gpu:wait", "gpu:nccl")]
 
 
 def test_device_rows_come_from_event_times_through_the_anchor(traced):
@@ -134,6 +147,33 @@ def test_device_rows_come_from_event_times_through_the_anchor(traced):
     assert device[0][11] == 4096 and device[1][11] == 0
 
 
+@pytest.mark.parametrize("group_timed", [True, False])
+def test_nccl_timing_narrows_an_async_end_to_its_kernel(traced, monkeypatch, group_timed):
+    """TORCH_NCCL_ENABLE_TIMING on: two async all-reduces queued back to back
+    run 100-103 and 103-106 on the group's NCCL stream; the host waits for
+    both after 10 ms of queued compute (the events' bound: 110). NCCL's
+    durations put their ends at 103 and 106 (detail gpu:nccl); a group whose
+    work has no timing keeps the bound (gpu:wait)."""
+    rec, timer, tracker, all_reduce = traced["rec"], traced["timer"], traced["tracker"], traced["all_reduce"]
+    tracker.device.nccl_timing = True
+    monkeypatch.setattr(Work, "timing", group_timed)
+    timer.poll()
+    works = [all_reduce(Tensor(), async_op=True) for _ in range(2)]
+    _queue(10.0)
+    for work in works:
+        work.wait()
+    FakeGPU.now_ms = 200.0
+    for row in timer.poll():
+        rec.add(row)
+    ends = [(r[9], r[2] // MS - 10_000, r[14]) for r in _device_rows(rec) if r[0] == "done"]
+    stalls = [(r[2] // MS - 10_000, r[3] // MS - 10_000) for r in rec.events if r[0] == "wait" and r[14]]
+    if group_timed:
+        assert ends == [(0, 3, "gpu:nccl"), (1, 6, "gpu:nccl")]
+    else:
+        assert ends == [(0, 10, "gpu:wait"), (1, 10, "gpu:wait")]
+    assert stalls == [(10, 10), (10, 10)]   # the compute stream never stalled: both were over
+
+
 def test_the_anchor_is_renewed_with_its_residual_and_the_drift_recorded(traced):
     timer, host, anchors = traced["timer"], traced["host"], traced["anchors"]
     timer.poll()
@@ -143,6 +183,89 @@ def test_the_anchor_is_renewed_with_its_residual_and_the_drift_recorded(traced):
     FakeGPU.now_ms += REANCHOR_S * 1e3
     timer.poll()
     assert len(anchors) == 2 and anchors[1][2] == 1 * MS
+
+
+class Future:
+    """torch.futures.Future as a CUDA work's future: `then` calls back inline (NCCL
+    marks it completed once the work is queued), "with some dedicated streams set
+    as current (fetched from a global pool) which will be synchronized with those
+    kernels" (torch.futures.Future.then): an idle stream that waits for NCCL's."""
+
+    def __init__(self, value):
+        self._value = value
+
+    def then(self, callback):
+        current = FakeGPU.queue_end_ms
+        FakeGPU.queue_end_ms = max(FakeGPU.nccl_end_ms, FakeGPU.now_ms)   # the pool stream
+        try:
+            return Future(callback(self))
+        finally:
+            FakeGPU.queue_end_ms = current
+
+    def value(self):
+        return self._value
+
+
+class GradBucket:   # torch.distributed.GradBucket, as a comm hook receives it
+    def __init__(self, index, tensor):
+        self._index, self._tensor = index, tensor
+
+    def index(self):
+        return self._index
+
+    def buffer(self):
+        return self._tensor
+
+
+class ProcessGroup:
+    def size(self):
+        return 2
+
+
+def test_ddp_bucket_completion_comes_from_an_event_not_the_callback(traced, monkeypatch, tmp_path):
+    """DDP's comm hook on CUDA: NCCL calls the future back as soon as the bucket's
+    all-reduce is queued, so the host's done row says nothing of the device; the
+    event recorded in the callback, on the stream torch made wait for the
+    all-reduce, completes when the all-reduce ends on the device."""
+    from collectors.instrument import ddp
+    rec, timer, tracker = traced["rec"], traced["timer"], traced["tracker"]
+    pg = ProcessGroup()
+    monkeypatch.setattr(tracker, "group_info", lambda group: (pg, "0", "0,1", False))
+    monkeypatch.setattr(collectives, "TRACKER", tracker)
+    monkeypatch.setattr(ddp, "now_ns", lambda: traced["host"][0])   # the host clock the anchor reads
+    called = []
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):   # c10d's, not our wrapper
+        called.append((tensor.scaled_by, group, async_op))
+        FakeGPU.nccl_end_ms = max(FakeGPU.nccl_end_ms, FakeGPU.queue_end_ms, FakeGPU.now_ms) + 3.0
+        work = Work(3.0)
+        work.get_future = lambda: Future([tensor])
+        return work
+
+    hook = ddp.bucket_timing_hook(all_reduce)
+    state = ddp._HookState(type("Module", (), {"process_group": pg})())
+    timer.poll()                               # anchor: GPU 100 ms <-> host 10 s
+    _queue(5.0)                                # bucket 0's gradients: ready on the device at 105 ms
+    bucket = Tensor()
+    assert hook(state, GradBucket(0, bucket)).value() is bucket   # DDP gets the reduced bucket back
+    _queue(5.0)                                # the rest of the backward: bucket 1 ready at 110 ms
+    hook(state, GradBucket(1, Tensor()))
+    assert called == [(0.5, pg, True)] * 2     # scaled by 1/world, async, on the module's group
+    FakeGPU.now_ms = 200.0
+    for row in timer.poll():
+        rec.add(row)
+    host_done = [r[2] // MS - 10_000 for r in rec.events if r[0] == "done" and r[14].startswith("ddp")]
+    assert host_done == [0, 0]                 # the callbacks: at the host time of queuing
+    rows = [(r[0], r[9], r[2] // MS - 10_000) for r in _device_rows(rec)]
+    assert rows == [("collective", 0, 5), ("done", 0, 8), ("collective", 1, 10), ("done", 1, 13)]
+    assert {r[14] for r in _device_rows(rec)} == {"gpu"}   # the end is the device's (exact)
+    # the matching takes each bucket's call and completion from its device rows
+    writer = RunDirWriter(str(tmp_path / "run"), "test", [])
+    for rank in (0, 1):
+        writer.write_rank(rank, sorted(rec.events, key=lambda r: r[2]), {"world_size": 2, "clock": clock_meta()})
+    calls = load_run(writer.finish()).collectives()
+    assert len(calls) == 4 and set(calls["detail"]) == {"gpu"}
+    assert ((calls["done_ns"] - calls["issue_ns"]) / MS).tolist() == [3.0] * 4
 
 
 def test_a_live_cuda_straggler_is_judged_on_its_device_rows_and_spans(tmp_path):

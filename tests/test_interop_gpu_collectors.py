@@ -294,3 +294,63 @@ def test_torch_profiler_window_over_steps(tmp_path):
     for bad in ("12-10", "a-b", "", "-3"):
         with pytest.raises(ValueError):
             parse_window(bad)
+
+
+def test_cuda_event_spans_bracket_forward_backward_and_every_optimizer(tmp_path):
+    """cuda_events' own hooks, in a fresh process with CUDA faked where the code
+    asks for it (torch.backends.cuda.is_built, torch.cuda.is_available / Event /
+    Stream / is_current_stream_capturing): two training steps of two optimizers
+    give a gpu:forward, gpu:backward and gpu:optimizer span each, and a gpu:step
+    from the first forward to the primary optimizer's step, then between its
+    steps. The poller never runs (a 1000 s interval): the last poll at exit
+    resolves what the device has finished, and counts, without waiting, what it
+    has not (the last step's optimizers). No event but the anchor is ever
+    waited for (the fake refuses it)."""
+    code = """
+import glob, json, sys, torch, pyarrow.parquet as pq
+class Event:
+    clock, done_until = [0.0], [float("inf")]
+    def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+        self.t_ms, self.stream = None, None
+    def record(self, stream=None):
+        Event.clock[0] += 1.0
+        self.t_ms, self.stream = Event.clock[0], stream
+    def query(self):
+        return self.t_ms is not None and (self.stream == "side" or self.t_ms <= Event.done_until[0])
+    def synchronize(self):
+        assert self.stream == "side", "a device sync outside the anchor"
+    def elapsed_time(self, end_event):
+        return end_event.t_ms - self.t_ms
+torch.backends.cuda.is_built = lambda: True
+torch.cuda.is_available = lambda: True
+torch.cuda.Event, torch.cuda.Stream = Event, lambda *a, **k: "side"
+torch.cuda.is_current_stream_capturing = lambda: False
+from collectors.recorder import Recorder
+from collectors.instrument import forward_backward, cuda_events
+rec = Recorder(sys.argv[1])
+forward_backward.install(rec)
+cuda_events.install(rec)
+lin, head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+opts = [torch.optim.SGD(lin.parameters(), lr=0.1), torch.optim.SGD(head.parameters(), lr=0.1)]
+for step in range(2):
+    head(lin(torch.randn(2, 4))).sum().backward()
+    if step == 1:
+        Event.done_until[0] = Event.clock[0]   # the device has not reached the last optimizer steps
+    for opt in opts:
+        opt.step()
+    rec.state.step += 1
+rec.close()
+names = [n for f in glob.glob(sys.argv[1] + "/events*.parquet") for n, d in
+         zip(*pq.read_table(f, columns=["name", "detail"]).to_pydict().values()) if d == "cuda_event"]
+print(sorted(names), rec.meta["gpu"]["pending_at_exit"], rec.errors)
+"""
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "rank-00000")], cwd=REPO,
+                          capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "RANK": "0", "LOCAL_RANK": "0",
+                               "PYTHONPATH": str(REPO), "DIAGNOSE_CUDA_EVENTS_POLL_S": "1000"})
+    assert proc.returncode == 0, proc.stderr
+    # lin and head are both outermost calls; Tensor.backward's call of
+    # torch.autograd.backward is the same backward; step 1's optimizers and the
+    # gpu:step they end are still on the device at exit: 3 pairs counted
+    names = ["gpu:backward"] * 2 + ["gpu:forward"] * 4 + ["gpu:optimizer"] * 2 + ["gpu:step"]
+    assert proc.stdout.strip() == f"{names} 3 []"

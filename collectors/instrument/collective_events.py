@@ -14,7 +14,12 @@ time as it does imported GPU traces (diagnose/analysis/device_collectives.py).
              Async call: an event recorded when the host calls Work.wait()
              (after it, the current stream waits for the NCCL stream): an
              upper bound, as late as the host waited and behind whatever the
-             current stream had queued by then. Detail "gpu:wait".
+             current stream had queued by then. Detail "gpu:wait". Where
+             TORCH_NCCL_ENABLE_TIMING is on (diagnose run sets it), NCCL's
+             own kernel duration (Work._get_duration()) narrows it: detail
+             "gpu:nccl", see _waited_rows.
+             DDP's buckets: an event recorded in the future's callback, on the
+             stream torch made wait for the all-reduce (ddp.py). Detail "gpu".
     stall    async call: a "wait" row from an event recorded right before
              Work.wait() (where the current stream was) to that end: how long
              the stream stalled behind the wait (blocking_async reads it).
@@ -34,11 +39,13 @@ change the graph).
 class CollectiveEvents:
     """What collectives.Tracker calls around each collective when CUDA is in use."""
 
-    def __init__(self, timer, ready, capturing):
+    def __init__(self, timer, ready, capturing, nccl_timing=False):
         self.timer = timer            # cuda_events.CudaEventTimer
         self.ready = ready            # () -> bool: CUDA usable, the poller running
         self.capturing = capturing    # () -> bool: the current stream is being graph-captured
-        self.by_work: dict = {}       # id(work) -> arrival event of async work not yet waited
+        self.nccl_timing = nccl_timing  # TORCH_NCCL_ENABLE_TIMING: Work._get_duration() answers
+        self.by_work: dict = {}       # id(work) -> [(arrival event, host row, work or None)]
+        self.stream_end_ns: dict = {}  # (group, peer) -> modelled end of its NCCL stream's last kernel
 
     def mark(self, tensor, is_gloo: bool):
         """Before the call: its arrival event, or None when not timed."""
@@ -53,9 +60,20 @@ class CollectiveEvents:
         if work is None:
             self._finish(arrival, row, "gpu")
         else:
-            self.by_work.setdefault(id(work), []).append((arrival, row))
+            # with NCCL's timing the work is kept until its events are read (its
+            # tensors live up to one poll interval longer); else only its id
+            held = work if self.nccl_timing else None
+            self.by_work.setdefault(id(work), []).append((arrival, row, held))
             if len(self.by_work) > 65536:  # work never waited: forget rather than grow
                 self.by_work.clear()
+
+    def completed(self, arrival, row) -> None:
+        """From a CUDA future's callback (DDP's bucket hook): the callback runs
+        on a stream that was made to wait for the work's end events, so an
+        event recorded there completes when the communication is over, not
+        when the host was called back (NCCL calls back when it has queued)."""
+        if arrival is not None:
+            self._finish(arrival, row, "gpu")
 
     def before_wait(self, work):
         """Right before Work.wait(): where the current stream is (an event), if
@@ -66,11 +84,31 @@ class CollectiveEvents:
 
     def waited(self, work, before, callsite: str) -> None:
         """Right after Work.wait() returned on the host."""
-        for arrival, row in self.by_work.pop(id(work), ()):
+        for arrival, row, held in self.by_work.pop(id(work), ()):
             if before is None or self.capturing():
                 continue
-            self.timer.finish(arrival, row, rows_of=lambda t0, t1, row=row: device_rows(row, t0, t1, "gpu:wait"))
+            self.timer.finish(arrival, row, rows_of=lambda t0, t1, row=row, held=held: self._waited_rows(
+                row, t0, t1, held))
             self.timer.finish(before, row, rows_of=lambda t0, t1, row=row: [stall_row(row, t0, t1, callsite)])
+
+    def _waited_rows(self, row, arrival_ns: int, bound_ns: int, work) -> list:
+        """Async work's rows once its end event completed. With NCCL's own
+        timing: its kernel starts when its NCCL stream (one per group, and per
+        peer for sends/receives) reaches it, the arrival or the end of that
+        stream's previous kernel, and lasts Work._get_duration(); never past
+        the wait's bound. Detail "gpu:nccl". Without: the bound, "gpu:wait"."""
+        if work is not None:
+            try:
+                duration_ns = int(work._get_duration() * 1e6)
+            except Exception:  # timing off for this group, or not NCCL's work
+                duration_ns = -1
+            if duration_ns >= 0:
+                key = (row[7], row[10])
+                start_ns = max(arrival_ns, self.stream_end_ns.get(key, arrival_ns))
+                end_ns = min(bound_ns, start_ns + duration_ns)
+                self.stream_end_ns[key] = end_ns
+                return device_rows(row, arrival_ns, end_ns, "gpu:nccl")
+        return device_rows(row, arrival_ns, bound_ns, "gpu:wait")
 
     def _finish(self, arrival, row, detail: str) -> None:
         if self.capturing():

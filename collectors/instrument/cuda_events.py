@@ -16,7 +16,8 @@ waited for right away (it runs at once, so the user's queue is never waited on),
 paired with the host clock read when it completes; the poller renews it every
 60 s against drift; each anchor's residual (the host interval that brackets
 it) and drift (against the previous anchor) go to meta.json, gpu.clock_anchors.
-Rows: kind "phase", name "gpu:<span>" (gpu:step, gpu:forward, gpu:backward),
+Rows: kind "phase", name "gpu:<span>" (gpu:step, gpu:forward, gpu:backward,
+gpu:optimizer: every optimizer's step, from its pre- to its post-hook),
 detail "cuda_event", which the breakdown ignores, so nothing is counted twice;
 and the collectives' device rows (detail "gpu" / "gpu:wait").
 
@@ -128,11 +129,11 @@ def install(rec):
     if not torch.backends.cuda.is_built():
         gpu_unavailable(rec, "cuda_events", "CPU-only torch build")
         return
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     from collectors.instrument.forward_backward import on_outermost_forward
     st = rec.state
-    state = {"on": None, "fwd": None, "step_ev": None, "primary": None}
+    state = {"on": None, "fwd": None, "step_ev": None, "primary": None, "opt": {}}
     anchors = rec.meta.setdefault("gpu", {}).setdefault("clock_anchors", [])
 
     def on_anchor(host_ns, residual_ns, drift_ns):
@@ -160,7 +161,17 @@ def install(rec):
                     rec.add(row)
             except Exception as exc:
                 rec.record_error("cuda_events", exc)
+                state["on"] = False
                 return
+
+    def last_poll():
+        """At exit: what the device finished since the last poll, still without
+        waiting for it; what it has not finished is counted, not waited for."""
+        if state["on"]:
+            for row in timer.poll():
+                rec.add(row)
+            rec.meta["gpu"]["pending_at_exit"] = len(timer.pending)
+            rec.meta["gpu"]["dropped_event_pairs"] = timer.dropped
 
     # the outermost forward, from forward_backward's Module.__call__ wrapper (global
     # module hooks would put every module call on PyTorch's slow path)
@@ -181,7 +192,17 @@ def install(rec):
         except Exception as exc:
             rec.record_error("cuda_events", exc)
 
+    def step_pre(optimizer, args, kwargs):
+        try:
+            if ready():
+                state["opt"][id(optimizer)] = timer.start()
+        except Exception as exc:
+            rec.record_error("cuda_events", exc)
+
     def step_post(optimizer, args, kwargs):
+        opt_ev = state["opt"].pop(id(optimizer), None)
+        if opt_ev is not None:  # every optimizer's step: its kernels on the current stream
+            timer.finish(opt_ev, _row("optimizer", st))
         if state["primary"] is None:
             state["primary"] = id(optimizer)
         if id(optimizer) != state["primary"] or not ready():
@@ -193,23 +214,25 @@ def install(rec):
             timer.finish(start_ev, row[:4] + (step,) + row[5:])
         state["step_ev"] = (ev, st.step)
 
+    rec.close_hooks.append(last_poll)
     on_outermost_forward(forward_start, forward_end)
+    register_optimizer_step_pre_hook(step_pre)
     register_optimizer_step_post_hook(step_post)
-    torch.Tensor.backward = _timed(torch.Tensor.backward, "backward", timer, ready, st, lambda a, k: True)
-    torch.autograd.backward = _timed(torch.autograd.backward, "backward", timer, ready, st,
-                                     lambda a, k: True)
+    depth = [0]  # Tensor.backward calls torch.autograd.backward: one span, the outermost
+    torch.Tensor.backward = _timed(torch.Tensor.backward, "backward", timer, ready, st, depth)
+    torch.autograd.backward = _timed(torch.autograd.backward, "backward", timer, ready, st, depth)
     from collectors.instrument import collectives
     from collectors.instrument.collective_events import CollectiveEvents
     if collectives.TRACKER is not None:  # device rows of collectives (collective_events.py)
-        collectives.TRACKER.device = CollectiveEvents(timer, ready, torch.cuda.is_current_stream_capturing)
+        nccl_timing = os.environ.get("TORCH_NCCL_ENABLE_TIMING", "0").strip().lower() in ("1", "true", "yes", "y")
+        collectives.TRACKER.device = CollectiveEvents(timer, ready, torch.cuda.is_current_stream_capturing,
+                                                      nccl_timing)
 
 
-def _timed(orig, name, timer, ready, st, applies):
-    depth = [0]
-
+def _timed(orig, name, timer, ready, st, depth):
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
-        if depth[0] or not applies(args, kwargs) or not ready():
+        if depth[0] or not ready():
             return orig(*args, **kwargs)
         depth[0] += 1
         try:

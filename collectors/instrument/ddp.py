@@ -17,7 +17,12 @@ Two ways, chosen per DDP module when it is constructed:
   construction. It does what the built-in path does (scale the bucket by
   1/world, all-reduce by sum; multiplying by the reciprocal as the reducer does
   keeps gradients bitwise identical) and records each bucket as an async
-  all-reduce. (The CUDA timer's timestamps would need event syncs.) If the user
+  all-reduce. On CUDA each bucket also gets device rows (collective_events.py):
+  an event before the all-reduce (the bucket ready on the device) and one in
+  the future's callback, which torch runs on a stream made to wait for the
+  all-reduce, so its completion is the device's, not the callback's host time
+  (NCCL calls back as soon as the work is queued). (The CUDA timer's
+  timestamps would need event syncs.) If the user
   later registers a hook of their own, ours delegates to theirs instead of
   failing DDP's register-once check; their collectives are recorded by the
   collectives instrumentor.
@@ -83,6 +88,37 @@ def _uses_timer(module) -> bool:
         and hasattr(module, "_set_ddp_runtime_logging_sample_rate") and hasattr(module, "_get_ddp_logging_data")
 
 
+def bucket_timing_hook(orig_all_reduce):
+    """The comm hook: DDP's built-in all-reduce (orig_all_reduce is c10d's,
+    not our wrapper, so the bucket is recorded once), timed per bucket."""
+
+    def timing_hook(state, bucket):
+        if state.user_hook is not None:
+            return state.user_hook(state.user_state, bucket)
+        module = state.module()
+        pg = module.process_group if module is not None else None
+        tracker = collectives.TRACKER
+        pg, group, ranks, is_gloo = tracker.group_info(pg)
+        buffer = bucket.buffer()
+        buffer.mul_(1.0 / pg.size())
+        seq = tracker.next_seq(group)
+        arrival = collectives._device_mark(tracker, buffer, is_gloo=is_gloo)
+        t0 = now_ns()
+        work = orig_all_reduce(buffer, group=pg, async_op=True)
+        t1 = now_ns()
+        row = tracker.issued("collective", "all_reduce", group, ranks, seq, -1,
+                             buffer.element_size() * buffer.numel(), "", t0, t1, work, False,
+                             detail=f"ddp bucket {bucket.index()}")
+
+        def bucket_done(fut):  # DDP needs a Python callback here anyway: it also times the bucket
+            tracker.done(row, now_ns())  # the host's view: on NCCL, when the work was queued
+            collectives._device(tracker, "completed", arrival, row)  # the device's: when it ended
+            return fut.value()[0]
+        return work.get_future().then(bucket_done)
+
+    return timing_hook
+
+
 def install(rec):
     import torch
     import torch.distributed as dist
@@ -98,28 +134,7 @@ def install(rec):
     builtin_equivalents = {"ALLREDUCE": default_hooks.allreduce_hook,
                            "FP16_COMPRESS": default_hooks.fp16_compress_hook}
 
-    def timing_hook(state, bucket):
-        if state.user_hook is not None:
-            return state.user_hook(state.user_state, bucket)
-        module = state.module()
-        pg = module.process_group if module is not None else None
-        tracker = collectives.TRACKER
-        pg, group, ranks, is_gloo = tracker.group_info(pg)
-        buffer = bucket.buffer()
-        buffer.mul_(1.0 / pg.size())
-        seq = tracker.next_seq(group)
-        t0 = now_ns()
-        work = orig_all_reduce(buffer, group=pg, async_op=True)
-        t1 = now_ns()
-        row = tracker.issued("collective", "all_reduce", group, ranks, seq, -1,
-                             buffer.element_size() * buffer.numel(), "", t0, t1, work, False,
-                             detail=f"ddp bucket {bucket.index()}")
-
-        def bucket_done(fut):  # DDP needs a Python callback here anyway: it also times the bucket
-            tracker.done(row, now_ns())
-            return fut.value()[0]
-        return work.get_future().then(bucket_done)
-
+    timing_hook = bucket_timing_hook(orig_all_reduce)
     @functools.wraps(orig_init)
     def __init__(self, *args, **kwargs):
         orig_init(self, *args, **kwargs)

@@ -32,7 +32,10 @@ WAIT_BOUND = "gpu:wait"  # a live run's async call: its end is when the host wai
 # the detail of a collective seen on the device: an NCCL kernel (diagnose.importers)
 # or a live run's CUDA events (collectors/instrument/collective_events.py)
 EXACT_END_DETAILS = ("gpu", INFERRED)   # whose end is the kernel's: members end together
-DEVICE_DETAILS = (*EXACT_END_DETAILS, WAIT_BOUND)
+# a live async call timed by NCCL (TORCH_NCCL_ENABLE_TIMING): its end modelled from
+# the kernel's duration, close to the kernel's but not used to refine clocks
+NCCL_TIMED = "gpu:nccl"
+DEVICE_DETAILS = (*EXACT_END_DETAILS, WAIT_BOUND, NCCL_TIMED)
 END_TOLERANCE_NS = 1_000_000
 _UNEQUAL_SIZES = ("all_to_all", "send_recv", "nccl")
 

@@ -27,8 +27,8 @@ device_compute(): per rank and step, the time at least one compute kernel ran
 busy time on the device, which the straggler detector compares across ranks.
 
 device_compute_spans(): the same from a live CUDA run's event spans (no
-kernels recorded): per rank and step, the union of its gpu:forward and
-gpu:backward spans (collectors/instrument/cuda_events.py), the time from the
+kernels recorded): per rank and step, the union of its gpu:forward,
+gpu:backward and gpu:optimizer spans (collectors/instrument/cuda_events.py), the time from the
 device reaching a forward's start to finishing its last kernel: an upper bound
 of the compute, as it includes what the stream waited for in between.
 
@@ -184,7 +184,7 @@ def _covered_per_step(rows: pd.DataFrame) -> pd.DataFrame:
     return table.astype({"rank": "int64", "step": "int64", "device_compute_ms": "float64"})
 
 
-DEVICE_SPANS = ("gpu:forward", "gpu:backward")
+DEVICE_SPANS = ("gpu:forward", "gpu:backward", "gpu:optimizer")
 
 
 def device_compute_spans(events: pd.DataFrame) -> pd.DataFrame:

@@ -50,7 +50,7 @@ def collectives_table(events: pd.DataFrame) -> pd.DataFrame:
                           "_name": waits["_name"], "wait_start_ns": waits["start_ns"],
                           "wait_end_ns": waits["end_ns"], "wait_callsite": as_str(waits["callsite"])})
     waits = waits.drop_duplicates(_CODED_KEY)
-    dones = events[events["kind"] == "done"]
+    dones = _one_row_per_call(events[events["kind"] == "done"])  # DDP's: the device's, not the callback's
     dones = pd.DataFrame({"rank": dones["rank"], "_group": dones["_group"], "seq": dones["seq"],
                           "_name": dones["_name"], "done_ns": dones["start_ns"]}).drop_duplicates(_CODED_KEY)
     table = calls.merge(waits, on=_CODED_KEY, how="left").merge(dones, on=_CODED_KEY, how="left")

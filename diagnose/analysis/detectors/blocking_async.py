@@ -18,7 +18,7 @@ long the compute stream stalled behind it, never how long Python waited.
 """
 import pandas as pd
 
-from diagnose.analysis.device_collectives import WAIT_BOUND
+from diagnose.analysis.device_collectives import NCCL_TIMED, WAIT_BOUND
 from diagnose.analysis.findings import Finding
 
 IMMEDIATE_NS = 500_000
@@ -53,7 +53,7 @@ def detect(ctx):
         impact_ms = float(per_rank_ms.median())
         where = ctx.relpath(site)
         ops = "/".join(sorted(at_site["name"].unique()))
-        on_device = bool((at_site["detail"] == WAIT_BOUND).all())
+        on_device = bool(at_site["detail"].isin([WAIT_BOUND, NCCL_TIMED]).all())
         what = "the compute stream stalled" if on_device else "non-overlapped waiting"
         findings.append(Finding(
             kind="blocking_async", callsite=where, ranks=sorted(int(r) for r in per_rank_ms.index),
