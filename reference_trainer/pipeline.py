@@ -30,6 +30,18 @@ class StageRunner:
         self.loss_sum = torch.zeros((), device=device)
         self.max_inflight = 0
         self.compute_s = 0.0  # forward + backward host time this step (on CUDA: to queue it)
+        # A compute fault slows the model's own forward (hooks run inside its call),
+        # as a slow part would: a trace of module calls alone, without phases, shows it.
+        self._begun = None
+        model.register_forward_pre_hook(self._compute_begins)
+        model.register_forward_hook(self._compute_ends)
+
+    def _compute_begins(self, module, args):
+        self._begun = self.faults.compute_begins()
+
+    def _compute_ends(self, module, args, output):
+        self.faults.compute_ends(self._begun)
+        self._begun = None
 
     def start_step(self, batches: list) -> None:
         self.batches = batches
@@ -46,8 +58,9 @@ class StageRunner:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def forward(self, x: torch.Tensor | None, mb: int) -> torch.Tensor:
+        self.faults.microbatch = mb  # varlen: a micro-batch's length sets its compute
         with phase("forward", microbatch=mb, stage=self.stage):
-            t0, begun = time.perf_counter(), self.faults.compute_begins()
+            t0 = time.perf_counter()
             tokens, targets = self.batches[mb] if self.batches else (None, None)
             with self._autocast():
                 y = self.model(tokens if self.first else x, targets if self.last else None)
@@ -55,7 +68,6 @@ class StageRunner:
                 self.loss_sum += y.detach()
                 # grads accumulate over micro-batches: scale so they sum to the batch mean
                 y = y / self.microbatches
-            self.faults.compute_ends(begun)
             self.compute_s += time.perf_counter() - t0
             self.faults.after_microbatch(y, self.dp_group)
         return y
@@ -64,10 +76,15 @@ class StageRunner:
                  mb: int) -> torch.Tensor | None:
         # the data-parallel all-reduce is launched from grad hooks during the last backward
         self.buckets.sync_enabled = mb == self.microbatches - 1
+        self.faults.microbatch = mb
         with phase("backward", microbatch=mb, stage=self.stage):
             t0, begun = time.perf_counter(), self.faults.compute_begins()
+            if begun is not None:
+                # the slowdown ends the backward from inside it (the engine's final
+                # callback), so that a trace of the backward call alone shows it
+                y.register_hook(lambda grad: torch.autograd.Variable._execution_engine.queue_callback(
+                    lambda: self.faults.compute_ends(begun)))
             torch.autograd.backward(y, grad_tensors=None if self.last else dy)
-            self.faults.compute_ends(begun)
             self.compute_s += time.perf_counter() - t0
         return None if x is None else x.grad
 

@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow as pa
 
 from diagnose import rundir
-from diagnose.analysis import clock_align, device_collectives
+from diagnose.analysis import clock_align, device_collectives, pipeline_topology
 from diagnose.errors import UserError
 from diagnose.rundir import rank_reader
 
@@ -73,6 +73,8 @@ class Run:
         self.t0_ns = int(self._events["start_ns"].min()) if len(self._events) else 0
         self._events["start_ns"] -= self.t0_ns
         self._events["end_ns"] -= self.t0_ns
+        # stages the job did not mark, from its sends and receives
+        self.stage_source = pipeline_topology.stamp_inferred_stages(self._events, self.warn)
         if self._samples is not None:
             self._shift(self._samples, self.offsets_ns, ("ts_ns",))
             self._samples["ts_ns"] -= self.t0_ns

@@ -45,6 +45,8 @@ def detect(ctx):
     idle_frac = (1 - per_rank["busy_ms"] / per_rank["step_ms"]).clip(lower=0.0)
     measured = float(idle_frac.mean())
     phases = events[(events["kind"] == "phase") & (events["microbatch"] >= 0)]
+    if phases.empty:  # no phases: module forwards, micro-batches inferred (pipeline_topology.py)
+        phases = events[(events["kind"] == "forward") & (events["microbatch"] >= 0)]
     phases = phases[phases["step"].isin(ctx.steady)]
     microbatches = int(phases.groupby(["rank", "step"])["microbatch"].nunique().median()) if len(phases) else 0
     if microbatches <= 0:
