@@ -15,7 +15,10 @@ from reference_trainer.scenarios import SCENARIOS
 
 def _serious(run_dir):
     findings = json.loads((run_dir / "analysis" / "findings.json").read_text())
-    return {(f["kind"], tuple(f["ranks"]), f["stage"]) for f in findings if f["severity"] != "info"}
+    # a bubble names all ranks and, as its stage, the worst rank's: which rank idles
+    # most is run-to-run noise (CI saw stage 1 marked, 0 unmarked), so not compared
+    return {(f["kind"], tuple(f["ranks"]), None if f["kind"] == "pipeline_bubble" else f["stage"])
+            for f in findings if f["severity"] != "info"}
 
 
 def _demo(name, out, phases: bool):
