@@ -235,7 +235,8 @@ class Recorder:
         if self._writer is None:
             return
         self._stop.set()
-        for hook in self.close_hooks:
+        hooks, self.close_hooks = self.close_hooks, []  # once, though atexit may close again
+        for hook in hooks:
             try:
                 hook()
             except Exception as exc:

@@ -19,7 +19,7 @@ it) and drift (against the previous anchor) go to meta.json, gpu.clock_anchors.
 Rows: kind "phase", name "gpu:<span>" (gpu:step, gpu:forward, gpu:backward,
 gpu:optimizer: every optimizer's step, from its pre- to its post-hook),
 detail "cuda_event", which the breakdown ignores, so nothing is counted twice;
-and the collectives' device rows (detail "gpu" / "gpu:wait").
+and the collectives' device rows (detail "gpu" / "gpu:wait" / "gpu:nccl").
 
 Everything is switched on at the first forward or optimizer step, when the
 script has chosen its device; on a machine without CUDA it stays off (one

@@ -135,6 +135,7 @@ def install(rec):
                            "FP16_COMPRESS": default_hooks.fp16_compress_hook}
 
     timing_hook = bucket_timing_hook(orig_all_reduce)
+
     @functools.wraps(orig_init)
     def __init__(self, *args, **kwargs):
         orig_init(self, *args, **kwargs)
