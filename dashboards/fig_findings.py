@@ -14,6 +14,7 @@ EVIDENCE = {
     "hang": ("timeline", "collectives"),
     "rank_failure": ("timeline",),
     "memory_imbalance": ("samples", "breakdown-ranks"),
+    "workload_imbalance": ("heat-busy", "heat-wait-caused", "breakdown-ranks"),
 }
 FALLBACK = ("breakdown-ranks", "timeline")
 # a finding measured on kernels is proved by the device's view, not the host's

@@ -10,13 +10,20 @@ real ones do (longer phases, extra collectives, a missing rank).
     hang:rank=R,step=K             rank R stops for good right before its first collective of step K
     crash:rank=R,step=K            rank R SIGKILLs itself at the same point
     comm_bound[:mb=N,repeat=K]     K extra N-MB all-reduces per step make communication dominate
+    varlen:spread=S[,seed=K]       each micro-batch's forward/backward takes L times as long, L drawn
+                                   uniformly in [1, 1+S] per (step, micro-batch, dp replica)
 
 On CUDA the compute faults slow the device, not the host (device_slowdown.py):
 no torch.cuda.synchronize() and no time.sleep in the step; a hung rank blocks
-on a lock that is never released. slow_input still sleeps in
+on a lock that is never released. varlen is what variable sequence lengths do
+without token-balanced packing: a micro-batch of longer sequences computes
+longer, a different replica holds the longest ones at every step, and all of a
+replica's pipeline stages (and tensor-parallel ranks) see the same micro-batch,
+so the draw is keyed by the dp replica, not the rank. slow_input still sleeps in
 Dataset.__getitem__: loading runs on the host, on CPU and CUDA alike.
 """
 import os
+import random
 import signal
 import sys
 import threading
@@ -38,6 +45,7 @@ _SCHEMA: dict[str, dict[str, tuple]] = {
     "hang": {"rank": (int, None), "step": (int, None)},
     "crash": {"rank": (int, None), "step": (int, None)},
     "comm_bound": {"mb": (float, 32.0), "repeat": (int, 1)},
+    "varlen": {"spread": (float, None), "seed": (int, 0)},
 }
 
 
@@ -65,15 +73,21 @@ def parse_fault(text: str) -> FaultSpec:
         params[key] = given.get(key, default)
     if name == "hidden_sync" and params["every"] != "microbatch":
         raise ValueError("hidden_sync supports every=microbatch only")
+    if name == "varlen" and params["spread"] < 0:
+        raise ValueError("varlen needs spread >= 0")
     return FaultSpec(name, params)
 
 
 class Faults:
     """What the faults of this run mean for this rank."""
 
-    def __init__(self, specs: list[FaultSpec], rank: int, stage: int, device: torch.device):
+    def __init__(self, specs: list[FaultSpec], rank: int, stage: int, device: torch.device,
+                 dp_rank: int | None = None):
         self.rank, self.device = rank, device
+        self.dp_rank = rank if dp_rank is None else dp_rank
         self.step = -1
+        self.microbatch = -1  # set by the StageRunner before each forward/backward
+        self.varlen: tuple[float, int] | None = None  # (spread, seed)
         self.compute_factor = 1.0
         self.slow_input_ms = 0.0
         self.hidden_sync_every_microbatch = False
@@ -100,26 +114,41 @@ class Faults:
             elif f.name == "comm_bound":
                 self.extra_allreduce_numel = int(p["mb"] * 2**20 / 4)
                 self.extra_allreduce_repeat = p["repeat"]
+            elif f.name == "varlen":
+                self.varlen = (p["spread"], p["seed"])
+
+    def length_factor(self, step: int, microbatch: int) -> float:
+        """varlen: the micro-batch's length over the shortest, the same on every rank of
+        a dp replica and on every call (forward and backward of one micro-batch agree)."""
+        if self.varlen is None:
+            return 1.0
+        spread, seed = self.varlen
+        # a string seed is hashed with SHA-512: the same draw in every process and run
+        draw = random.Random(f"varlen:{seed}:{step}:{microbatch}:{self.dp_rank}").random()
+        return 1.0 + spread * draw
 
     def compute_begins(self):
         """Call before a forward/backward's compute; hand the result to compute_ends."""
-        if self.compute_factor <= 1.0:
+        factor = self.compute_factor * self.length_factor(self.step, self.microbatch)
+        if factor <= 1.0:
             return None
         if self.device.type == "cuda":
             if self._device_slowdown is None:
-                self._device_slowdown = DeviceSlowdown(self.compute_factor)
-            return self._device_slowdown.begin()
-        return time.perf_counter()
+                self._device_slowdown = DeviceSlowdown(factor)
+            return self._device_slowdown.begin(), factor
+        return time.perf_counter(), factor
 
     def compute_ends(self, begun) -> None:
         """After the compute: the phase grows F-fold, as on a slower GPU (CUDA: a
         spin kernel on the stream, the host never waits) or a throttled host (CPU)."""
         if begun is None:
             return
+        begun, factor = begun
         if self._device_slowdown is not None:
+            self._device_slowdown.factor = factor  # varlen: this phase's own length
             self._device_slowdown.end(begun)
         else:
-            time.sleep((self.compute_factor - 1.0) * (time.perf_counter() - begun))
+            time.sleep((factor - 1.0) * (time.perf_counter() - begun))
 
     def after_microbatch(self, loss_or_activation: torch.Tensor, group) -> None:
         """The classic logging mistake: reduce the micro-batch loss and read it on the host,

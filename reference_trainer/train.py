@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(cfg.seed)
     stage, device = mesh.pp_rank, mesh.device
     precision = cfg.precision or ("bf16" if device.type == "cuda" else "fp32")
-    faults = Faults(cfg.faults, mesh.rank, stage, device)
+    faults = Faults(cfg.faults, mesh.rank, stage, device, dp_rank=mesh.dp_rank)
 
     model = build_model(cfg, mesh)
     buckets = GradBuckets(model.parameters(), group=mesh.dp_group, dp=mesh.dp, device=device,

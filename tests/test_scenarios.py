@@ -83,6 +83,13 @@ def check_fault_in_trace(name, run):
     elif name == "comm_bound":    # an extra 32 MB all-reduce per step
         calls = run.collectives()
         assert (calls["bytes"] >= 32 * 2**20).any()
+    elif name == "varlen":        # micro-batch lengths drawn in 1-7x per (step, micro-batch, rank)
+        spans = run.spans()
+        spans = spans[(spans["kind"] == "phase") & spans["name"].isin(["forward", "backward"])
+                      & spans["step"].isin(run.steady_steps())]
+        per_step = spans.groupby(["step", "rank"])["dur_ms"].sum().unstack()
+        # the slowest rank changes: at least 3 of the 4 are slowest in some step
+        assert per_step.idxmax(axis=1).nunique() >= 3, per_step
     elif name == "bubble":        # AFAB with 2 micro-batches on 4 stages
         assert run.breakdown()["pipeline_wait_ms"].median() > 0
         assert np.isfinite(run.breakdown()["step_ms"]).all()

@@ -4,6 +4,7 @@ progress) and states its signal, threshold and why in its docstring;
 run_structure holds the helpers several share (robust statistics, stages).
 run_detectors runs them in DETECTORS order."""
 
-DETECTORS = ("hang", "rank_failure", "straggler", "stage_imbalance", "pipeline_bubble",
+DETECTORS = ("hang", "rank_failure", "straggler", "workload_imbalance", "stage_imbalance",
+             "pipeline_bubble",
              "input_stall", "hidden_sync", "blocking_async", "exposed_comm", "memory_imbalance",
              "env_mismatch")

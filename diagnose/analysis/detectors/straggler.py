@@ -9,7 +9,9 @@ are used: across stages, arriving last is the schedule, not a straggler.
 Threshold: the rank must cause >= 2x the median of what its stage peers cause
 plus 0.5 ms per step (jitter makes everyone last sometimes), be the top
 waiter-maker among its peers in >= 50% of steady steps ("persistent"; 20-50%
-"intermittent"),
+"intermittent"; not when the run's micro-batches differ in work beyond jitter,
+workload_imbalance's signal: then the rank was slow on the steps its batches
+were long),
 its busy time (step minus time blocked waiting on others) must be >= 1.4x the
 median of its pipeline-stage peers' (clean 4-rank runs sharing 2 cores have
 shown up to 1.31x: the scheduler favours some ranks; a 30 ms slowdown of a
@@ -21,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analysis.detectors.run_structure import rank_stages
+from diagnose.analysis.detectors.workload_imbalance import lengths_vary
 from diagnose.analysis.findings import Finding
 
 CAUSED_RATIO = 2.0
@@ -147,6 +150,10 @@ def detect(ctx):
         busy_ratio, breakdown = _busy_ratio(ctx, top, stages, judged)
         gate = DEVICE_BUSY_RATIO if "device_compute_ms" in breakdown.columns else BUSY_RATIO
         if top_in_steps >= INTERMITTENT_FRAC and busy_ratio is not None and busy_ratio >= gate:
+            # slow only on some steps, in a run whose micro-batches differ in work:
+            # those were its long batches (workload_imbalance), not a slow rank
+            if top_in_steps < PERSISTENT_FRAC and lengths_vary(ctx):
+                continue
             break
     else:
         return []

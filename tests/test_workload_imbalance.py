@@ -1,0 +1,69 @@
+"""Issue 23: `workload_imbalance`, micro-batches of unequal work (variable
+sequence lengths) whose slowest rank changes from step to step, told apart
+from a persistent straggler and from a clean run."""
+import json
+
+import pytest
+
+from conftest import load_run, run_diagnose
+from diagnose.analysis.run_detectors import Context, detect
+from diagnose.analysis.detectors import workload_imbalance
+from synthetic_run import write_synthetic_run
+
+
+def _serious(findings, kind):
+    return [f for f in findings if f["kind"] == kind and f["severity"] != "info"]
+
+
+def test_varlen_scenario_is_a_workload_imbalance_and_no_straggler(tmp_path):
+    """One 4-rank launch: dp4, 4 micro-batches, lengths drawn in 1-7x."""
+    out = tmp_path / "varlen"
+    run_diagnose(["demo", "--scenario", "varlen", "--out", out], timeout=600)
+    findings = json.loads((out / "analysis" / "findings.json").read_text())
+    assert _serious(findings, "straggler") == [], findings
+    (found,) = _serious(findings, "workload_imbalance")
+    assert found["ranks"] == [0, 1, 2, 3] and found["stage"] is None
+    m = found["metrics"]
+    # the evidence a user checks: a spread well beyond jitter, the slow rank taking turns
+    assert m["own_median_p50_over_p10_x"] >= workload_imbalance.SPREAD_RATIO
+    assert m["slowest_rank_max_share_frac"] <= 0.5 and m["ranks_taking_turns"] >= 3
+    assert sum(m[f"rank{r}_slowest_frac"] for r in range(4)) == pytest.approx(1.0, abs=1e-3)
+    assert m["microbatch_p50_ms"] < m["microbatch_p90_ms"] <= m["microbatch_max_ms"]
+    # the impact is the equalised wait, and a real share of the step
+    assert found["impact_ms_per_step"] == pytest.approx(m["equalised_wait_ms_per_step"], rel=1e-3)
+    run = load_run(out)
+    step_ms = float(Context(run).step_ms)
+    assert 0.03 * step_ms <= found["impact_ms_per_step"] < step_ms
+    assert "token-balanced" in found["recommendation"]
+
+
+def test_a_persistent_straggler_is_a_straggler_not_a_workload_imbalance(tmp_path):
+    run = load_run(write_synthetic_run(str(tmp_path / "run"), ranks=4, steps=20, slow_rank=2,
+                                       slow_factor=1.6))
+    findings = detect(run)
+    assert [f["ranks"] for f in _serious(findings, "straggler")] == [[2]], findings
+    assert [f for f in findings if f["kind"] == "workload_imbalance"] == [], findings
+
+
+def test_a_clean_run_has_neither(tmp_path):
+    run = load_run(write_synthetic_run(str(tmp_path / "run"), ranks=4, steps=20))
+    findings = detect(run)
+    assert [f for f in findings if f["kind"] in ("straggler", "workload_imbalance")] == [], findings
+
+
+def test_varlen_fault_draws_lengths_per_microbatch_and_replica():
+    import torch
+    from reference_trainer.faults import Faults, parse_fault
+    spec = parse_fault("varlen:spread=3")
+    assert spec.params == {"spread": 3.0, "seed": 0}
+    with pytest.raises(ValueError):
+        parse_fault("varlen")
+    cpu = torch.device("cpu")
+    # rank 5 is replica 1 (e.g. its second pipeline stage): the same lengths as rank 1
+    a, b = Faults([spec], rank=1, stage=0, device=cpu), Faults([spec], rank=5, stage=1, device=cpu, dp_rank=1)
+    other = Faults([spec], rank=2, stage=0, device=cpu)
+    draws = [a.length_factor(s, m) for s in range(10) for m in range(4)]
+    assert draws == [b.length_factor(s, m) for s in range(10) for m in range(4)]
+    assert draws != [other.length_factor(s, m) for s in range(10) for m in range(4)]
+    assert 1.0 <= min(draws) and max(draws) <= 4.0 and max(draws) - min(draws) > 1.5
+    assert Faults([], rank=1, stage=0, device=cpu).compute_begins() is None
