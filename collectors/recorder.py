@@ -64,6 +64,7 @@ class Recorder:
         self.progress: dict = {"step": 0, "steps_done": 0, "last_step_ms": None, "events_total": 0,
                                "recent_steps": []}
         self.dump_providers: list = []  # callables -> dict, merged into a watchdog dump
+        self.dump_hooks: list = []      # callables run after it (Flight Recorder's own dumps)
         self.close_hooks: list = []     # callables run once at close, before the last flush
         self._writer = PartWriter(rank_dir, live=True) if rank_dir else None
         self.active = self._writer is not None  # an attribute, not a property: read by every phase
@@ -185,6 +186,11 @@ class Recorder:
             self._writer.write_json(f"watchdog-{os.getpid()}.json", report)
         except Exception as exc:
             self.record_error("watchdog", exc)
+        for hook in self.dump_hooks:
+            try:
+                hook()
+            except Exception as exc:
+                self.record_error("flight_recorder_dump", exc)
 
     def flush(self) -> None:
         if self._writer is None:

@@ -25,6 +25,7 @@ class TrainConfig:
     faults: list[FaultSpec] = field(default_factory=list)
     log_jsonl: str | None = None
     debug_dir: str | None = None
+    pg_timeout_s: float = 1800.0  # the process group's timeout (its backend's watchdog)
     # model
     layers: int = 4
     d_model: int = 64
@@ -100,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inject a fault (repeatable); see reference_trainer/faults.py")
     g.add_argument("--log-jsonl", default=None, help="one JSON object per step, from the loss rank")
     g.add_argument("--debug-dir", default=None, help="per-rank JSONL of schedule and memory stats")
+    g.add_argument("--pg-timeout-s", type=float, default=d.pg_timeout_s,
+                   help="how long a collective waits before the backend raises (torch's default 30 min)")
     g = p.add_argument_group("model")
     g.add_argument("--layers", type=int, default=d.layers)
     g.add_argument("--d-model", type=int, default=d.d_model)
@@ -121,6 +124,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         layers_per_stage=lps, zero1=a.zero1, precision=a.precision, bucket_cap_mb=a.bucket_cap_mb,
         steps=a.steps, seed=a.seed, lr=a.lr, weight_decay=a.weight_decay,
         faults=[parse_fault(f) for f in a.fault], log_jsonl=a.log_jsonl, debug_dir=a.debug_dir,
+        pg_timeout_s=a.pg_timeout_s,
         layers=a.layers, d_model=a.d_model, heads=a.heads, seq_len=a.seq_len, vocab=a.vocab,
         micro_batch_size=a.micro_batch_size, data=a.data, num_workers=a.num_workers)
     cfg.validate()

@@ -10,6 +10,8 @@ real ones do (longer phases, extra collectives, a missing rank).
     hang:rank=R,step=K             rank R stops for good right before its first collective of step K
     crash:rank=R,step=K            rank R SIGKILLs itself at the same point
     comm_bound[:mb=N,repeat=K]     K extra N-MB all-reduces per step make communication dominate
+    checkpoint:every=N,factor=F    every N steps all ranks pause F x their median step so far (a
+                                   checkpoint save: no collective, no event; not a hang)
     varlen:spread=S[,seed=K]       each micro-batch's forward/backward takes L times as long, L drawn
                                    uniformly in [1, 1+S] per (step, micro-batch, dp replica)
 
@@ -46,6 +48,7 @@ _SCHEMA: dict[str, dict[str, tuple]] = {
     "crash": {"rank": (int, None), "step": (int, None)},
     "comm_bound": {"mb": (float, 32.0), "repeat": (int, 1)},
     "varlen": {"spread": (float, None), "seed": (int, 0)},
+    "checkpoint": {"every": (int, None), "factor": (float, None)},
 }
 
 
@@ -73,6 +76,8 @@ def parse_fault(text: str) -> FaultSpec:
         params[key] = given.get(key, default)
     if name == "hidden_sync" and params["every"] != "microbatch":
         raise ValueError("hidden_sync supports every=microbatch only")
+    if name == "checkpoint" and (params["every"] < 1 or params["factor"] <= 0):
+        raise ValueError("checkpoint needs every >= 1 and factor > 0")
     if name == "varlen" and params["spread"] < 0:
         raise ValueError("varlen needs spread >= 0")
     return FaultSpec(name, params)
@@ -97,6 +102,8 @@ class Faults:
         self.extra_allreduce_repeat = 0
         self._extra_buf = None
         self._device_slowdown = None
+        self.checkpoint: tuple[int, float] | None = None  # (every, factor)
+        self._step_times_s: list[float] = []
         for f in specs:
             p = f.params
             if f.name == "straggler" and p["rank"] == rank:
@@ -116,6 +123,8 @@ class Faults:
                 self.extra_allreduce_repeat = p["repeat"]
             elif f.name == "varlen":
                 self.varlen = (p["spread"], p["seed"])
+            elif f.name == "checkpoint":
+                self.checkpoint = (p["every"], p["factor"])
 
     def length_factor(self, step: int, microbatch: int) -> float:
         """varlen: the micro-batch's length over the shortest, the same on every rank of
@@ -173,6 +182,15 @@ class Faults:
             threading.Event().wait()
         while True:  # hang: alive but never reaches the collective
             time.sleep(3600)
+
+    def after_step(self, step: int, step_time_s: float) -> None:
+        """checkpoint: a pause F x the median step, as saving a checkpoint takes (the
+        host writes; no collective runs and nothing is recorded meanwhile)."""
+        self._step_times_s.append(step_time_s)
+        if self.checkpoint is None or (step + 1) % self.checkpoint[0]:
+            return
+        times = sorted(self._step_times_s)
+        time.sleep(self.checkpoint[1] * times[len(times) // 2])
 
     def extra_comm(self, group) -> None:
         """comm_bound: gradient traffic far larger than the compute it follows."""

@@ -4,6 +4,7 @@ Global rank = (dp_rank * pp + pp_rank) * tp + tp_rank: tp is innermost so a
 tensor-parallel group sits on neighbouring ranks (one node, fastest links), and
 dp is outermost because its traffic is the easiest to overlap.
 """
+import datetime
 import os
 import socket
 from dataclasses import dataclass
@@ -63,18 +64,20 @@ def _default_single_process_env() -> None:
                       MASTER_PORT=str(port))
 
 
-def init_mesh(dp: int, pp: int, tp: int) -> Mesh:
+def init_mesh(dp: int, pp: int, tp: int, timeout_s: float = 1800.0) -> Mesh:
     _default_single_process_env()
+    # the backend's own watchdog: how long a collective may wait before it raises
+    timeout = datetime.timedelta(seconds=timeout_s)
     if torch.cuda.is_available():
         backend = "nccl"
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
         # device_id makes NCCL create communicators eagerly, so the first pipeline
         # send/recv pair does not need every rank of its group to join it
-        dist.init_process_group(backend, device_id=device)
+        dist.init_process_group(backend, device_id=device, timeout=timeout)
     else:
         backend, device = "gloo", torch.device("cpu")
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != dp * pp * tp:
         raise SystemExit(f"world size {world} != dp*pp*tp = {dp}*{pp}*{tp}")
@@ -84,7 +87,9 @@ def init_mesh(dp: int, pp: int, tp: int) -> Mesh:
     def groups(along: int):
         # every rank must create every group, in the same order
         moved = coords.movedim(along, -1).reshape(-1, coords.shape[along])
-        group, _ = dist.new_subgroups_by_enumeration([row.tolist() for row in moved], backend=backend)
+        # (a subgroup does not inherit the default group's timeout: pass it on)
+        group, _ = dist.new_subgroups_by_enumeration([row.tolist() for row in moved], backend=backend,
+                                                     timeout=timeout)
         return group
 
     dp_group, pp_group, tp_group = groups(0), groups(1), groups(2)

@@ -92,7 +92,7 @@ class JsonlWriter:
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv)
-    mesh = init_mesh(cfg.dp, cfg.pp, cfg.tp)
+    mesh = init_mesh(cfg.dp, cfg.pp, cfg.tp, timeout_s=cfg.pg_timeout_s)
     torch.manual_seed(cfg.seed)
     stage, device = mesh.pp_rank, mesh.device
     precision = cfg.precision or ("bf16" if device.type == "cuda" else "fp32")
@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         # no device sync per step on CUDA: the host runs ahead, as in real training, so
         # step_time_s is the host's (equal to the device's once the queue backs up)
         step_time_s = time.perf_counter() - t0
+        faults.after_step(step, step_time_s)
         if mesh.logs_loss:
             log.add({"step": step, "step_time_s": round(step_time_s, 6),
                      "tokens_per_s": round(tokens_per_step / step_time_s, 3),

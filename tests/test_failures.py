@@ -26,12 +26,16 @@ def test_hang_is_ended_by_the_watchdog_and_names_the_missing_rank(tmp_path):
     assert top["kind"] == "hang" and top["ranks"] == [1], top
     assert "faults.py" in top["callsite"]           # where rank 1 is stuck
     assert "#" in top["title"] and "group" in top["title"]
-    assert top["metrics"]["seq"] >= 0
-    # in the trace: rank 1 never entered that collective; its peer did not finish it either
+    m = top["metrics"]
+    assert m["source"] == "flight_recorder" and m["rank1_role"] == "missing" and m["watchdog_dump_agrees"] == 1
+    # in the trace: rank 1 never entered that collective, its peer did (the trace
+    # counts from 0, Flight Recorder from 1)
     calls = diagnose.load(out).collectives()
-    group = top["title"].split(" of group ")[1].split(" ")[0]
-    in_group = calls[calls["group"] == group]
-    assert in_group[in_group["rank"] == 1]["seq"].max() < top["metrics"]["seq"]
+    in_group = calls[calls["group"] == m["group"]]
+    trace_seq = m["seq"] - 1
+    assert in_group[in_group["rank"] == 1]["seq"].max() < trace_seq
+    waiter = int(m["waiting_rank_list"])
+    assert trace_seq in set(in_group[in_group["rank"] == waiter]["seq"])
     # hang:rank=1,step=6 stops at ~2 s into the job; + 15 s timeout + dump/teardown
     assert elapsed < 15 + 30 + 20, elapsed
 

@@ -34,7 +34,7 @@ import time
 
 SYS_NET = "/sys/class/net"
 SYS_INFINIBAND = "/sys/class/infiniband"
-ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_")
+ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_")
 
 
 def probe(stage: str, nvml_part: dict | None = None, sys_net: str = SYS_NET,
@@ -72,7 +72,7 @@ def _guard(absent: dict, name: str, fn, *args):
 
 
 def nccl_env() -> dict:
-    """Every NCCL_* and TORCH_NCCL_* variable of this process, as set now."""
+    """Every NCCL_*, TORCH_NCCL_* and TORCH_FR_* variable of this process, as set now."""
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
 
 

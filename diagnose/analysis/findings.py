@@ -44,6 +44,8 @@ class Finding:
 
 
 def _number(value):
+    if isinstance(value, str):  # text evidence: a group's description, a role, a rank list
+        return value[:500]
     try:
         value = float(value)
     except (TypeError, ValueError):

@@ -192,6 +192,21 @@ class Run:
                     self.warn(f"{path}: unreadable watchdog dump; skipped")
         return dumps
 
+    @functools.cached_property
+    def flight_recorder(self) -> dict[int, dict]:
+        """rank -> its Flight Recorder dump (flight_recorder/ of the run: what the backend
+        wrote on a timeout, what diagnose asked for on a hang, or `diagnose import
+        flight-recorder`), read by diagnose.rundir.flight_recorder_reader."""
+        from diagnose.rundir.flight_recorder_reader import FOLDER, DumpError, read_dumps
+        folder = os.path.join(self.root, FOLDER)
+        if not os.path.isdir(folder):
+            return {}
+        try:
+            return read_dumps([folder], on_error=lambda why: self.warn(f"flight recorder: {why}; skipped"))
+        except DumpError as exc:  # e.g. two dumps of one rank in one format
+            self.warn(f"flight recorder: {exc}; no dump is used")
+            return {}
+
     # GPU tables (imported Kineto / Nsight traces): definitions in diagnose/analysis/gpu_tables.py
     @functools.lru_cache(maxsize=None)
     def kernels(self) -> pd.DataFrame:

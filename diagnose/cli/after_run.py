@@ -22,6 +22,19 @@ def analyze_run(run_dirs, outputs: bool = True, warn=None):
     return run, findings
 
 
+def analyze_during_hang(run_dir: str) -> None:
+    """The hang's diagnosis, printed and written while the job is still hung (the
+    launcher's watchdog calls it); redone when the job ends. Never raises: the
+    launcher must go on watching."""
+    try:
+        from diagnose.cli.console import print_findings
+        _, findings = analyze_run([run_dir], outputs=False)
+        print_findings([f for f in findings if f["kind"] == "hang"] or findings[:3])
+    except Exception as exc:
+        print(f"diagnose: the analysis during the hang failed ({type(exc).__name__}: {exc}); "
+              "it is redone when the job ends", flush=True)
+
+
 def _optional_outputs():
     steps = []
     try:

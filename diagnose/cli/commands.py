@@ -48,8 +48,14 @@ def run(ctx: typer.Context,
         name: Optional[str] = typer.Option(None, "--name", help="a name for the run"),
         no_analyze: bool = typer.Option(False, "--no-analyze", help="skip analysis at the end"),
         force: bool = typer.Option(False, "--force", help="reuse a non-empty --out"),
-        hang_timeout: float = typer.Option(1800.0, "--hang-timeout",
-                                           help="seconds without progress before the job is ended as hung"),
+        hang_timeout: str = typer.Option("auto", "--hang-timeout", metavar="auto|SECONDS",
+                                         help="no progress for this long is a hang; auto: 10x the median "
+                                              "step, at least --hang-floor"),
+        hang_floor: float = typer.Option(300.0, "--hang-floor", metavar="SECONDS",
+                                         help="the least an auto hang timeout can be"),
+        kill_on_hang: bool = typer.Option(False, "--kill-on-hang",
+                                          help="end the job on a hang (default: diagnose dumps, analyzes "
+                                               "and reports; ending it stays with its backend or you)"),
         nsys: bool = typer.Option(False, "--nsys", help="run each rank under `nsys profile` (if on PATH)"),
         torch_profiler: Optional[str] = typer.Option(
             None, "--torch-profiler", metavar="STEPS",
@@ -60,10 +66,25 @@ def run(ctx: typer.Context,
     unknown = [a for a in command[:1] if a.startswith("-")]
     if unknown:
         raise UserError(f"unknown option {unknown[0]!r} (put the job after `--`)")
+    from diagnose.cli.after_run import analyze_during_hang
     run_dir, status = launch(RunOptions(command=command, out_dir=out, name=name, force=force,
-                                        hang_timeout_s=hang_timeout, nsys=nsys,
+                                        hang_timeout_s=_hang_timeout_option(hang_timeout),
+                                        hang_floor_s=hang_floor, kill_on_hang=kill_on_hang,
+                                        on_hang=analyze_during_hang, nsys=nsys,
                                         torch_profiler=_steps_option(torch_profiler)))
     return _finish(run_dir, status, not no_analyze)
+
+
+def _hang_timeout_option(text: str) -> float | None:
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise UserError(f"--hang-timeout {text!r}: give auto or a number of seconds") from None
+    if value < 0:
+        raise UserError("--hang-timeout must be >= 0 (0: no hang watchdog)")
+    return value
 
 
 @app.command()
@@ -125,8 +146,11 @@ def demo(scenario: str = typer.Option("showcase", "--scenario", help="scenario n
     from diagnose.run.launcher import RunOptions, launch
     command = demo_command(scenario)
     print(f"diagnose: demo scenario {scenario!r}: {' '.join(command)}")
+    from diagnose.cli.after_run import analyze_during_hang
+    # the demo ends its hung job (the trainer's hung rank waits forever)
     run_dir, status = launch(RunOptions(command=command, out_dir=out, name=f"demo-{scenario}",
-                                        hang_timeout_s=hang_timeout))
+                                        hang_timeout_s=hang_timeout, kill_on_hang=True,
+                                        on_hang=analyze_during_hang))
     return _finish(run_dir, status, True)
 
 

@@ -2,6 +2,7 @@
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from diagnose.analysis.breakdown import PART_COLUMNS
@@ -38,7 +39,8 @@ def print_findings(findings: list[dict], out: Console | None = None) -> None:
         table.add_column(column)
     for f in findings:
         ranks = ",".join(map(str, f.get("ranks") or [])) or "-"
+        # finding text is data (an exception's message, a path): never rich markup
         table.add_row(f["severity"], f["kind"], f"{f.get('impact_ms_per_step', 0):.1f}", ranks,
-                      "-" if f.get("stage") is None else str(f["stage"]), f.get("callsite") or "-",
-                      f"{f['title']}\n[dim]{f['recommendation']}[/dim]", end_section=True)
+                      "-" if f.get("stage") is None else str(f["stage"]), escape(f.get("callsite") or "-"),
+                      f"{escape(f['title'])}\n[dim]{escape(f['recommendation'])}[/dim]", end_section=True)
     out.print(table, markup=True)

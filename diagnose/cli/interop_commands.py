@@ -5,7 +5,7 @@ from typing import List, Optional
 import typer
 
 import_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                         help="Import PyTorch-profiler or Nsight Systems traces into a run directory.")
+                         help="Import PyTorch-profiler or Nsight Systems traces, or Flight Recorder dumps, into a run directory.")
 
 
 def _report(kind: str, run_dir: str, summary: dict) -> int:
@@ -34,6 +34,26 @@ def nsys(files: List[str] = typer.Argument(..., help="Nsight Systems SQLite expo
     from diagnose.importers.nsys import import_nsys
     run_dir, summary = import_nsys(list(files), out or rundir.default_out_dir(name="nsys"))
     return _report("Nsight Systems exports", run_dir, summary)
+
+
+@import_app.command("flight-recorder")
+def flight_recorder(paths: List[str] = typer.Argument(..., help="dump files, or folders of them (pickle or JSON)"),
+                    out: Optional[str] = typer.Option(None, "--out", help="new run directory"),
+                    force: bool = typer.Option(False, "--force", help="replace RUN if it exists")):
+    """PyTorch Flight Recorder dumps (any backend); the rank is the file name's trailing digits.
+    Read safely (no code in a pickle can run), then analyzed: who stopped where."""
+    from diagnose import rundir
+    from diagnose.cli.after_run import analyze_run
+    from diagnose.cli.console import print_findings
+    from diagnose.importers.flight_recorder_import import import_flight_recorder
+    run_dir, summary = import_flight_recorder(list(paths), out or rundir.default_out_dir(name="flight-recorder"),
+                                              force=force)
+    ranks = summary["ranks"]
+    print(f"diagnose: imported Flight Recorder dumps (format {', '.join(summary['versions'])}) of "
+          f"{len(ranks)} rank(s) into {run_dir}")
+    _, findings = analyze_run([run_dir])
+    print_findings(findings)
+    return 0
 
 
 def export_interop(run_dir: str, fmt: str, out: Optional[str]) -> int:

@@ -14,16 +14,19 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import collectors
+from collectors.instrument.flight_recorder_dump import enabled as fr_enabled
 from collectors.part_writer import merge_row_parts
 from diagnose import rundir
 from diagnose.errors import UserError
 from diagnose.live.child import start as start_live
 from diagnose.run.profiling_tools import after_job, before_job
+from diagnose.run.flight_recorder_env import collect_user_dumps, flight_recorder_env
 from diagnose.run.progress_line import ProgressLine
 from diagnose.run.rank_liveness import RankLiveness
-from diagnose.run.watchdog import HangWatchdog, kill_rank_processes
+from diagnose.run.watchdog import HANG_FLOOR_S, HangWatchdog, kill_rank_processes
 from diagnose.rundir.progress import read_progress
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(collectors.__file__)), "bootstrap")
@@ -36,7 +39,10 @@ class RunOptions:
     out_dir: str | None = None
     name: str | None = None
     force: bool = False
-    hang_timeout_s: float = 1800.0
+    hang_timeout_s: float | None = None  # None: derived from the median step (diagnose.run.watchdog)
+    hang_floor_s: float = HANG_FLOOR_S
+    kill_on_hang: bool = False
+    on_hang: Callable[[str], None] | None = None  # run_dir -> None: the analysis while it hangs
     extra_env: dict = field(default_factory=dict)
     nsys: bool = False                 # --nsys: each rank under `nsys profile` (diagnose.run.profiling_tools)
     torch_profiler: str | None = None  # --torch-profiler STEPS, e.g. "10-12"
@@ -90,11 +96,12 @@ def launch(opts: RunOptions) -> tuple[str, int]:
         "versions": {"python": platform.python_version(), "torch": _version("torch"),
                      "diagnose": _version("diagnose")},
     }
+    fr_env, manifest["flight_recorder"] = flight_recorder_env(run_dir, {**os.environ, **opts.extra_env})
     rundir.write_manifest(run_dir, manifest)
     group_kwargs = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     try:
         command, extra_env = before_job(opts, run_dir, manifest)
-        proc = subprocess.Popen(command, env=job_env(run_dir, extra_env), **group_kwargs)
+        proc = subprocess.Popen(command, env=job_env(run_dir, {**fr_env, **extra_env}), **group_kwargs)
     except (FileNotFoundError, PermissionError) as exc:
         raise UserError(f"cannot start {opts.command[0]!r}: {exc.strerror}") from None
 
@@ -106,7 +113,15 @@ def launch(opts: RunOptions) -> tuple[str, int]:
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     progress = ProgressLine()
-    watchdog = HangWatchdog(run_dir, proc, opts.hang_timeout_s)
+    def on_hang(report):  # analyze while the job is still hung: the user sees who, now
+        manifest["hang"] = report
+        rundir.write_manifest(run_dir, manifest)
+        if opts.on_hang is not None:
+            opts.on_hang(run_dir)
+
+    watchdog = HangWatchdog(run_dir, proc, opts.hang_timeout_s, floor_s=opts.hang_floor_s,
+                            kill_on_hang=opts.kill_on_hang, on_hang=on_hang,
+                            flight_recorder=fr_enabled({**os.environ, **opts.extra_env, **fr_env}))
     liveness = RankLiveness(run_dir)
     live = start_live(run_dir, manifest)  # alerts + MLflow metrics while the job runs; never raises
     try:
@@ -126,8 +141,11 @@ def launch(opts: RunOptions) -> tuple[str, int]:
     status = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
     for rank_dir in rundir.rank_dirs(run_dir):
         merge_row_parts(rank_dir)  # what a killed rank left as JSON rows becomes Parquet
+    collect_user_dumps(run_dir, manifest["flight_recorder"], manifest["start_wall_ns"])
+    stalled = watchdog.report is not None and "resumed_after_s" in watchdog.report
     manifest.update(end_wall_ns=time.time_ns(), exit_status=status,
-                    interrupted=bool(interrupted_at), hang=watchdog.report,
+                    interrupted=bool(interrupted_at), hang=None if stalled else watchdog.report,
+                    stall=watchdog.report if stalled else None, hang_watch=watchdog.summary(),
                     rank_exits=liveness.close())
     after_job(opts, run_dir, manifest)
     metas = read_progress(run_dir)

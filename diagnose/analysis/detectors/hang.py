@@ -1,6 +1,14 @@
 """hang: the job stopped making progress; say who never arrived where.
 
-Signal: the launcher's watchdog saw no new event on any rank for
+Signal, first witness: PyTorch Flight Recorder dumps in the run dir (the
+backend's on a watchdog timeout, diagnose's on a hang, or imported), on any
+backend. Per process group, the collective each member enqueued, started and
+completed (diagnose/analysis/collective_divergence.py): the ranks that stopped
+where their peers went on are the culprits, each with its role (missing,
+device stopped, stuck, desync); one finding names them all, with the group
+most of them stop, its op and sizes and who waits there.
+
+Second witness (gloo, and NCCL without dumps): the launcher's watchdog saw no new event on any rank for
 --hang-timeout seconds and asked every rank for a dump (in-flight collectives
 with group and sequence number, and every thread's stack). Ranks blocked in
 the same (group, seq) are the waiters; members of that group not blocked there
@@ -11,7 +19,11 @@ Severity: always critical, the job did not finish.
 """
 from collections import defaultdict
 
+from diagnose.analysis.collective_divergence import diverge
 from diagnose.analysis.findings import Finding
+
+_ROLE_TEXT = {"missing": "never enqueued it", "device stopped": "enqueued but stopped completing",
+              "stuck": "started and never completed", "desync": "issued another op or sizes"}
 
 
 def _main_thread_frame(dump: dict) -> str | None:
@@ -70,9 +82,78 @@ def _from_dumps(ctx, dumps):
             recommendation=("Make every member issue the same collectives in the same order: look at "
                             "the stuck line for a rank-dependent branch, early exit, exception or "
                             "blocking I/O before the collective."),
-            metrics={"seq": seq, "waiting_ranks": len(victims), "direct_waiters": len(waiting[key]),
-                     "root_cause": float(rank in roots), "stalled_s": stalled_s}))
+            metrics={"source": "watchdog", "group": group, "group_ranks": group_ranks, "op": op, "seq": seq,
+                     "waiting_ranks": len(victims), "waiting_rank_list": _ranks_text(victims),
+                     "direct_waiters": len(waiting[key]), "root_cause": float(rank in roots),
+                     "stalled_s": stalled_s}))
     return findings
+
+
+def _ranks_text(ranks) -> str:
+    return ",".join(map(str, ranks))
+
+
+def _from_flight_recorder(ctx, dumps, witness):
+    # diagnose's own dumps see gloo's point-to-point waits, which Flight Recorder does not record
+    blocked = {r for r, d in ctx.run.watchdog_dumps.items() if _blocking(d)}
+    result = diverge(dumps, ctx.run.manifest.get("world_size"), blocked_elsewhere=blocked)
+    culprits, head = result["culprits"], result["headline"]
+    if not culprits:
+        return []
+    stalled_s = float((ctx.run.manifest.get("hang") or {}).get("stalled_s", 0) or 0)
+    groups = result["groups"]
+    metrics = {"source": "flight_recorder", "stalled_s": stalled_s, "victim_ranks": len(result["victims"]),
+               "cycle_of_waits": float(result["cycle"])}
+    parts = []
+    for rank in sorted(culprits):
+        c = culprits[rank]
+        named = [f"{g} ({groups[g]['desc']})" for g in c["groups"]]
+        # where it stopped: in the headline group when it is a member, else its first group
+        first = head["group"] if head and head["group"] in c["seq"] else c["groups"][0]
+        metrics[f"rank{rank}_role"] = c["role"]
+        metrics[f"rank{rank}_groups"] = "; ".join(named)
+        metrics[f"rank{rank}_seq"] = c["seq"][first]
+        why = c["why"].get(first)
+        parts.append(f"rank {rank} {c['role']} at #{c['seq'][first]}"
+                     + (f" ({why})" if why and c["role"] == "missing" else "")
+                     + (f", also in {len(named) - 1} more group{'s' if len(named) > 2 else ''}"
+                        if len(named) > 1 else ""))
+    if head:
+        what = f"{head['op'] or 'a collective'} #{head['seq']}"
+        if head["sizes"]:
+            what += f" ({head['sizes']}{' ' + head['dtype'] if head['dtype'] else ''})"
+        # torch names a group made without a description "undefined"
+        label = head["desc"] if head["desc"] not in ("", "undefined") else "a process group"
+        title = (f"hang in {label} (group {head['group']}, ranks {_ranks_text(head['ranks'])}): "
+                 f"{what}, waited for by rank{'s' if len(head['waiting']) > 1 else ''} "
+                 f"{_ranks_text(head['waiting'])}; " + "; ".join(parts))
+        metrics.update(group=head["group"], group_desc=head["desc"], group_ranks=_ranks_text(head["ranks"]),
+                       op=head["op"], sizes=head["sizes"], dtype=head["dtype"], seq=head["seq"],
+                       waiting_ranks=len(head["waiting"]), waiting_rank_list=_ranks_text(head["waiting"]))
+    else:
+        title = "hang: " + "; ".join(parts)
+    if result["notes"]:
+        metrics["buffers_cannot_tell"] = " | ".join(result["notes"])
+    if witness is not None:  # the in-flight table of diagnose's own dumps (gloo)
+        metrics["watchdog_dump_agrees"] = float(witness == sorted(culprits))
+    roles = {c["role"] for c in culprits.values()}
+    advice = []
+    if roles & {"device stopped", "stuck"}:
+        advice.append("a rank whose device stopped or whose kernel never ended: check that GPU and its "
+                      "links (Xid errors in dmesg, nvidia-smi, NCCL_DEBUG=INFO) and take it out of the job")
+    if "missing" in roles:
+        advice.append("a rank that never enqueued the collective: its host is stuck before it (its "
+                      "stack: py-spy dump, or the watchdog dump's frames) or took another branch")
+    if "desync" in roles:
+        advice.append("a desync: make every member issue the same collectives, with the same sizes, in the "
+                      "same order")
+    # where a culprit's host is (diagnose's own dump of its main thread), when it has one
+    frames = [_main_thread_frame(ctx.run.watchdog_dumps[r]) for r in sorted(culprits) if r in ctx.run.watchdog_dumps]
+    frame = next((f for f in frames if f), None)
+    return [Finding(kind="hang", severity="critical", ranks=sorted(culprits), title=title,
+                    callsite=ctx.relpath(frame) if frame else None,
+                    recommendation=("Fix the culprit, not the waiters: " + "; ".join(advice) + "."),
+                    metrics=metrics)]
 
 
 def _from_traces(ctx):
@@ -99,8 +180,15 @@ def _from_traces(ctx):
 
 def detect(ctx):
     hung = bool(ctx.run.manifest.get("hang"))
-    dumps = ctx.run.watchdog_dumps
-    if not hung and not dumps:
+    dumps, recorder = ctx.run.watchdog_dumps, ctx.run.flight_recorder
+    if not hung and not dumps and not recorder:
         return []
-    findings = _from_dumps(ctx, dumps) if dumps else []
-    return findings or _from_traces(ctx)
+    if not hung and (ctx.run.manifest.get("exit_status") == 0 or ctx.run.manifest.get("stall")):
+        return []  # dumps of a stall the job came out of, or of a job that ended well
+    native = _from_dumps(ctx, dumps) if dumps else []
+    if recorder:
+        witness = sorted(r for f in native for r in f.ranks) if dumps else None
+        found = _from_flight_recorder(ctx, recorder, witness)
+        if found:
+            return found
+    return native or (_from_traces(ctx) if len(ctx.run.ranks) else [])

@@ -5,7 +5,9 @@ has a time of death: the earlier of its uncaught exception (meta.json) and the
 moment the launcher saw its process die (polled every 20 ms; torchrun reacts
 only every 100 ms), else the end of its trace. The first to die is the
 failure; the others died of it (a peer's death surfaces as "connection closed
-by peer" in gloo/NCCL, or torchrun's SIGTERM) and are counted, not blamed. Evidence: its last step, last user
+by peer" in gloo/NCCL, a peer that stopped as the backend watchdog's timeout,
+or torchrun's SIGTERM) and are counted, not blamed; when every rank died of a
+peer and Flight Recorder dumps are there, it is a hang and `hang` names it. Evidence: its last step, last user
 callsite, and the exception or "killed by a signal".
 Severity: always critical.
 """
@@ -13,9 +15,14 @@ import re
 
 from diagnose.analysis.findings import Finding
 
-# How a peer's death looks from a surviving rank (gloo, NCCL, the TCP store).
+# How a peer's death or stall looks from a surviving rank (gloo, NCCL, the TCP
+# store): a connection closed under it, or its backend's watchdog giving up on a
+# collective the peer never joined (NCCL's watchdog abort, gloo's recv timeout).
 PEER_FAILURE = re.compile(r"closed by peer|reset by peer|Broken pipe|Read error|remote (worker|process)|"
-                          r"communicator was aborted|DistNetworkError|Socket Timeout", re.IGNORECASE)
+                          r"communicator was aborted|DistNetworkError|Socket Timeout|"
+                          r"Watchdog caught collective operation timeout|milliseconds before timing out|"
+                          r"NCCL operations have failed or timed out|ProcessGroupNCCL's watchdog|"
+                          r"Timed out waiting \d+ ?ms for (recv|send)", re.IGNORECASE)
 
 
 def _death_times(ctx) -> dict[int, int]:
@@ -54,6 +61,8 @@ def detect(ctx):
     if not deaths:
         return []
     primary = {r: t for r, t in deaths.items() if not _died_of_a_peer(ctx.run.rank_meta.get(r, {}))}
+    if not primary and ctx.run.flight_recorder:
+        return []  # every rank died waiting for another: a hang, which the dumps name (hang)
     rank = min(primary or deaths, key=(primary or deaths).get)
     meta = ctx.run.rank_meta.get(rank, {})
     done = ctx.steps[ctx.steps["rank"] == rank]["step"]
