@@ -231,3 +231,27 @@ def test_a_job_its_nccl_watchdog_ended_is_a_hang_named_by_the_dumps(tmp_path):
     kinds = [f["kind"] for f in findings if f["severity"] == "critical"]
     assert kinds == ["hang"], findings
     assert findings[0]["ranks"] == [9, 14]
+
+
+def test_a_rank_blocked_in_the_group_it_lags_in_is_waiting_not_stopped():
+    """The `hang` demo's dumps (dp2 x pp2, rank 1 hung): gloo marks a collective
+    completed only when its work is retired, so rank 2, blocked in its dp group's
+    all-reduce, lags rank 0 by one completion; rank 0 waits in a receive (gloo's
+    sends and receives are not in its Flight Recorder). diagnose's own dump says
+    both; only rank 1, which never enqueued #31, is the culprit."""
+    from diagnose.analysis.collective_divergence import diverge
+
+    def dump(rank, group, enq, done):
+        entries = [{"pg_id": "1", "group": group, "group_desc": "undefined", "seq": s, "p2p_seq": 0,
+                    "is_p2p": False, "op": "gloo:all_reduce", "input_sizes": [[4]], "output_sizes": [[4]],
+                    "dtypes": ["Float"], "state": "scheduled", "retired": s <= done, "created_ns": s,
+                    "started_ns": None, "completed_ns": None, "record_id": s} for s in range(done - 2, enq + 1)]
+        return {"rank": rank, "version": "2.10", "comm_lib_version": "", "groups": {}, "entries": entries,
+                "pg_status": {"1": {"enqueued": enq, "started": -1, "completed": done}}}
+    dumps = {0: dump(0, "1", 24, 24), 1: dump(1, "2", 30, 30), 2: dump(2, "1", 28, 23), 3: dump(3, "2", 34, 30)}
+    witness = {0: {"1->0"}, 2: {"1"}, 3: {"2"}}
+    result = diverge(dumps, 4, blocked_in=witness)
+    assert {r: c["role"] for r, c in result["culprits"].items()} == {1: "missing"}, result["culprits"]
+    assert result["victims"] == [0, 2, 3]
+    # without the witness, rank 2's lag reads as a stopped device
+    assert diverge(dumps, 4)["culprits"][2]["role"] == "device stopped"

@@ -81,10 +81,21 @@ def test_every_rank_gets_the_flight_recorder_settings(hung_run):
     folder = str(out / "flight_recorder")
     for rank in (0, 1):
         env = run.rank_meta[rank]["env"]["nccl_env"]
-        assert env["TORCH_FR_BUFFER_SIZE"] == env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000", env
-        assert env["TORCH_FR_DUMP_TEMP_FILE"] == env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == folder + "/rank_"
+        # torch 2.13 reads the new names (and warns about the old ones): only those are set
+        assert env["TORCH_FR_BUFFER_SIZE"] == "2000", env
+        assert env["TORCH_FR_DUMP_TEMP_FILE"] == folder + "/rank_"
         assert env["TORCH_FR_DEBUG_INFO_PIPE_FILE"] == folder + "/pipe_"
         assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == env["TORCH_NCCL_ENABLE_TIMING"] == "1"
+        assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in env
+
+
+def test_the_names_follow_the_torch_version(tmp_path):
+    names = {v: set(flight_recorder_env(str(tmp_path), {}, torch_version=v)[0]) for v in ("2.13.0+cpu", "2.4.1", None)}
+    assert {"TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE"} <= names["2.13.0+cpu"]
+    assert not any(n.startswith("TORCH_NCCL_TRACE") for n in names["2.13.0+cpu"])
+    assert {"TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"} <= names["2.4.1"]
+    assert not any(n.startswith("TORCH_FR_") for n in names["2.4.1"])
+    assert names[None] == names["2.13.0+cpu"] | names["2.4.1"]  # no torch found: both
 
 
 def test_the_users_own_settings_are_left_alone(tmp_path):

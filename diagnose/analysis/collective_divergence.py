@@ -22,7 +22,10 @@ Per group, with C = the furthest any member completed and W = C + 1:
 Groups carrying point-to-point traffic are not compared: their counters count
 pairs, not the group; a rank with a send or receive pending is waiting there
 (not missing). A rank another witness saw blocked (diagnose's own dump: gloo's
-point-to-point calls are not in its Flight Recorder) is waiting too.
+point-to-point calls are not in its Flight Recorder) is waiting too, and one
+it saw blocked inside a call of the group it lags in is waiting there (gloo
+marks a collective completed only when its work is retired, after its peers saw
+it end: found on the `hang` demo, where a waiting rank looked "device stopped").
 """
 from collections import Counter, defaultdict
 
@@ -92,9 +95,12 @@ def _held(dumps, name, seq, ranks) -> dict:
     return held
 
 
-def diverge(dumps: dict[int, dict], world_size: int | None = None, blocked_elsewhere=()) -> dict:
+def diverge(dumps: dict[int, dict], world_size: int | None = None, blocked_in=None) -> dict:
     """Culprits, victims and the headline group of a hang, from the dumps.
-    `blocked_elsewhere`: ranks known to wait in an operation the dumps do not show."""
+    `blocked_in`: rank -> the groups another witness (diagnose's own dump) saw it
+    blocked in, the dumps' group names; those ranks are waiting."""
+    blocked_in = blocked_in or {}
+    blocked_elsewhere = set(blocked_in)
     progress, groups, notes = group_progress(dumps, world_size)
     roles = defaultdict(dict)      # rank -> group -> (role, seq)
     waiting = defaultdict(set)     # group -> ranks waiting in its W
@@ -105,12 +111,19 @@ def diverge(dumps: dict[int, dict], world_size: int | None = None, blocked_elsew
         if group["p2p"] or not known:
             continue
         done = max(s["completed"] for s in known.values())
+        lagging = set()  # behind, but blocked inside a call of this very group
         for rank, s in known.items():
             if s["completed"] < done:
+                if name in blocked_in.get(rank, ()) and s["enqueued"] > s["completed"]:
+                    # its host waits in this group's call: on gloo a collective is
+                    # marked completed only when its work is retired, after peers
+                    # saw it end; a lag in bookkeeping, not a stopped device
+                    lagging.add(rank)
+                    continue
                 role = ("stuck" if s["started"] > s["completed"] else
                         "device stopped" if s["enqueued"] > s["completed"] else "missing")
                 roles[rank][name] = (role, s["completed"] + 1)
-        here = {r for r, s in known.items() if s["completed"] == done and s["enqueued"] > done}
+        here = {r for r, s in known.items() if s["completed"] == done and s["enqueued"] > done} | lagging
         if not here:
             continue
         waiting[name], waited[name] = here, done + 1

@@ -1,9 +1,10 @@
 """The Flight Recorder settings `diagnose run` gives every job.
 
 The launcher cannot know the backend, so it sets them for every job; each is
-left alone when the user set it (either generation of its name: torch >= 2.7
-reads TORCH_FR_*, older NCCL builds TORCH_NCCL_*; both are set so that either
-reads the same value). Dumps go into the run dir:
+left alone when the user set it (either generation of its name). torch >= 2.7
+reads TORCH_FR_* (and warns about the old names; its debug pipe reads only the
+new ones), older builds TORCH_NCCL_*: the launcher sets the generation of the
+torch it finds beside itself, both when it finds none. Dumps go into the run dir:
 <run>/flight_recorder/rank_<RANK> from the backend (on its watchdog's timeout,
 TORCH_NCCL_DUMP_ON_TIMEOUT, or when a byte arrives on its debug-info pipe
 <run>/flight_recorder/pipe_<RANK>.pipe, which NCCL's watchdog thread serves
@@ -32,16 +33,26 @@ def settings(run_dir: str) -> list[tuple[tuple[str, ...], str]]:
     ]
 
 
-def flight_recorder_env(run_dir: str, environ=os.environ) -> tuple[dict, dict]:
+def _generations(torch_version: str | None) -> tuple[int, ...]:
+    """Which names of each pair to set: 0 the new (TORCH_FR_*), 1 the old."""
+    try:
+        major, minor = (int(x) for x in (torch_version or "").split("+")[0].split(".")[:2])
+    except ValueError:
+        return (0, 1)
+    return (0,) if (major, minor) >= (2, 7) else (1,)
+
+
+def flight_recorder_env(run_dir: str, environ=os.environ, torch_version: str | None = None) -> tuple[dict, dict]:
     """(variables to add to the job's environment, the manifest's record of them)."""
     os.makedirs(os.path.join(run_dir, FOLDER), exist_ok=True)
     extra, record = {}, {"set_by_diagnose": [], "set_by_user": {}}
+    use = _generations(torch_version)
     for names, value in settings(run_dir):
         mine = {n: environ[n] for n in names if n in environ}
         if mine:
             record["set_by_user"].update(mine)
             continue
-        for name in names:
+        for name in [names[0]] if len(names) == 1 else [names[g] for g in use]:
             extra[name] = value
             record["set_by_diagnose"].append(name)
     prefix = next((environ[n] for n in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")

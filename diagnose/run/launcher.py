@@ -96,7 +96,8 @@ def launch(opts: RunOptions) -> tuple[str, int]:
         "versions": {"python": platform.python_version(), "torch": _version("torch"),
                      "diagnose": _version("diagnose")},
     }
-    fr_env, manifest["flight_recorder"] = flight_recorder_env(run_dir, {**os.environ, **opts.extra_env})
+    fr_env, manifest["flight_recorder"] = flight_recorder_env(run_dir, {**os.environ, **opts.extra_env},
+                                                              torch_version=manifest["versions"]["torch"])
     rundir.write_manifest(run_dir, manifest)
     group_kwargs = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     try:

@@ -95,8 +95,9 @@ def _ranks_text(ranks) -> str:
 
 def _from_flight_recorder(ctx, dumps, witness):
     # diagnose's own dumps see gloo's point-to-point waits, which Flight Recorder does not record
-    blocked = {r for r, d in ctx.run.watchdog_dumps.items() if _blocking(d)}
-    result = diverge(dumps, ctx.run.manifest.get("world_size"), blocked_elsewhere=blocked)
+    blocked_in = {r: {str(row.get("group")) for row in _blocking(d)}
+                  for r, d in ctx.run.watchdog_dumps.items() if _blocking(d)}
+    result = diverge(dumps, ctx.run.manifest.get("world_size"), blocked_in=blocked_in)
     culprits, head = result["culprits"], result["headline"]
     if not culprits:
         return []
