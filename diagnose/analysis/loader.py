@@ -32,6 +32,9 @@ class Run:
             raise UserError("no run directory given")
         self.root = self.run_dirs[0]
         self.warnings: list[str] = []
+        # measured, replayed, what-if and ideal step figures, set by run_detectors.detect
+        # (diagnose/analysis/whatif.py); None until then, or when the replay cannot run
+        self.step_figures: dict | None = None
         self._warn_sink = warn
         self.manifest = rundir.read_manifest(self.root)
         self.rank_meta: dict[int, dict] = {}

@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from collectors.part_writer import atomic_write_json
 from diagnose import rundir
-from diagnose.analysis import device_collectives
+from diagnose.analysis import device_collectives, whatif
 from diagnose.analysis.detectors import DETECTORS
 from diagnose.analysis.findings import sort_findings, with_severity
 
@@ -39,16 +39,18 @@ class Context:
 
 def detect(run) -> list[dict]:
     ctx = Context(run)
-    findings = []
+    found = []
     for name in DETECTORS:
         module = importlib.import_module(f"diagnose.analysis.detectors.{name}")
         try:
-            found = module.detect(ctx)
+            found.extend(module.detect(ctx))
         except Exception as exc:  # one broken detector must not hide the others
             run.warn(f"detector {name} failed: {type(exc).__name__}: {exc}")
-            continue
-        findings.extend(with_severity(f, ctx.step_ms).to_dict() for f in found)
-    return sort_findings(findings)
+    try:  # impact by what-if replay; the detectors' estimates stand if it cannot run
+        run.step_figures = whatif.apply(ctx, found)
+    except Exception as exc:
+        run.warn(f"what-if replay failed: {type(exc).__name__}: {exc}")
+    return sort_findings([with_severity(f, ctx.step_ms).to_dict() for f in found])
 
 
 def write_analysis(run) -> list[dict]:
@@ -64,6 +66,8 @@ def write_analysis(run) -> list[dict]:
         for message in written.result():
             run.warn(message)
     atomic_write_json(os.path.join(run.root, rundir.FINDINGS), findings)
+    if run.step_figures is not None:
+        atomic_write_json(os.path.join(run.root, rundir.ANALYSIS, "step_figures.json"), run.step_figures)
     return findings
 
 

@@ -1,0 +1,219 @@
+"""What a fix saves, by replaying the run's steps (diagnose/analysis/step_replay.py)
+with the finding's cause removed; and the ideal step.
+
+Per finding kind, what "removed" means:
+- straggler: the rank's own work (its gaps: compute, and whatever else it does
+  outside collectives) in each step set to the median of its pipeline-stage
+  peers' in that step;
+- workload_imbalance: every rank's compute in each step set to its stage's
+  mean for that step (token-balanced micro-batches: same total work);
+- stage_imbalance: the stage's own work set to the mean stage's;
+- input_stall: the data waits removed;
+- hidden_sync: the callsite's collectives and host syncs removed;
+- exposed_comm: every collective takes no time (fully overlapped).
+The saving is the replayed step time, as is, minus the what-if's, averaged over
+the steady steps: the replay's own error cancels. The ideal step sets every
+rank's compute to its stage's median per step.
+"""
+from collections import defaultdict
+
+import numpy as np
+import pandas as pd
+
+from diagnose.analysis.step_replay import StepModel, job_step_ms, overlap_ns
+
+COMPUTE_PHASES = ("forward", "backward", "optimizer")
+
+
+class WhatIf:
+    def __init__(self, run, steady: list[int], stages: dict[int, int]):
+        self.run, self.steady, self.stages = run, steady, stages
+        self.model = StepModel(run.collectives(), run.steps())
+        self.ok = self.model.ok
+        if not self.ok:
+            return
+        self.base = job_step_ms(self.model.replay(), steady)
+        self.ok = bool(self.base)
+        events = run.events()
+        self._events = events
+        self._windows = {r: self.model.gap_windows(r) for r in self.model.lanes}
+        # per gap, the ns of work to scale: the compute phases where the job has
+        # them (workload, ideal), or all of the rank's own work (straggler, stage:
+        # a rank can be slow outside its phases, in logging or Python overhead)
+        self._own = {r: np.maximum(g, 0.0) for r, g in self.model.gaps.items()}
+        phases = events[(events["kind"] == "phase") & events["name"].isin(COMPUTE_PHASES)]
+        self._compute = self._overlaps(phases) if len(phases) else self._own
+        self._step_of = {r: np.array([p[4] for p in lane]) for r, lane in self.model.lanes.items()}
+
+    def _overlaps(self, rows: pd.DataFrame) -> dict[int, np.ndarray]:
+        """rank -> per gap, the ns of these event rows inside it."""
+        by_rank = {int(r): part for r, part in rows.groupby("rank")}
+        out = {}
+        for r, windows in self._windows.items():
+            mine = by_rank.get(r, rows.iloc[:0]).sort_values("start_ns")
+            intervals = list(zip(mine["start_ns"].astype(np.int64), mine["end_ns"].astype(np.int64)))
+            out[r] = overlap_ns(windows, intervals)
+        return out
+
+    def step_ms(self) -> float:
+        return float(np.mean(list(self.base.values())))
+
+    def _saving(self, gaps=None, length_ns=None, skip=frozenset()) -> tuple[float, float] | None:
+        ends = self.model.replay(gaps=gaps, length_ns=length_ns, skip=skip)
+        after = job_step_ms(ends, self.steady)
+        common = [s for s in self.base if s in after]
+        if not common:
+            return None
+        before_ms = float(np.mean([self.base[s] for s in common]))
+        after_ms = float(np.mean([after[s] for s in common]))
+        return before_ms - after_ms, after_ms
+
+    def _compute_per_step(self, basis=None) -> dict[int, dict[int, float]]:
+        """rank -> step -> ns of compute (or of `basis`) in its gaps."""
+        out = {}
+        for r, compute in (basis or self._compute).items():
+            per = defaultdict(float)
+            for step, ns in zip(self._step_of[r], compute):
+                per[int(step)] += ns
+            out[r] = per
+        return out
+
+    def _scaled(self, target: dict, basis=None) -> dict:
+        """Gaps with each (rank, step)'s compute (or `basis`) scaled to target[rank][step] ns."""
+        basis = basis or self._compute
+        per_step = self._compute_per_step(basis)
+        gaps = {}
+        for r, gap in self.model.gaps.items():
+            new = gap.copy()
+            for k, step in enumerate(self._step_of[r]):
+                own = per_step[r].get(int(step), 0.0)
+                want = target.get(r, {}).get(int(step))
+                if want is None or own <= 0:
+                    continue
+                # (compute lies only in positive gaps: a negative one is left as it is)
+                new[k] = gap[k] - basis[r][k] * (1.0 - want / own)
+            gaps[r] = new
+        return gaps
+
+    def _peer_target(self, reduce, ranks=None, with_self=False, basis=None) -> dict:
+        """rank -> step -> reduce(compute of the rank's stage peers in that step)."""
+        per_step = self._compute_per_step(basis)
+        by_stage = defaultdict(list)
+        for r in per_step:
+            by_stage[self.stages.get(r, 0)].append(r)
+        target = {}
+        for r in (ranks if ranks is not None else per_step):
+            peers = [p for p in by_stage[self.stages.get(r, 0)] if with_self or p != r] or [r]
+            target[r] = {s: float(reduce([per_step[p].get(s, 0.0) for p in peers]))
+                         for s in per_step[r]}
+        return target
+
+    def straggler(self, rank: int):
+        target = self._peer_target(np.median, ranks=[rank], basis=self._own)
+        return self._saving(gaps=self._scaled(target, basis=self._own))
+
+    def workload_imbalance(self):
+        per_step = self._compute_per_step()
+        by_stage = defaultdict(list)
+        for r in per_step:
+            by_stage[self.stages.get(r, 0)].append(r)
+        target = {r: {s: float(np.mean([per_step[p].get(s, 0.0) for p in by_stage[self.stages.get(r, 0)]]))
+                      for s in per_step[r]} for r in per_step}
+        return self._saving(gaps=self._scaled(target))
+
+    def stage_imbalance(self, stage: int):
+        per_step = self._compute_per_step(self._own)
+        stage_mean = defaultdict(list)
+        for r, per in per_step.items():
+            stage_mean[self.stages.get(r, 0)].append(np.mean(list(per.values())) if per else 0.0)
+        means = {s: float(np.mean(v)) for s, v in stage_mean.items()}
+        mean_stage = float(np.mean(list(means.values())))
+        if means.get(stage, 0.0) <= 0:
+            return None
+        factor = mean_stage / means[stage]
+        target = {r: {s: ns * factor for s, ns in per.items()} for r, per in per_step.items()
+                  if self.stages.get(r, 0) == stage}
+        return self._saving(gaps=self._scaled(target, basis=self._own))
+
+    def input_stall(self):
+        events = self._events
+        waits = self._overlaps(events[events["kind"] == "data"])
+        return self._saving(gaps={r: g - waits[r] for r, g in self.model.gaps.items()})
+
+    def hidden_sync(self, same_place):
+        """same_place(callsite) -> bool: the finding's callsite (the run's are absolute)."""
+        calls = self.model.calls
+        mask = calls["callsite"].astype(str).map(same_place).astype(bool)
+        skip = frozenset(int(i) for i in calls.loc[mask, "_inst"])
+        events = self._events
+        syncs = self._overlaps(events[(events["kind"] == "sync")
+                                      & events["callsite"].astype(str).map(same_place).astype(bool)])
+        return self._saving(gaps={r: g - syncs[r] for r, g in self.model.gaps.items()}, skip=skip)
+
+    def exposed_comm(self):
+        return self._saving(length_ns=np.zeros_like(self.model.length_ns))
+
+    def ideal_step_ms(self) -> float | None:
+        result = self._saving(gaps=self._scaled(self._peer_target(np.median, with_self=True)))
+        return None if result is None else result[1]
+
+
+FIDELITY_FRAC = 0.05  # the replay, as recorded, must give each steady step back within this
+
+
+def _one(w: WhatIf, ctx, finding):
+    kind = finding.kind
+    if kind == "straggler" and finding.ranks:
+        return w.straggler(int(finding.ranks[0]))
+    if kind == "workload_imbalance":
+        return w.workload_imbalance()
+    if kind == "stage_imbalance" and finding.stage is not None:
+        return w.stage_imbalance(int(finding.stage))
+    if kind == "input_stall":
+        return w.input_stall()
+    if kind == "hidden_sync" and finding.callsite:
+        return w.hidden_sync(lambda raw: ctx.relpath(raw) == finding.callsite)
+    if kind == "exposed_comm":
+        return w.exposed_comm()
+    return None
+
+
+def fidelity(w: WhatIf) -> float | None:
+    """The largest per-step error of the replay (recorded durations) against the record."""
+    from diagnose.analysis.step_replay import recorded_ends
+    recorded = job_step_ms(recorded_ends(w.model), w.steady)
+    errors = [abs(w.base[s] - recorded[s]) / recorded[s] for s in recorded if s in w.base and recorded[s] > 0]
+    return max(errors) if errors else None
+
+
+def apply(ctx, findings) -> dict | None:
+    """Set each finding's impact to its what-if saving where the replay holds on this
+    run (host time; device time is not modelled), keeping the detector's own
+    estimate as `estimate_ms_per_step`. Returns the run's step figures."""
+    from diagnose.analysis.detectors.run_structure import rank_stages
+    if ctx.on_device:
+        return {"impact_from_replay": False,
+                "why": "collectives timed on the device: the replay models the hosts' lanes"}
+    if not ctx.steady:
+        return None
+    w = WhatIf(ctx.run, ctx.steady, rank_stages(ctx.run.events()))
+    if not w.ok:
+        return {"measured_step_ms": ctx.step_ms, "impact_from_replay": False,
+                "why": w.model.why or "the replay deadlocked: a dependency the trace does not show"}
+    error = fidelity(w)
+    summary = {"measured_step_ms": ctx.step_ms, "replay_step_ms": w.step_ms(),
+               "replay_max_step_error_frac": None if error is None else float(error),
+               "ideal_step_ms": w.ideal_step_ms()}
+    trusted = bool(error is not None and error <= FIDELITY_FRAC)
+    for finding in findings:
+        result = _one(w, ctx, finding)
+        if result is None:
+            continue
+        saving, after = result
+        finding.metrics.update(whatif_step_ms=after, replay_step_ms=summary["replay_step_ms"],
+                               whatif_saving_ms_per_step=max(saving, 0.0))
+        if trusted:
+            finding.metrics["estimate_ms_per_step"] = finding.impact_ms_per_step
+            finding.impact_ms_per_step = max(saving, 0.0)
+    summary["impact_from_replay"] = trusted
+    return summary

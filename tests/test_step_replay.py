@@ -1,0 +1,92 @@
+"""Issue 23: the step's dependency model, replayed, gives the recorded steps back,
+and a what-if saving is what removing the cause saves (synthetic runs whose
+answer is known; the reference trainer's scenarios in test_scenarios.py)."""
+import pandas as pd
+import pytest
+from conftest import load_run
+from synthetic_run import write_synthetic_run
+
+from diagnose.analysis.detectors.run_structure import rank_stages
+from diagnose.analysis.run_detectors import detect
+from diagnose.analysis.step_replay import StepModel, job_step_ms, recorded_ends
+from diagnose.analysis.whatif import WhatIf
+
+
+def _replay_error(run):
+    model = StepModel(run.collectives(), run.steps())
+    assert model.ok, model.why
+    steps = run.steady_steps()
+    recorded, replayed = job_step_ms(recorded_ends(model), steps), job_step_ms(model.replay(), steps)
+    assert set(recorded) == set(replayed) and len(recorded) >= 10
+    return max(abs(replayed[s] - recorded[s]) / recorded[s] for s in recorded)
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_replay_gives_the_recorded_steps_back(tmp_path, pp):
+    run = load_run(write_synthetic_run(str(tmp_path / "run"), ranks=4, steps=20, pp=pp, slow_rank=1))
+    assert _replay_error(run) <= 0.05
+
+
+def test_a_stragglers_whatif_saving_is_its_excess_compute(tmp_path):
+    """Rank 2 computes 1.6x as long; the others wait for it at the step's
+    all-reduces: making it as fast as them saves about its excess compute."""
+    run = load_run(write_synthetic_run(str(tmp_path / "run"), ranks=4, steps=30, slow_rank=2, slow_factor=1.6))
+    spans = run.spans()
+    compute = spans[(spans["kind"] == "phase") & spans["name"].isin(["forward", "backward", "optimizer"])
+                    & spans["step"].isin(run.steady_steps())]
+    per_rank = compute.groupby(["rank", "step"])["dur_ms"].sum().groupby("rank").mean()
+    excess_ms = float(per_rank[2] - per_rank.drop(2).median())
+    w = WhatIf(run, run.steady_steps(), rank_stages(run.events()))
+    saving_ms, after_ms = w.straggler(2)
+    assert 0.8 * excess_ms <= saving_ms <= 1.1 * excess_ms, (saving_ms, excess_ms)
+    assert after_ms == pytest.approx(w.step_ms() - saving_ms)
+    # a rank that is not slow saves nothing
+    assert abs(w.straggler(0)[0]) < 0.1 * excess_ms
+    (found,) = [f for f in detect(run) if f["kind"] == "straggler"]
+    assert found["impact_ms_per_step"] == pytest.approx(saving_ms, rel=1e-3)
+    assert found["metrics"]["estimate_ms_per_step"] > 0  # the detector's own figure, kept
+    assert w.ideal_step_ms() < w.step_ms()
+
+
+def _call(rank, name, group, seq, issue, ret, async_op=False, wait=None, exit_ns=None, peers="0,1"):
+    return {"rank": rank, "kind": "p2p" if name in ("send", "recv") else "collective", "name": name,
+            "group": group, "group_ranks": peers, "seq": seq, "async_op": async_op, "step": 0,
+            "callsite": "", "issue_ns": issue, "return_ns": ret,
+            "wait_start_ns": None if wait is None else wait[0], "wait_end_ns": None if wait is None else wait[1],
+            "exit_ns": exit_ns if exit_ns is not None else (ret if wait is None else wait[1])}
+
+
+def test_a_send_and_its_receive_are_a_rendezvous():
+    """Rank 0 computes 10 then sends; rank 1 posts its receive at 2 and waits: the
+    receive ends when the send arrives. Shrink rank 0's compute and rank 1's wait
+    shrinks with it."""
+    ms = 1_000_000
+    calls = pd.DataFrame([
+        _call(0, "send", "0->1", 0, 10 * ms, 11 * ms),
+        _call(1, "recv", "0->1", 0, 2 * ms, 11 * ms),
+    ])
+    steps = pd.DataFrame({"rank": [0, 1], "step": [0, 0], "start_ns": [0, 0], "end_ns": [12 * ms, 13 * ms]})
+    model = StepModel(calls, steps)
+    ends = model.replay()
+    assert ends[0][0] == 12 * ms and ends[1][0] == 13 * ms
+    faster = {0: model.gaps[0].copy(), 1: model.gaps[1]}
+    faster[0][0] -= 6 * ms  # rank 0 sends at 4 instead of 10
+    ends = model.replay(gaps=faster)
+    assert ends[0][0] == 6 * ms and ends[1][0] == 7 * ms
+
+
+def test_async_collectives_queue_on_their_group():
+    """Two bucket all-reduces issued at 1 and 2 ms run one after the other (1-9,
+    9-17): the second's own length starts at the first's end, not at its issue;
+    the rank waits for them at 5 ms and ends its step 1 ms after the second."""
+    ms = 1_000_000
+    calls = pd.DataFrame([
+        _call(r, "all_reduce", "g", seq, issue, issue + ms // 10, async_op=True, wait=wait, exit_ns=wait[1])
+        for r in (0, 1) for seq, issue, wait in ((0, 1 * ms, (5 * ms, 9 * ms)),
+                                                 (1, 2 * ms, (9 * ms + ms // 10, 17 * ms)))])
+    steps = pd.DataFrame({"rank": [0, 1], "step": [0, 0], "start_ns": [0, 0], "end_ns": [18 * ms, 18 * ms]})
+    model = StepModel(calls, steps)
+    assert list(model.length_ns) == [8 * ms, 8 * ms]
+    assert model.replay()[0][0] == 18 * ms
+    # communication fully overlapped: the waits end as they start
+    assert model.replay(length_ns=model.length_ns * 0)[0][0] == pytest.approx(6.1 * ms)
