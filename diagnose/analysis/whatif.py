@@ -12,8 +12,8 @@ Per finding kind, what "removed" means:
 - hidden_sync: the callsite's collectives and host syncs removed;
 - exposed_comm: every collective takes no time (fully overlapped).
 The saving is the replayed step time, as is, minus the what-if's, averaged over
-the steady steps: the replay's own error cancels. The ideal step sets every
-rank's compute to its stage's median per step.
+the steady steps: the replay's own error cancels. The ideal step brings every
+rank's compute down to its stage's median per step (no rank made slower).
 """
 from collections import defaultdict
 
@@ -154,7 +154,13 @@ class WhatIf:
         return self._saving(length_ns=np.zeros_like(self.model.length_ns))
 
     def ideal_step_ms(self) -> float | None:
-        result = self._saving(gaps=self._scaled(self._peer_target(np.median, with_self=True)))
+        """Every rank's compute per step at most its stage's median: slowness removed,
+        nobody made slower (the replay is monotone: the ideal is never above it;
+        raising a fast rank to the median can lengthen a pipeline's critical path)."""
+        per_step = self._compute_per_step()
+        median = self._peer_target(np.median, with_self=True)
+        target = {r: {s: min(ns, per_step[r].get(s, ns)) for s, ns in steps.items()} for r, steps in median.items()}
+        result = self._saving(gaps=self._scaled(target))
         return None if result is None else result[1]
 
 
