@@ -38,7 +38,7 @@ def summary_table():
 def test_demo_scenario_yields_expected_finding(name, tmp_path):
     scenario = SCENARIOS[name]
     out = tmp_path / name
-    run_diagnose(["demo", "--scenario", name, "--out", out], timeout=600)
+    proc = run_diagnose(["demo", "--scenario", name, "--out", out], timeout=600)
     findings = json.loads((out / "analysis" / "findings.json").read_text())
     serious = [f for f in findings if f["severity"] != "info"]
     expected = (f"{scenario.expected_kind} ranks={list(scenario.expected_ranks)} stage={scenario.expected_stage}"
@@ -50,20 +50,23 @@ def test_demo_scenario_yields_expected_finding(name, tmp_path):
     else:
         assert any(_matches(scenario, f) for f in serious), findings
     check_fault_in_trace(name, diagnose.load(out))
-    check_replay(scenario, out, findings)
+    check_replay(scenario, out, findings, proc.stdout)
 
 
 # kinds whose impact is a what-if replay's saving (diagnose/analysis/whatif.py)
 WHATIF_KINDS = {"straggler", "workload_imbalance", "stage_imbalance", "input_stall", "hidden_sync", "exposed_comm"}
 
 
-def check_replay(scenario, out, findings):
+def check_replay(scenario, out, findings, stdout):
     """Issue 23: the dependency model replays every scenario's steps, pipelined or
     not, within 5% per step, so the planted finding's impact is its what-if saving."""
     figures = json.loads((out / "analysis" / "step_figures.json").read_text())
     assert figures["replay_max_step_error_frac"] <= 0.05, figures
     assert figures["impact_from_replay"] is True
     assert figures["ideal_step_ms"] <= figures["replay_step_ms"] + 1e-6, figures
+    # the user sees the ideal step beside the measured one
+    assert (f"step: measured {figures['measured_step_ms']:.1f} ms" in stdout
+            and f"ideal {figures['ideal_step_ms']:.1f} ms" in stdout), stdout[-600:]
     for f in findings:
         if f["kind"] in WHATIF_KINDS:
             assert f["impact_ms_per_step"] == pytest.approx(f["metrics"]["whatif_saving_ms_per_step"], abs=1e-3)

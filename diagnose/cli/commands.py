@@ -26,10 +26,11 @@ PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 def _finish(run_dir: str, status: int, analyze: bool) -> int:
     from diagnose.cli.after_run import analyze_run
-    from diagnose.cli.console import print_findings
+    from diagnose.cli.console import print_findings, print_step_figures
     if analyze:
         run, findings = analyze_run([run_dir])
         print_findings(findings)
+        print_step_figures(run.step_figures)
     print(f"diagnose: run directory {run_dir}")
     if analyze:
         for name in ("analysis/findings.json", "trace.json.gz", "report.html"):
@@ -96,7 +97,7 @@ def analyze(runs: List[str] = typer.Argument(..., help="run directory (several: 
                                                  "trace, report or MLflow run (for very large runs)")):
     """Analyze a run directory: breakdown per rank and findings."""
     from diagnose.cli.after_run import analyze_run
-    from diagnose.cli.console import print_breakdown, print_findings
+    from diagnose.cli.console import print_breakdown, print_findings, print_step_figures
     run, findings = analyze_run(runs, outputs=not (as_json or no_outputs))
     if as_json:
         print(json.dumps(findings, indent=1))
@@ -104,6 +105,7 @@ def analyze(runs: List[str] = typer.Argument(..., help="run directory (several: 
     if not quiet:
         print_breakdown(run)
     print_findings(findings)
+    print_step_figures(run.step_figures)
     return 0
 
 

@@ -44,3 +44,15 @@ def print_findings(findings: list[dict], out: Console | None = None) -> None:
                       "-" if f.get("stage") is None else str(f["stage"]), escape(f.get("callsite") or "-"),
                       f"{escape(f['title'])}\n[dim]{escape(f['recommendation'])}[/dim]", end_section=True)
     out.print(table, markup=True)
+
+
+def print_step_figures(figures: dict | None, out: Console | None = None) -> None:
+    """The measured step beside the replayed and ideal ones (diagnose/analysis/whatif.py)."""
+    if not figures or figures.get("ideal_step_ms") is None:
+        return
+    out = out or console()
+    out.print(f"step: measured {figures['measured_step_ms']:.1f} ms (median rank), replayed "
+              f"{figures['replay_step_ms']:.1f} ms (job), ideal {figures['ideal_step_ms']:.1f} ms "
+              "(every rank's compute at most its stage's median); impacts are what-if savings"
+              + ("" if figures.get("impact_from_replay") else " where the replay holds: here it does not"),
+              markup=False)
