@@ -27,7 +27,7 @@ COMPUTE_PHASES = ("forward", "backward", "optimizer")
 
 class WhatIf:
     def __init__(self, run, steady: list[int], stages: dict[int, int]):
-        self.run, self.steady, self.stages = run, steady, stages
+        self.steady, self.stages = steady, stages
         self.model = StepModel(run.collectives(), run.steps())
         self.ok = self.model.ok
         if not self.ok:
@@ -113,13 +113,7 @@ class WhatIf:
         return self._saving(gaps=self._scaled(target, basis=self._own))
 
     def workload_imbalance(self):
-        per_step = self._compute_per_step()
-        by_stage = defaultdict(list)
-        for r in per_step:
-            by_stage[self.stages.get(r, 0)].append(r)
-        target = {r: {s: float(np.mean([per_step[p].get(s, 0.0) for p in by_stage[self.stages.get(r, 0)]]))
-                      for s in per_step[r]} for r in per_step}
-        return self._saving(gaps=self._scaled(target))
+        return self._saving(gaps=self._scaled(self._peer_target(np.mean, with_self=True)))
 
     def stage_imbalance(self, stage: int):
         per_step = self._compute_per_step(self._own)

@@ -96,7 +96,8 @@ def launch(opts: RunOptions) -> tuple[str, int]:
         "versions": {"python": platform.python_version(), "torch": _version("torch"),
                      "diagnose": _version("diagnose")},
     }
-    fr_env, manifest["flight_recorder"] = flight_recorder_env(run_dir, {**os.environ, **opts.extra_env},
+    environ = {**os.environ, **opts.extra_env}
+    fr_env, manifest["flight_recorder"] = flight_recorder_env(run_dir, environ,
                                                               torch_version=manifest["versions"]["torch"])
     rundir.write_manifest(run_dir, manifest)
     group_kwargs = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
@@ -122,7 +123,7 @@ def launch(opts: RunOptions) -> tuple[str, int]:
 
     watchdog = HangWatchdog(run_dir, proc, opts.hang_timeout_s, floor_s=opts.hang_floor_s,
                             kill_on_hang=opts.kill_on_hang, on_hang=on_hang,
-                            flight_recorder=fr_enabled({**os.environ, **opts.extra_env, **fr_env}))
+                            flight_recorder=fr_enabled({**environ, **fr_env}))
     liveness = RankLiveness(run_dir)
     live = start_live(run_dir, manifest)  # alerts + MLflow metrics while the job runs; never raises
     try:

@@ -22,9 +22,6 @@ from collections import defaultdict
 from diagnose.analysis.collective_divergence import diverge
 from diagnose.analysis.findings import Finding
 
-_ROLE_TEXT = {"missing": "never enqueued it", "device stopped": "enqueued but stopped completing",
-              "stuck": "started and never completed", "desync": "issued another op or sizes"}
-
 
 def _main_thread_frame(dump: dict) -> str | None:
     for thread in dump.get("threads", []):
