@@ -15,11 +15,12 @@ import functools
 
 from collectors import nvtx_ranges
 from collectors.clock import now_ns
+from collectors.core_wait import queued_ns
 from collectors.recorder import get_recorder
 
 
 class phase:
-    __slots__ = ("name", "microbatch", "stage", "_rec", "_t0", "_step", "_saved")
+    __slots__ = ("name", "microbatch", "stage", "_rec", "_t0", "_q0", "_step", "_saved")
 
     def __init__(self, name: str, microbatch: int | None = None, stage: int | None = None):
         self.name = name
@@ -40,6 +41,7 @@ class phase:
             st.stage = self.stage
         if nvtx_ranges.MIRRORING:
             nvtx_ranges.push(self.name, "phase")
+        self._q0 = queued_ns()
         self._t0 = now_ns()
         self._step = st.step  # a phase around optimizer.step() belongs to the step it ends
         if st.step_start_ns is None:
@@ -51,11 +53,14 @@ class phase:
         if rec is None:
             return False
         t1 = now_ns()
+        q1 = queued_ns()
+        # unknown if a reading failed (or, ended on another thread, the two disagree)
+        queued = q1 - self._q0 if self._q0 >= 0 and q1 >= self._q0 else -1
         if nvtx_ranges.MIRRORING:
             nvtx_ranges.pop()
         st = rec.state
         rec.add(("phase", self.name, self._t0, t1, self._step, st.microbatch, st.stage, "", "", -1,
-                 -1, 0, False, "", ""))
+                 -1, 0, False, "", "", queued))
         st.microbatch, st.stage = self._saved
         return False
 
@@ -75,4 +80,4 @@ def mark(name: str, detail: str = "") -> None:
     if rec.active:
         t = now_ns()
         rec.add(("mark", name, t, t, rec.state.step, rec.state.microbatch, rec.state.stage, "", "",
-                 -1, -1, 0, False, "", detail))
+                 -1, -1, 0, False, "", detail, -1))

@@ -100,7 +100,7 @@ class Recorder:
         self.errors.append({"collector": collector, "error": text, "wall_ns": time.time_ns()})
         t = clock.now_ns()
         self.add(("error", collector, t, t, self.state.step, -1, -1, "", "", -1, -1, 0, False,
-                  "", text))
+                  "", text, -1))
 
     # -- lifecycle --------------------------------------------------------
     def start(self, meta: dict) -> None:

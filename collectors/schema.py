@@ -39,6 +39,7 @@ EVENT_FIELDS = (
     ("async_op", pa.bool_()),
     ("callsite", pa.string()),     # "path/to/file.py:LINE" of the first user frame
     ("detail", pa.string()),       # free-form: device of a sync, "ddp" for bucket hooks, error text
+    ("queued_ns", pa.int64()),     # phase: ns its thread waited for a core (collectors.core_wait)
 )
 EVENT_SCHEMA = pa.schema(EVENT_FIELDS)
 EVENT_COLUMNS = tuple(name for name, _ in EVENT_FIELDS)
@@ -64,10 +65,11 @@ def rank_dir_name(rank: int) -> str:
 
 
 def event_row(kind, name, start_ns, end_ns, step=-1, microbatch=-1, stage=-1, group="",
-              group_ranks="", seq=-1, peer=-1, nbytes=0, async_op=False, callsite="", detail=""):
+              group_ranks="", seq=-1, peer=-1, nbytes=0, async_op=False, callsite="", detail="",
+              queued_ns=-1):
     """Build one event tuple in EVENT_COLUMNS order (for code off the hot path)."""
     return (kind, name, start_ns, end_ns, step, microbatch, stage, group, group_ranks, seq,
-            peer, nbytes, async_op, callsite, detail)
+            peer, nbytes, async_op, callsite, detail, queued_ns)
 
 
 def arrow_array(values, typ: pa.DataType) -> pa.Array:

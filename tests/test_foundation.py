@@ -177,7 +177,7 @@ print(sorted(m for m in sys.modules if m.split(".")[0] == "pandas")[:3])
     assert events[0]["callsite"] == "été.py:7" and events[0]["detail"] == ""
     assert events[1] == {"kind": "sync", "name": "item", "start_ns": 3, "end_ns": 4, "step": -1, "microbatch": -1,
                          "stage": -1, "group": "", "group_ranks": "", "seq": -1, "peer": -1, "bytes": 0,
-                         "async_op": True, "callsite": "t.py:1", "detail": "cuda"}
+                         "async_op": True, "callsite": "t.py:1", "detail": "cuda", "queued_ns": -1}
     samples = pq.read_table(next((tmp_path / "rank-00000").glob("samples-*.parquet"))).to_pylist()
     assert samples == [{"ts_ns": 5, "metric": "gpu_util", "value": 0.5}]
 

@@ -118,16 +118,16 @@ class CollectiveEvents:
 
 def device_rows(host_row: tuple, arrival_ns: int, end_ns: int, detail: str) -> list:
     """The call's device rows from its host row (collectors.schema order)."""
-    kind, name, _, _, step, mb, stage, group, ranks, seq, peer, nbytes, _, callsite, _ = host_row
+    kind, name, _, _, step, mb, stage, group, ranks, seq, peer, nbytes, _, callsite, _, _ = host_row
     return [(kind, name, arrival_ns, arrival_ns, step, mb, stage, group, ranks, seq, peer, nbytes, True,
-             callsite, detail),
-            ("done", name, end_ns, end_ns, step, mb, stage, group, ranks, seq, peer, 0, True, "", detail)]
+             callsite, detail, -1),
+            ("done", name, end_ns, end_ns, step, mb, stage, group, ranks, seq, peer, 0, True, "", detail, -1)]
 
 
 def stall_row(host_row: tuple, stream_at_wait_ns: int, end_ns: int, callsite: str) -> tuple:
     """The wait on the device: from where the current stream was when the host
     called Work.wait() to the work's end; its length is how long the stream
     stalled behind the wait (0 when the work was over by then)."""
-    kind, name, _, _, step, mb, stage, group, ranks, seq, peer, _, _, _, _ = host_row
+    kind, name, _, _, step, mb, stage, group, ranks, seq, peer, _, _, _, _, _ = host_row
     return ("wait", name, stream_at_wait_ns, end_ns, step, mb, stage, group, ranks, seq, peer, 0, True, callsite,
-            "gpu:wait")
+            "gpu:wait", -1)

@@ -93,7 +93,7 @@ class Tracker:
                track_done, detail=""):
         st = self.rec.state
         row = (kind, name, t0, t1, st.step, st.microbatch, st.stage, group, ranks, seq, peer,
-               nbytes, work is not None, callsite, detail)
+               nbytes, work is not None, callsite, detail, -1)
         self.rec.add(row)
         if work is not None:
             self.watch(work, row, track_done)
@@ -109,7 +109,7 @@ class Tracker:
 
     def done(self, row, t):
         self.rec.add(("done", row[1], t, t, row[4], row[5], row[6], row[7], row[8], row[9],
-                      row[10], 0, True, "", row[14]))
+                      row[10], 0, True, "", row[14], -1))
 
     def waited(self, work, t0, t1, callsite, completed_before):
         rows = self.pending.pop(id(work), None)
@@ -118,7 +118,7 @@ class Tracker:
         if rows:
             for row in rows:
                 self.rec.add(("wait", row[1], t0, t1, row[4], row[5], row[6], row[7], row[8],
-                              row[9], row[10], 0, True, callsite, row[14]))
+                              row[9], row[10], 0, True, callsite, row[14], -1))
                 if track_done:
                     self.done(row, t0 if completed_before else t1)
 

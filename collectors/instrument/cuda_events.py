@@ -119,7 +119,7 @@ class CudaEventTimer:
 
 def _row(name, st, group="", nbytes=0, callsite=""):
     return ("phase", f"gpu:{name}", None, None, st.step, st.microbatch, st.stage, group, "", -1, -1,
-            nbytes, False, callsite, "cuda_event")
+            nbytes, False, callsite, "cuda_event", -1)
 
 
 def install(rec):

@@ -30,7 +30,7 @@ def install(rec):
         workers = getattr(self, "_num_workers", -1)
         label = labels.get(workers) or labels.setdefault(workers, f"workers={workers}")
         rec.add(("data", "data_wait", t0, t1, st.step, st.microbatch, st.stage, "", "", -1,
-                 -1, 0, False, "", label))
+                 -1, 0, False, "", label, -1))
         return batch
 
     _BaseDataLoaderIter.__next__ = __next__

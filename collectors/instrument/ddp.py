@@ -75,9 +75,9 @@ class _TimerReader:
         issued_until = max(comm_start, min(compute_end, comm_end))
         step, microbatch, stage = stamp
         rec.add(("collective", "all_reduce", comm_start + to_mono, issued_until + to_mono, step, microbatch,
-                 stage, group, ranks, seq, -1, self.nbytes, True, "", "ddp backward"))
+                 stage, group, ranks, seq, -1, self.nbytes, True, "", "ddp backward", -1))
         rec.add(("done", "all_reduce", comm_end + to_mono, comm_end + to_mono, step, microbatch, stage,
-                 group, ranks, seq, -1, 0, True, "", "ddp backward"))
+                 group, ranks, seq, -1, 0, True, "", "ddp backward", -1))
 
 
 def _uses_timer(module) -> bool:

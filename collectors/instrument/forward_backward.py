@@ -76,7 +76,7 @@ def install(rec):
                     if nvtx_ranges.MIRRORING:
                         nvtx_ranges.pop()
                     rec.add(("forward", "forward", t0, now_ns(), st.step, st.microbatch, st.stage, "", "",
-                             -1, -1, 0, False, "", ""))
+                             -1, -1, 0, False, "", "", -1))
                 except Exception as exc:
                     rec.record_error("forward_backward", exc)
 
@@ -117,7 +117,7 @@ def install(rec):
                 if nvtx_ranges.MIRRORING:
                     nvtx_ranges.pop()
                 rec.add(("backward", "backward", t0, now_ns(), st.step, st.microbatch, st.stage,
-                         "", "", -1, -1, 0, False, "", ""))
+                         "", "", -1, -1, 0, False, "", "", -1))
 
         return backward
 

@@ -36,7 +36,7 @@ def install(rec):
                     raise InjectedFailure("host_sync")
                 rec.add(("sync", name, t0, t1, st.step, st.microbatch, st.stage, "", "", -1,
                          -1, 0, False, f"{caller.f_code.co_filename}:{caller.f_lineno}",
-                         "cuda" if self.is_cuda else "cpu"))
+                         "cuda" if self.is_cuda else "cpu", -1))
             except Exception as exc:
                 rec.record_error("host_sync", exc)
             return result
@@ -55,7 +55,7 @@ def install(rec):
         if is_user_frame(caller):
             rec.add(("sync", "cuda.synchronize", t0, now_ns(), st.step, st.microbatch, st.stage,
                      "", "", -1, -1, 0, False, f"{caller.f_code.co_filename}:{caller.f_lineno}",
-                     "cuda"))
+                     "cuda", -1))
         return result
 
     torch.cuda.synchronize = synchronize

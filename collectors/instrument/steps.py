@@ -43,10 +43,10 @@ def install(rec):
             if nvtx_ranges.MIRRORING:
                 nvtx_ranges.pop()
             rec.add(("optimizer", "optimizer", t0, t, st.step, -1, -1, "", "", -1, -1, 0, False,
-                     "", ""))
+                     "", "", -1))
             if id(optimizer) == primary[0]:
                 rec.add(("step", "step", st.step_start_ns, t, st.step, -1, -1, "", "", -1, -1, 0,
-                         False, "", ""))
+                         False, "", "", -1))
                 prog = rec.progress
                 step_ms = (t - st.step_start_ns) / 1e6
                 prog["last_step_ms"] = step_ms

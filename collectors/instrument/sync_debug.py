@@ -33,7 +33,7 @@ def make_showwarning(rec, previous):
         if SYNC_WARNING in str(message):
             t = now_ns()
             rec.add(("sync", "cuda_sync", t, t, st.step, st.microbatch, st.stage, "", "", -1, -1, 0,
-                     False, user_callsite(2), "sync_debug"))
+                     False, user_callsite(2), "sync_debug", -1))
             return None
         return previous(message, category, filename, lineno, file, line)
 

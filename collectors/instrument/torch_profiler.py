@@ -60,7 +60,7 @@ class Window:
         prof.export_chrome_trace(self.path)
         t1 = now_ns()
         self.rec.add(("mark", "torch_profiler_export", t0, t1, self.rec.state.step, -1, -1, "", "",
-                      -1, -1, 0, False, "", self.path))
+                      -1, -1, 0, False, "", self.path, -1))
 
 
 def _make_profiler():

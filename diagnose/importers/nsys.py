@@ -185,10 +185,10 @@ class Export:
         numbers = np.array(sorted(steps), dtype=np.int64)
         starts = np.array([steps[n][0] for n in numbers], dtype=np.int64)
         rows = [("step", "step", steps[n][0], steps[n][1], int(n), -1, -1, "", "", -1, -1, 0, False,
-                 "", "") for n in numbers]
+                 "", "", -1) for n in numbers]
         step_of = assign_steps(starts, numbers, np.array([c[2] for c in cpu], dtype=np.int64))
         for (kind, name, s, e, detail), st in zip(cpu, step_of.tolist()):
-            rows.append((kind, name, s, e, st, -1, -1, "", "", -1, -1, 0, False, "", detail))
+            rows.append((kind, name, s, e, st, -1, -1, "", "", -1, -1, 0, False, "", detail, -1))
         rows.extend(self._gpu_rows(pid, single, launches, calls, starts, numbers, world, rank))
         rows.sort(key=lambda r: r[2])
         return rows
@@ -239,7 +239,7 @@ class Export:
             cls = MEMORY if name.startswith(("Memcpy", "Memset")) else kernel_class(name)
             launched = corr if corr in launches else -1
             rows.append(("kernel", name, s, e, st, -1, -1, str(stream), "", launched, -1,
-                         int(nbytes), False, "", cls))
+                         int(nbytes), False, "", cls, -1))
             if cls != COMMUNICATION:
                 continue
             c = call_of[i]
@@ -259,8 +259,8 @@ class Export:
             group = group or f"nccl:comm{streams.index(stream)}"
             seq = seqs.get(group, 0)
             seqs[group] = seq + 1
-            rows.append((kind, op, s, s, st, -1, -1, group, members, seq, peer, sent, True, "", detail))
-            rows.append(("done", op, e, e, st, -1, -1, group, members, seq, peer, 0, True, "", detail))
+            rows.append((kind, op, s, s, st, -1, -1, group, members, seq, peer, sent, True, "", detail, -1))
+            rows.append(("done", op, e, e, st, -1, -1, group, members, seq, peer, 0, True, "", detail, -1))
             last_call[stream] = (c, len(rows) - 1)
         return rows
 

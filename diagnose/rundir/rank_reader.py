@@ -16,7 +16,7 @@ from collectors.schema import (EVENT_FIELDS, EVENT_PART_GLOBS, SAMPLE_FIELDS, SA
 
 _EVENT_DEFAULTS = {"step": -1, "microbatch": -1, "stage": -1, "group": "", "group_ranks": "",
                    "seq": -1, "peer": -1, "bytes": 0, "async_op": False, "callsite": "",
-                   "detail": ""}
+                   "detail": "", "queued_ns": -1}
 REQUIRED_EVENT_COLUMNS = ("kind", "name", "start_ns", "end_ns")
 
 

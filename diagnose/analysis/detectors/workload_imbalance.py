@@ -2,7 +2,12 @@
 lengths), so a different rank is the slowest at every step and its peers wait.
 
 Signal: forward+backward time per micro-batch, per rank (CUDA-event spans when
-the run has them, else the host phases), over the steady steps. Ranks of one
+the run has them, else the host phases less the time their thread queued for a
+core, `queued_ns`), over the steady steps. The queued time is left out because
+on a host with more busy ranks than cores it is not the micro-batch's work but
+its neighbours': slow_input on dp4 with 2 cores (identical micro-batches; a
+rank computes alone while its peers sleep in data loading, else two to a core)
+measured p50/p10 1.79-1.92 on wall time, which read as variable lengths. Ranks of one
 pipeline stage are data-parallel peers: they meet at the step's gradient
 all-reduce, so per step each waits for the peer whose micro-batches summed to
 the most compute.
@@ -46,8 +51,9 @@ def microbatch_compute(ctx) -> tuple[pd.DataFrame, bool]:
     device = base & events["name"].isin(["gpu:forward", "gpu:backward"]) & (events["detail"] == "cuda_event")
     on_device = bool(device.any())
     rows = events.loc[device if on_device else base & events["name"].isin(["forward", "backward"]),
-                      ["rank", "stage", "step", "microbatch", "start_ns", "end_ns"]]
-    rows = rows.assign(compute_ms=(rows["end_ns"] - rows["start_ns"]) / 1e6)
+                      ["rank", "stage", "step", "microbatch", "start_ns", "end_ns", "queued_ns"]]
+    # (device spans and rows without the reading have queued_ns -1: nothing to take off)
+    rows = rows.assign(compute_ms=(rows["end_ns"] - rows["start_ns"] - rows["queued_ns"].clip(lower=0)) / 1e6)
     per_mb = rows.groupby(["rank", "stage", "step", "microbatch"], observed=True)["compute_ms"].sum()
     return per_mb.reset_index(), on_device
 
