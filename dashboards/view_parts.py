@@ -29,12 +29,14 @@ MAX_LINE_RANKS = 16
 
 def esc(value) -> str:
     """Text from a trace, made safe for HTML and for plotly labels (plotly turns
-    the entities back into the characters, so `<script>` shows as text)."""
+    the entities back into the characters, so `<script>` shows as text). The
+    quote is written `&#34;`: plotly decodes numeric entities and only a few
+    named ones (not `&quot;`), HTML reads both."""
     if value is None:
         return ""
     if isinstance(value, float) and math.isnan(value):
         return ""
-    return html.escape(str(value), quote=True)
+    return html.escape(str(value), quote=True).replace("&quot;", "&#34;")
 
 
 def fmt_ms(value) -> str:

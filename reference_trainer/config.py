@@ -26,6 +26,10 @@ class TrainConfig:
     log_jsonl: str | None = None
     debug_dir: str | None = None
     pg_timeout_s: float = 1800.0  # the process group's timeout (its backend's watchdog)
+    # CPU only: a forward waits this long more per sample (a backward twice), as a rank
+    # waits for its own accelerator: compute that scales with the micro-batch and does not
+    # contend for the host's cores, so a benchmark of 8 ranks on 2 cores keeps a "device" per rank
+    emulated_device_ms_per_sample: float = 0.0
     # model
     layers: int = 4
     d_model: int = 64
@@ -103,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--debug-dir", default=None, help="per-rank JSONL of schedule and memory stats")
     g.add_argument("--pg-timeout-s", type=float, default=d.pg_timeout_s,
                    help="how long a collective waits before the backend raises (torch's default 30 min)")
+    g.add_argument("--emulated-device-ms-per-sample", type=float, default=d.emulated_device_ms_per_sample,
+                   help="CPU only: each forward also waits this long per sample (backward twice), as for "
+                        "a rank's own accelerator (benchmarks of many ranks on few cores)")
     g = p.add_argument_group("model")
     g.add_argument("--layers", type=int, default=d.layers)
     g.add_argument("--d-model", type=int, default=d.d_model)
@@ -124,7 +131,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         layers_per_stage=lps, zero1=a.zero1, precision=a.precision, bucket_cap_mb=a.bucket_cap_mb,
         steps=a.steps, seed=a.seed, lr=a.lr, weight_decay=a.weight_decay,
         faults=[parse_fault(f) for f in a.fault], log_jsonl=a.log_jsonl, debug_dir=a.debug_dir,
-        pg_timeout_s=a.pg_timeout_s,
+        pg_timeout_s=a.pg_timeout_s, emulated_device_ms_per_sample=a.emulated_device_ms_per_sample,
         layers=a.layers, d_model=a.d_model, heads=a.heads, seq_len=a.seq_len, vocab=a.vocab,
         micro_batch_size=a.micro_batch_size, data=a.data, num_workers=a.num_workers)
     cfg.validate()

@@ -87,8 +87,10 @@ class Faults:
     """What the faults of this run mean for this rank."""
 
     def __init__(self, specs: list[FaultSpec], rank: int, stage: int, device: torch.device,
-                 dp_rank: int | None = None):
+                 dp_rank: int | None = None, emulated_device_ms: float = 0.0):
         self.rank, self.device = rank, device
+        # (config.py) the accelerator's time per forward of a micro-batch, emulated by a wait; CPU only
+        self.emulated_device_ms = emulated_device_ms if device.type == "cpu" else 0.0
         self.dp_rank = rank if dp_rank is None else dp_rank
         self.step = -1
         self.microbatch = -1  # set by the StageRunner before each forward/backward
@@ -139,7 +141,7 @@ class Faults:
     def compute_begins(self):
         """Call before a forward/backward's compute; hand the result to compute_ends."""
         factor = self.compute_factor * self.length_factor(self.step, self.microbatch)
-        if factor <= 1.0:
+        if factor <= 1.0 and not self.emulated_device_ms:
             return None
         if self.device.type == "cuda":
             if self._device_slowdown is None:
@@ -147,9 +149,10 @@ class Faults:
             return self._device_slowdown.begin(), factor
         return time.perf_counter(), factor
 
-    def compute_ends(self, begun) -> None:
+    def compute_ends(self, begun, weight: float = 1.0) -> None:
         """After the compute: the phase grows F-fold, as on a slower GPU (CUDA: a
-        spin kernel on the stream, the host never waits) or a throttled host (CPU)."""
+        spin kernel on the stream, the host never waits) or a throttled host (CPU),
+        emulated device time included (`weight` x emulated_device_ms: 2 for a backward)."""
         if begun is None:
             return
         begun, factor = begun
@@ -157,7 +160,8 @@ class Faults:
             self._device_slowdown.factor = factor  # varlen: this phase's own length
             self._device_slowdown.end(begun)
         else:
-            time.sleep((factor - 1.0) * (time.perf_counter() - begun))
+            compute_s = time.perf_counter() - begun
+            time.sleep(max(factor * (compute_s + weight * self.emulated_device_ms / 1e3) - compute_s, 0.0))
 
     def after_microbatch(self, loss_or_activation: torch.Tensor, group) -> None:
         """The classic logging mistake: reduce the micro-batch loss and read it on the host,

@@ -39,6 +39,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              description="dp2 x pp2, 1F1B with 8 micro-batches: no problem worth a warning"),
     Scenario("straggler", 4, _run(_DP4, faults=("straggler:rank=2,factor=3",)), "straggler", (2,),
              description="rank 2 computes 3x slower; ranks 0, 1, 3 wait in the DP all-reduce"),
+    # 8 ranks on 2 cores (the slowdown is a sleep, so it holds): rank 5 is stage 1 of
+    # pipeline 1; its delay reaches stages 0, 2, 3 through sends and receives
+    Scenario("pipeline_straggler", 8,
+             _run(["--dp", "2", "--pp", "4", "--schedule", "1f1b", "--microbatches", "8"],
+                  faults=("straggler:rank=5,factor=3",)), "straggler", (5,),
+             description="dp2 x pp4: rank 5 (stage 1) computes 3x slower; its pipeline waits "
+                         "in receives, its DP peer in the gradient all-reduce"),
     Scenario("slow_stage", 4, _run(_PP4, faults=("slow_stage:stage=2,factor=3",)), "stage_imbalance",
              (2,), 2, description="pipeline stage 2 computes 3x slower than the others"),
     Scenario("slow_input", 4, _run(_DP4, faults=("slow_input:ms=15",)), "input_stall", (0, 1, 2, 3),
@@ -47,7 +54,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              _run(["--dp", "4", "--microbatches", "4"], faults=("hidden_sync:every=microbatch",)),
              "hidden_sync", (0, 1, 2, 3),
              description="loss all_reduce + .item() inside the micro-batch loop"),
-    Scenario("blocking_p2p", 4, _run(_PP4, faults=("blocking_p2p",)), "blocking_async", (0, 1, 2, 3),
+    # 16 micro-batches: the schedule's bubble (3/19) stays under the bubble detector's
+    # gate, so the waited sends are the one cause (with 8 the bubble, 3/11, costs more)
+    Scenario("blocking_p2p", 4, _run(["--pp", "4", "--schedule", "1f1b", "--microbatches", "16"],
+                                     faults=("blocking_p2p",)), "blocking_async", (0, 1, 2, 3),
              description="pipeline sends waited at once instead of overlapped with compute"),
     Scenario("hang", 4, _run(_DP2_PP2, faults=("hang:rank=1,step=6",)), "hang", (1,), 1,
              description="rank 1 (stage 1) stops before its gradient all-reduce at step 6"),

@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(cfg.seed)
     stage, device = mesh.pp_rank, mesh.device
     precision = cfg.precision or ("bf16" if device.type == "cuda" else "fp32")
-    faults = Faults(cfg.faults, mesh.rank, stage, device, dp_rank=mesh.dp_rank)
+    faults = Faults(cfg.faults, mesh.rank, stage, device, dp_rank=mesh.dp_rank,
+                    emulated_device_ms=cfg.emulated_device_ms_per_sample * cfg.micro_batch_size)
 
     model = build_model(cfg, mesh)
     buckets = GradBuckets(model.parameters(), group=mesh.dp_group, dp=mesh.dp, device=device,
@@ -163,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
                      "data_s": round(data_s, 6)})
     log.close()
     debug.close()
+    dist.barrier()  # torn down together (samples/ddp_mlp.py says why)
     dist.destroy_process_group()
 
 

@@ -115,7 +115,8 @@ def test_trace_strings_show_as_text_never_markup(ddp_run, tmp_path, browser):
     atomic_write_json(str(rank_dir / "meta.json"), meta)
     atomic_write_json(str(copy / "analysis" / "findings.json"), [{
         "kind": "hidden_sync", "severity": "critical", "title": f"sync at {XSS}", "ranks": [0],
-        "stage": None, "callsite": f"{IMG_XSS}.py:1", "metrics": {XSS: 1.0},
+        "stage": None, "callsite": f"{IMG_XSS}.py:1",
+        "metrics": {XSS: 1.0, "whatif_step_ms": 10.0, "whatif_saving_ms_per_step": 5.0},
         "recommendation": IMG_XSS, "impact_ms_per_step": 5.0}])
     run_diagnose(["report", copy, "--steps", f"{step}-{step}"])
     page = open_offline(browser, copy / "report.html")
@@ -142,9 +143,33 @@ def test_trace_strings_show_as_text_never_markup(ddp_run, tmp_path, browser):
             return {{text: layer.textContent, scripts: layer.querySelectorAll('script').length}};
         }})()""")
         assert XSS in hover["text"] and hover["scripts"] == 0
+        # the what-if view's bar for the finding is labelled with its callsite, as text
+        assert page.evaluate(f"""Array.from(document.querySelectorAll('#fig-whatif text'))
+            .some(t => t.textContent.includes({json.dumps(IMG_XSS)}))""")
         assert page.evaluate("window.__xss === undefined") and page.dialogs == []
         assert page.console_errors == []
         page.screenshot(str(ARTIFACTS / "report-hostile-strings.png"), full_page=False)
+    finally:
+        page.close()
+
+
+def test_whatif_view_shows_each_findings_step_beside_the_measured_one(straggler_run, browser):
+    """Issue 23: per finding, the step time with its cause removed, beside the
+    measured, replayed and ideal step, on one axis (the figures of the analysis)."""
+    run_dir = straggler_run["dir"]
+    figures = json.loads((run_dir / "analysis" / "step_figures.json").read_text())
+    findings = json.loads((run_dir / "analysis" / "findings.json").read_text())
+    (straggler,) = [f for f in findings if f["kind"] == "straggler"]
+    page = open_offline(browser, run_dir / "report.html")
+    try:
+        bars = page.evaluate("""(() => { const t = document.getElementById('fig-whatif').data[0];
+            return Object.fromEntries(t.y.map((label, i) => [label, t.x[i]])); })()""")
+        assert bars["measured"] == pytest.approx(figures["measured_step_ms"])
+        assert bars["replayed"] == pytest.approx(figures["replay_step_ms"])
+        assert bars["ideal"] == pytest.approx(figures["ideal_step_ms"])
+        assert bars["without straggler (rank 1)"] == pytest.approx(straggler["metrics"]["whatif_step_ms"])
+        assert bars["without straggler (rank 1)"] < bars["replayed"]
+        assert_offline_and_clean(page)
     finally:
         page.close()
 

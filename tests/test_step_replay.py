@@ -90,3 +90,11 @@ def test_async_collectives_queue_on_their_group():
     assert model.replay()[0][0] == 18 * ms
     # communication fully overlapped: the waits end as they start
     assert model.replay(length_ns=model.length_ns * 0)[0][0] == pytest.approx(6.1 * ms)
+
+
+def test_a_bubbles_whatif_is_the_schedules_fill_and_drain():
+    """p stages fill and drain in (p - 1) micro-batch times of the slowest stage:
+    4 stages busy 80 ms per step in 2 micro-batches idle 3 x 40 ms; in 8, 3 x 10 ms."""
+    from diagnose.analysis.detectors.pipeline_bubble import schedule_saving_ms
+    assert schedule_saving_ms(80.0, 4, 2, 8) == pytest.approx(120.0 - 30.0)
+    assert schedule_saving_ms(80.0, 4, 8, 8) == 0.0

@@ -148,7 +148,8 @@ def test_cli_and_fault_parsing():
 def test_scenarios_cover_design_and_parse():
     # every demo scenario, plus `showcase` (what `make demo` runs)
     assert set(SCENARIOS) == {"clean", "straggler", "slow_stage", "slow_input", "hidden_sync",
-                              "blocking_p2p", "hang", "crash", "comm_bound", "bubble", "varlen", "showcase"}
+                              "blocking_p2p", "hang", "crash", "comm_bound", "bubble", "varlen", "showcase",
+                              "pipeline_straggler"}
     kinds = {None, "straggler", "stage_imbalance", "pipeline_bubble", "input_stall", "hidden_sync",
              "blocking_async", "exposed_comm", "hang", "rank_failure", "memory_imbalance",
              "workload_imbalance"}

@@ -66,8 +66,11 @@ def write_analysis(run) -> list[dict]:
         for message in written.result():
             run.warn(message)
     atomic_write_json(os.path.join(run.root, rundir.FINDINGS), findings)
+    figures = os.path.join(run.root, rundir.STEP_FIGURES)
     if run.step_figures is not None:
-        atomic_write_json(os.path.join(run.root, rundir.ANALYSIS, "step_figures.json"), run.step_figures)
+        atomic_write_json(figures, run.step_figures)
+    elif os.path.exists(figures):  # an earlier analysis's figures are not this one's
+        os.remove(figures)
     return findings
 
 

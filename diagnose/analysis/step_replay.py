@@ -169,8 +169,7 @@ class StepModel:
                     k = st[0]
                     ready = st[2] if st[2] is not None else st[1] + g[k]
                     if kind == "step_end":
-                        ends[r][step] = max(st[1], ready)
-                        st[1] = ends[r][step]
+                        ends[r][step] = st[1] = max(st[1], ready)
                     elif inst in skip:
                         st[1] = max(st[1], ready)  # the call is gone, its return with it
                     elif kind == "issue":
@@ -196,17 +195,16 @@ class StepModel:
 
 
 def job_step_ms(ends: dict, steps: list[int]) -> dict[int, float]:
-    """step -> ms from the previous step's last end to this step's last end (all ranks)."""
-    out, prev = {}, None
-    for step in sorted(steps):
+    """step -> ms from the previous step's last end (all ranks; a step outside
+    `steps` too) to this step's last end."""
+    def last_end(step):
         times = [e[step] for e in ends.values() if step in e]
-        if not times:
-            prev = None
-            continue
-        t = max(times)
-        if prev is not None:
+        return max(times) if times else None
+    out = {}
+    for step in sorted(steps):
+        t, prev = last_end(step), last_end(step - 1)
+        if t is not None and prev is not None:
             out[step] = (t - prev) / 1e6
-        prev = t
     return out
 
 

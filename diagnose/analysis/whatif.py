@@ -3,17 +3,30 @@ with the finding's cause removed; and the ideal step.
 
 Per finding kind, what "removed" means:
 - straggler: the rank's own work (its gaps: compute, and whatever else it does
-  outside collectives) in each step set to the median of its pipeline-stage
-  peers' in that step;
+  outside collectives) in each step brought down to the median of its
+  pipeline-stage peers' in that step (a step it was faster stays as it was);
 - workload_imbalance: every rank's compute in each step set to its stage's
-  mean for that step (token-balanced micro-batches: same total work);
-- stage_imbalance: the stage's own work set to the mean stage's;
+  mean for that step (token-balanced micro-batches: same total work; the only
+  what-if that lengthens some durations, so it can lengthen a step: hidden_sync
+  on dp4 replayed 0.9 ms slower, a saving of 0);
+- stage_imbalance: the stage's own work brought down to the mean stage's;
 - input_stall: the data waits removed;
 - hidden_sync: the callsite's collectives and host syncs removed;
-- exposed_comm: every collective takes no time (fully overlapped).
+- exposed_comm: every collective takes no time (fully overlapped);
+- pipeline_bubble: the bubble at the schedule's theoretical size for the
+  recommended micro-batch count (the detector's arithmetic: a schedule change
+  is not a duration change the replay can make).
+blocking_async keeps its detector's estimate: moving a wait changes the order of
+a lane, not a duration, and on the pipelined bench (sends waited at once on
+pp4) a replay that waited them at the step's end saved 218 ms where the fix
+measured 5.9 +- 6.9 ms (bench/results/2026-12-04-whatif-accuracy.md).
 The saving is the replayed step time, as is, minus the what-if's, averaged over
-the steady steps: the replay's own error cancels. The ideal step brings every
-rank's compute down to its stage's median per step (no rank made slower).
+the steady steps: the replay's own error cancels. A what-if changes only the
+steady steps' durations, so the step before them ends as recorded and every
+saving is measured from the same origin (changing earlier steps too would
+shift it: a what-if that shortens only every step's durations could read as a
+loss). The ideal step brings every rank's compute down to its stage's median
+per step (no rank made slower).
 """
 from collections import defaultdict
 
@@ -44,6 +57,11 @@ class WhatIf:
         phases = events[(events["kind"] == "phase") & events["name"].isin(COMPUTE_PHASES)]
         self._compute = self._overlaps(phases) if len(phases) else self._own
         self._step_of = {r: np.array([p[4] for p in lane]) for r, lane in self.model.lanes.items()}
+        steady_set = set(steady)
+        self._in_steady = {r: np.isin(steps, list(steady_set)) for r, steps in self._step_of.items()}
+        calls = self.model.calls
+        inst_step = calls.groupby("_inst")["step"].max().reindex(range(len(self.model.length_ns)))
+        self._inst_steady = inst_step.isin(steady_set).to_numpy()
 
     def _overlaps(self, rows: pd.DataFrame) -> dict[int, np.ndarray]:
         """rank -> per gap, the ns of these event rows inside it."""
@@ -59,7 +77,13 @@ class WhatIf:
         return float(np.mean(list(self.base.values())))
 
     def _saving(self, gaps=None, length_ns=None, skip=frozenset()) -> tuple[float, float] | None:
-        ends = self.model.replay(gaps=gaps, length_ns=length_ns, skip=skip)
+        m = self.model
+        if gaps is not None:  # the steady steps' only (see the module's docstring)
+            gaps = {r: np.where(self._in_steady[r], g, m.gaps[r]) for r, g in gaps.items()}
+        if length_ns is not None:
+            length_ns = np.where(self._inst_steady, length_ns, m.length_ns)
+        skip = frozenset(i for i in skip if self._inst_steady[i])
+        ends = m.replay(gaps=gaps, length_ns=length_ns, skip=skip)
         after = job_step_ms(ends, self.steady)
         common = [s for s in self.base if s in after]
         if not common:
@@ -109,7 +133,9 @@ class WhatIf:
         return target
 
     def straggler(self, rank: int):
-        target = self._peer_target(np.median, ranks=[rank], basis=self._own)
+        own = self._compute_per_step(self._own)[rank]
+        median = self._peer_target(np.median, ranks=[rank], basis=self._own)[rank]
+        target = {rank: {s: min(ns, own.get(s, ns)) for s, ns in median.items()}}
         return self._saving(gaps=self._scaled(target, basis=self._own))
 
     def workload_imbalance(self):
@@ -124,7 +150,7 @@ class WhatIf:
         mean_stage = float(np.mean(list(means.values())))
         if means.get(stage, 0.0) <= 0:
             return None
-        factor = mean_stage / means[stage]
+        factor = min(mean_stage / means[stage], 1.0)
         target = {r: {s: ns * factor for s, ns in per.items()} for r, per in per_step.items()
                   if self.stages.get(r, 0) == stage}
         return self._saving(gaps=self._scaled(target, basis=self._own))
@@ -150,12 +176,19 @@ class WhatIf:
     def ideal_step_ms(self) -> float | None:
         """Every rank's compute per step at most its stage's median: slowness removed,
         nobody made slower (the replay is monotone: the ideal is never above it;
-        raising a fast rank to the median can lengthen a pipeline's critical path)."""
+        raising a fast rank to the median can lengthen a pipeline's critical path).
+        The lower median: with two replicas per stage the median is the straggler's and
+        its peer's mean (dp2 x pp4: an ideal 478 ms per step short of fixing the straggler)."""
         per_step = self._compute_per_step()
-        median = self._peer_target(np.median, with_self=True)
+        median = self._peer_target(lower_median, with_self=True)
         target = {r: {s: min(ns, per_step[r].get(s, ns)) for s, ns in steps.items()} for r, steps in median.items()}
         result = self._saving(gaps=self._scaled(target))
         return None if result is None else result[1]
+
+
+def lower_median(values) -> float:
+    """The median, or the lower middle value of an even count."""
+    return float(np.sort(np.asarray(values, dtype=np.float64))[(len(values) - 1) // 2])
 
 
 FIDELITY_FRAC = 0.05  # the replay, as recorded, must give each steady step back within this
@@ -175,6 +208,9 @@ def _one(w: WhatIf, ctx, finding):
         return w.hidden_sync(lambda raw: ctx.relpath(raw) == finding.callsite)
     if kind == "exposed_comm":
         return w.exposed_comm()
+    if kind == "pipeline_bubble":
+        saving = finding.metrics["whatif_saving_ms_per_step"]
+        return saving, w.step_ms() - saving
     return None
 
 
@@ -213,7 +249,7 @@ def apply(ctx, findings) -> dict | None:
         finding.metrics.update(whatif_step_ms=after, replay_step_ms=summary["replay_step_ms"],
                                whatif_saving_ms_per_step=max(saving, 0.0))
         if trusted:
-            finding.metrics["estimate_ms_per_step"] = finding.impact_ms_per_step
+            finding.metrics.setdefault("estimate_ms_per_step", finding.impact_ms_per_step)
             finding.impact_ms_per_step = max(saving, 0.0)
     summary["impact_from_replay"] = trusted
     return summary

@@ -19,6 +19,7 @@ MANIFEST = "manifest.json"
 TRACES = "traces"
 ANALYSIS = "analysis"
 FINDINGS = os.path.join(ANALYSIS, "findings.json")
+STEP_FIGURES = os.path.join(ANALYSIS, "step_figures.json")
 REPORT = "report.html"
 CHROME_TRACE = "trace.json.gz"
 ALERTS = "alerts.jsonl"

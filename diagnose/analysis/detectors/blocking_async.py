@@ -25,21 +25,28 @@ IMMEDIATE_NS = 500_000
 IMMEDIATE_FRAC = 0.8
 
 
-def detect(ctx):
-    calls = ctx.run.collectives()
-    if calls.empty or not ctx.steady:
-        return []
+def async_waits(calls: pd.DataFrame) -> pd.DataFrame:
+    """The waited async sends and collectives a wait could be moved for, with the
+    gap from return to wait, the wait, and the site (the wait's callsite, else the call's)."""
     recvs = calls.loc[calls["name"] == "recv", ["rank", "issue_ns"]]
-    calls = calls[calls["async_op"] & calls["step"].isin(ctx.steady) & calls["wait_start_ns"].notna()]
+    calls = calls[calls["async_op"].astype(bool) & calls["wait_start_ns"].notna()]
     calls = calls[~calls["detail"].str.startswith("ddp")]
     # a batch (batch_isend_irecv) is the ops one rank issued at one instant
     batch = pd.MultiIndex.from_frame(calls[["rank", "issue_ns"]])
     calls = calls[~batch.isin(pd.MultiIndex.from_frame(recvs))]
+    return calls.assign(gap_ns=calls["wait_start_ns"] - calls["return_ns"],
+                        wait_ms=(calls["wait_end_ns"] - calls["wait_start_ns"]) / 1e6,
+                        site=calls["wait_callsite"].where(calls["wait_callsite"] != "", calls["callsite"]))
+
+
+def detect(ctx):
+    calls = ctx.run.collectives()
+    if calls.empty or not ctx.steady:
+        return []
+    calls = async_waits(calls)
+    calls = calls[calls["step"].isin(ctx.steady)]
     if calls.empty:
         return []
-    calls = calls.assign(gap_ns=calls["wait_start_ns"] - calls["return_ns"],
-                         wait_ms=(calls["wait_end_ns"] - calls["wait_start_ns"]) / 1e6,
-                         site=calls["wait_callsite"].where(calls["wait_callsite"] != "", calls["callsite"]))
     findings = []
     n_steps = len(ctx.steady)
     for site, at_site in calls.groupby("site"):

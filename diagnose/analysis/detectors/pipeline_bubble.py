@@ -3,8 +3,17 @@
 Signal: per pipeline rank, the part of the steady step not spent in forward or
 backward compute, against the schedule's theoretical bubble (p-1)/(m+p-1) for p
 stages and m micro-batches. Threshold: the theoretical bubble is >= 20% (too few
-micro-batches for the depth); impact is the idle above a 10% target, severity
-from impact. Measured idle far above theory (>= 30 points) with enough
+micro-batches for the depth). Impact is a what-if at the schedule's theoretical
+size: the same work in m' micro-batches (the count that brings theory under
+10%) fills and drains the pipeline in (p-1)/m' of the bottleneck stage's busy
+time B instead of (p-1)/m, so it saves B (p-1) (1/m - 1/m') per step. It
+assumes a micro-batch's compute scales with its size (GPUs past a few thousand
+tokens; not tiny CPU micro-batches, whose fixed overhead stays) and that idle
+above theory stays (a slow stage, blocking p2p: findings of their own). A
+schedule change is not a duration change, so this is arithmetic on measured
+busy time, not a replay (diagnose/analysis/whatif.py); severity from impact.
+The old estimate (idle above 10%, times the step) is kept as evidence.
+Measured idle far above theory (>= 30 points) with enough
 micro-batches is reported as info only: its causes (a slow stage, blocking p2p,
 CPU contention between co-located stages) have findings of their own. The
 recommendation gives the micro-batch count that brings theory under 10%.
@@ -42,6 +51,8 @@ def detect(ctx):
     else:
         pipeline = pipeline.assign(busy_ms=pipeline["forward_ms"] + pipeline["backward_ms"])
     per_rank = pipeline.groupby("rank")[["step_ms", "busy_ms"]].median()
+    # the pipeline fills and drains at the pace of its slowest stage
+    bottleneck_busy_ms = float(per_rank["busy_ms"].groupby(per_rank.index.map(stages)).median().max())
     idle_frac = (1 - per_rank["busy_ms"] / per_rank["step_ms"]).clip(lower=0.0)
     measured = float(idle_frac.mean())
     phases = events[(events["kind"] == "phase") & (events["microbatch"] >= 0)]
@@ -56,7 +67,7 @@ def detect(ctx):
         return []
     severity = None if theory >= THEORY_GATE_FRAC else "info"
     needed_m = math.ceil((n_stages - 1) * (1 - TARGET_FRAC) / TARGET_FRAC)
-    impact_ms = max(measured - TARGET_FRAC, 0.0) * ctx.step_ms
+    saving_ms = schedule_saving_ms(bottleneck_busy_ms, n_stages, microbatches, max(needed_m, microbatches))
     worst = int(idle_frac.idxmax())
     stalls = measured - theory >= EXCESS_GATE_FRAC
     recommendation = (f"Use at least {needed_m} micro-batches per step for {n_stages} stages "
@@ -65,7 +76,7 @@ def detect(ctx):
                          "and point-to-point waits." if stalls else "."))
     return [Finding(
         kind="pipeline_bubble", severity=severity, ranks=sorted(int(r) for r in idle_frac.index), stage=stages.get(worst),
-        impact_ms_per_step=impact_ms,
+        impact_ms_per_step=saving_ms,
         title=(f"pipeline stages idle {measured:.0%} of the step (theory for {n_stages} stages x "
                f"{microbatches} micro-batches: {theory:.0%})"
                + (ON_DEVICE_NOTE if on_device else "")),
@@ -73,4 +84,12 @@ def detect(ctx):
         metrics={"bubble_frac": measured, "theoretical_bubble_frac": theory,
                  "microbatches": microbatches, "stages": n_stages,
                  "microbatches_for_10pct": needed_m, "worst_rank_bubble_frac": float(idle_frac.max()),
-                 "device_time": float(on_device)})]
+                 "device_time": float(on_device), "bottleneck_busy_ms": bottleneck_busy_ms,
+                 "whatif_saving_ms_per_step": saving_ms,
+                 "estimate_ms_per_step": max(measured - TARGET_FRAC, 0.0) * ctx.step_ms})]
+
+
+def schedule_saving_ms(busy_ms: float, stages: int, microbatches: int, target_microbatches: int) -> float:
+    """Per step, the fill and drain time saved by splitting the same work into
+    `target_microbatches` (fill + drain = (p - 1) micro-batch times of the slowest stage)."""
+    return busy_ms * (stages - 1) * (1.0 / microbatches - 1.0 / target_microbatches)
