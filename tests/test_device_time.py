@@ -129,3 +129,40 @@ def test_async_stream_model_exposed_communication_is_measured_on_the_device(tmp_
     assert f["metrics"]["exposed_comm_ms_per_step"] == pytest.approx(40.0, rel=0.01)
     assert f["metrics"]["exposed_comm_frac"] == pytest.approx(40.0 / 102.5, rel=0.03)
     assert not [f for f in found if f["kind"] == "straggler"]
+
+
+def _model_step_ms(traces) -> float:
+    """The job's step as the model built it: the last rank's ProfilerStep, in ms."""
+    return max(e["dur"] for t in traces for e in t["traceEvents"] if e["name"] == "ProfilerStep#4") / 1e3
+
+
+def test_device_lanes_replay_the_steps_and_a_straggler_fix_saves_what_it_would(tmp_path):
+    """Issue 23 on GPU traces: the what-if replay's lanes are the GPUs
+    (diagnose/analysis/device_lanes.py). 4 ranks, rank 2's GPU 2x slower: making
+    it as fast as its peers saves what the same job without the slowdown
+    measures, although every host launches the all-reduce at the same moment."""
+    slow, _ = async_stream_model.traces(world=4, steps=8, slow_rank=2, slow_factor=2.0)
+    fixed, _ = async_stream_model.traces(world=4, steps=8, slow_rank=-1, slow_factor=1.0)
+    truth_ms = _model_step_ms(slow) - _model_step_ms(fixed)
+    assert truth_ms == pytest.approx(60.0, rel=0.01)   # 60 ms of compute, twice as long
+    run = load_run(_import(tmp_path, slow))
+    (f,) = [f for f in _findings(run) if f["kind"] == "straggler"]
+    assert f["ranks"] == [2] and run.step_figures["impact_from_replay"] is True
+    assert run.step_figures["replay_max_step_error_frac"] <= 0.05
+    assert f["impact_ms_per_step"] == pytest.approx(truth_ms, rel=0.05)
+    assert run.step_figures["ideal_step_ms"] == pytest.approx(_model_step_ms(fixed), rel=0.05)
+
+
+@pytest.mark.parametrize("held_in", ["kineto/hta/trace_filter", "kineto/hta/nccl_parser_config"])
+def test_device_lanes_give_back_the_steps_of_the_real_traces(tmp_path, held_in):
+    """The real NCCL traces, replayed on their GPUs' lanes with the recorded
+    durations, give every steady step back within 5% (a member the set does not
+    hold keeps its recorded end), so their impacts are the replay's."""
+    import glob
+    paths = sorted(glob.glob(str(fixture_path(held_in) / "*.json.gz")))
+    run = load_run(import_kineto(paths, str(tmp_path / "run"))[0],
+                   expected_warnings=UNMATCHED if held_in.endswith("trace_filter") else ())
+    _findings(run)
+    figures = run.step_figures
+    assert figures["impact_from_replay"] is True and figures["replay_max_step_error_frac"] <= 0.05, figures
+    assert figures["replay_step_ms"] == pytest.approx(figures["measured_step_ms"], rel=0.05)

@@ -22,9 +22,9 @@ reads the step time off the replay.
 Where it is wrong: the ranks' clocks are aligned with an error (an instance
 can appear to end before its last member arrived: its length is kept signed);
 a call whose end the host never saw is taken to end at its wait; work hidden in a gap (a sync inside user code diagnose does not see)
-stays as long as recorded; device queues are not modelled (on CUDA the lanes
-are the host's, so a what-if of device time is only as good as the host's
-view of it).
+stays as long as recorded. On GPU traces the lanes are the GPUs, built by
+diagnose/analysis/device_lanes.py (a collective holds its lane until it ends:
+communication the GPU overlapped with compute is serialised).
 """
 from collections import defaultdict
 

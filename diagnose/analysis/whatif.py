@@ -33,15 +33,21 @@ from collections import defaultdict
 import numpy as np
 import pandas as pd
 
+from diagnose.analysis import device_lanes
 from diagnose.analysis.step_replay import StepModel, job_step_ms, overlap_ns
 
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
 
 
 class WhatIf:
-    def __init__(self, run, steady: list[int], stages: dict[int, int]):
-        self.steady, self.stages = steady, stages
-        self.model = StepModel(run.collectives(), run.steps())
+    def __init__(self, run, steady: list[int], stages: dict[int, int], device: bool = False):
+        """`device`: lanes of GPUs, not host threads (diagnose/analysis/device_lanes.py)."""
+        self.steady, self.stages, self.device = steady, stages, device
+        if device:
+            kernels = run.kernels()
+            self.model = StepModel(device_lanes.device_calls(run.collectives()), device_lanes.device_steps(kernels))
+        else:
+            self.model = StepModel(run.collectives(), run.steps())
         self.ok = self.model.ok
         if not self.ok:
             return
@@ -50,11 +56,13 @@ class WhatIf:
         events = run.events()
         self._events = events
         self._windows = {r: self.model.gap_windows(r) for r in self.model.lanes}
-        # per gap, the ns of work to scale: the compute phases where the job has
-        # them (workload, ideal), or all of the rank's own work (straggler, stage:
-        # a rank can be slow outside its phases, in logging or Python overhead)
+        # per gap, the ns of work to scale: the compute phases (device: compute
+        # kernels) where the job has them (workload, ideal), or all of the rank's own
+        # work (straggler, stage: a rank can be slow outside its phases, in logging
+        # or Python overhead)
         self._own = {r: np.maximum(g, 0.0) for r, g in self.model.gaps.items()}
-        phases = events[(events["kind"] == "phase") & events["name"].isin(COMPUTE_PHASES)]
+        phases = (device_lanes.compute_rows(kernels) if device else
+                  events[(events["kind"] == "phase") & events["name"].isin(COMPUTE_PHASES)])
         self._compute = self._overlaps(phases) if len(phases) else self._own
         self._step_of = {r: np.array([p[4] for p in lane]) for r, lane in self.model.lanes.items()}
         steady_set = set(steady)
@@ -191,6 +199,10 @@ def lower_median(values) -> float:
     return float(np.sort(np.asarray(values, dtype=np.float64))[(len(values) - 1) // 2])
 
 
+# what-ifs of device lanes: durations of device work. A data wait or a sync is
+# host time whose device cost gpu_tables measures; exposed communication is
+# overlapped on the device, which its lane serialises (device_lanes.py)
+DEVICE_KINDS = ("straggler", "workload_imbalance", "stage_imbalance", "pipeline_bubble")
 FIDELITY_FRAC = 0.05  # the replay, as recorded, must give each steady step back within this
 
 
@@ -224,15 +236,15 @@ def fidelity(w: WhatIf) -> float | None:
 
 def apply(ctx, findings) -> dict | None:
     """Set each finding's impact to its what-if saving where the replay holds on this
-    run (host time; device time is not modelled), keeping the detector's own
+    run (host lanes, or GPU lanes where kernels cover the steady steps), keeping the detector's own
     estimate as `estimate_ms_per_step`. Returns the run's step figures."""
     from diagnose.analysis.detectors.run_structure import rank_stages
-    if ctx.on_device:
-        return {"impact_from_replay": False,
-                "why": "collectives timed on the device: the replay models the hosts' lanes"}
     if not ctx.steady:
         return None
-    w = WhatIf(ctx.run, ctx.steady, rank_stages(ctx.run.events()))
+    if ctx.on_device and ctx.kernel_steady != ctx.steady:
+        return {"impact_from_replay": False,
+                "why": "collectives timed on the device, kernels recorded in too few steps to replay"}
+    w = WhatIf(ctx.run, ctx.steady, rank_stages(ctx.run.events()), device=ctx.on_device)
     if not w.ok:
         return {"measured_step_ms": ctx.step_ms, "impact_from_replay": False,
                 "why": w.model.why or "the replay deadlocked: a dependency the trace does not show"}
@@ -242,6 +254,8 @@ def apply(ctx, findings) -> dict | None:
                "ideal_step_ms": w.ideal_step_ms()}
     trusted = bool(error is not None and error <= FIDELITY_FRAC)
     for finding in findings:
+        if w.device and finding.kind not in DEVICE_KINDS:
+            continue
         result = _one(w, ctx, finding)
         if result is None:
             continue
