@@ -1,14 +1,13 @@
 """Turn a worker process into an instrumented one: start the recorder now, and
-install the torch instrumentors the moment `import torch` finishes (a post-import
-hook), so that we never import torch before the user's script does: scripts that
-set CUDA_VISIBLE_DEVICES or thread counts before `import torch` keep working.
+install the torch instrumentors the moment `import torch` finishes
+(collectors/after_import.py), so that we never import torch before the user's
+script does: scripts that set CUDA_VISIBLE_DEVICES or thread counts before
+`import torch` keep working.
 """
 import importlib
-import importlib.abc
-import importlib.util
 import os
-import sys
 
+from collectors.after_import import after_import
 from collectors.instrument import INSTRUMENTORS
 from collectors.recorder import start_recorder
 
@@ -30,32 +29,7 @@ def install_torch_instrumentors(rec) -> None:
     rec.write_meta()
 
 
-class _AfterTorchImport(importlib.abc.MetaPathFinder):
-    def __init__(self, callback):
-        self.callback = callback
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != "torch":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("torch")
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-        callback = self.callback
-
-        def exec_then_instrument(module):
-            exec_module(module)
-            callback()
-
-        spec.loader.exec_module = exec_then_instrument
-        return spec
-
-
 def activate(run_dir: str) -> None:
     os.environ["DIAGNOSE_ACTIVE_PID"] = str(os.getpid())
     rec = start_recorder(run_dir, meta={"run_dir": run_dir})
-    if "torch" in sys.modules:
-        install_torch_instrumentors(rec)
-    else:
-        sys.meta_path.insert(0, _AfterTorchImport(lambda: install_torch_instrumentors(rec)))
+    after_import("torch", lambda: install_torch_instrumentors(rec))

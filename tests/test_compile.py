@@ -22,7 +22,8 @@ def test_a_compiled_job_compiles_the_same_under_diagnose_and_its_steps_are_recor
     plain, diag = json.loads(plain_json.read_text()), json.loads(diag_json.read_text())
     assert (plain["diagnose"], diag["diagnose"]) == (False, True)
     # the same graphs, no graph break and no recompile either way, the same numbers out
-    for key in ("unique_graphs", "calls_captured", "aot_graphs", "graph_breaks", "recompiles", "outputs"):
+    for key in ("unique_graphs", "calls_captured", "aot_graphs", "graph_breaks", "recompiles", "outputs",
+                "fsdp_modules"):
         assert diag[key] == plain[key], (key, plain[key], diag[key])
     assert plain["graph_breaks"] == {} and plain["recompiles"] == {} and plain["unique_graphs"] >= 2
 

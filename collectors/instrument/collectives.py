@@ -54,6 +54,7 @@ class Tracker:
         self.blocked_in = None    # the blocking call the training thread is inside, if any
         self.waiting_on = None    # the pending rows of the Work being waited on, if any
         self.device = None        # collective_events.CollectiveEvents once CUDA timing is on
+        self.context = ""         # a row's default detail: the FSDP unit being served (fsdp2.py)
 
     def in_flight(self) -> dict:
         """For hang dumps: the blocking call in progress and async work not yet waited."""
@@ -93,7 +94,7 @@ class Tracker:
                track_done, detail=""):
         st = self.rec.state
         row = (kind, name, t0, t1, st.step, st.microbatch, st.stage, group, ranks, seq, peer,
-               nbytes, work is not None, callsite, detail, -1)
+               nbytes, work is not None, callsite, detail or self.context, -1)
         self.rec.add(row)
         if work is not None:
             self.watch(work, row, track_done)

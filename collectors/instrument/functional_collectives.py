@@ -17,6 +17,7 @@ leave no row.
 """
 import functools
 
+from collectors.after_import import after_import
 from collectors.callsite import user_callsite
 from collectors.clock import now_ns
 from collectors.instrument import collectives
@@ -123,15 +124,24 @@ def _wrap_wait(tracker, waits, orig, is_compiling):
 
 
 def install(rec):
-    import torch
     import torch.distributed as dist
     if not dist.is_available() or collectives.TRACKER is None:
         return
-    import torch.distributed._functional_collectives as funcol
-    c10d = dist.distributed_c10d
-    tracker, waits, is_compiling = collectives.TRACKER, _Waits(), torch.compiler.is_compiling
-    for name, op in OPS.items():
-        orig = getattr(funcol, name, None)
-        if orig is not None:
-            setattr(funcol, name, _wrap(tracker, waits, funcol, c10d, op, orig, is_compiling))
-    funcol.wait_tensor = _wrap_wait(tracker, waits, funcol.wait_tensor, is_compiling)
+    # patched when the job imports it (DTensor does), never imported for a job that does not
+    after_import("torch.distributed._functional_collectives", lambda: _patch(rec))
+
+
+def _patch(rec):
+    try:
+        import torch
+        import torch.distributed as dist
+        import torch.distributed._functional_collectives as funcol
+        c10d = dist.distributed_c10d
+        tracker, waits, is_compiling = collectives.TRACKER, _Waits(), torch.compiler.is_compiling
+        for name, op in OPS.items():
+            orig = getattr(funcol, name, None)
+            if orig is not None:
+                setattr(funcol, name, _wrap(tracker, waits, funcol, c10d, op, orig, is_compiling))
+        funcol.wait_tensor = _wrap_wait(tracker, waits, funcol.wait_tensor, is_compiling)
+    except Exception as exc:
+        rec.record_error("functional_collectives", exc)

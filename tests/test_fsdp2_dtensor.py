@@ -1,5 +1,6 @@
-"""Issue 24 (part): collectives issued through torch.distributed's functional
-API (DTensor's tensor parallelism) are recorded as torch.distributed calls are.
+"""Issue 24 (part): today's stacks under `diagnose run`. Collectives issued
+through torch.distributed's functional API (DTensor's tensor parallelism) are
+recorded as torch.distributed calls are; FSDP2's name the unit they serve.
 
 tests/scripts/dtensor_tp.py: 2 ranks, an MLP split column- then row-parallel
 by DTensor, 5 steps on gloo. The row-parallel layer's output is a partial sum
@@ -38,3 +39,26 @@ def test_dtensor_all_reduces_are_recorded_matched_and_waited(tmp_path):
     arrivals = run.arrivals()
     mine = arrivals[arrivals["seq"].isin(functional["seq"])]
     assert mine.groupby(["group", "seq"])["rank"].nunique().tolist() == [2] * 5 and (mine["members"] == 2).all()
+
+
+def test_fsdp2_collectives_name_their_unit(tmp_path):
+    """tests/scripts/fsdp2_units.py: 2 ranks, three layers sharded as units of
+    their own and the root (the head) as one more. Each all-gather and
+    reduce-scatter row names the unit it serves (detail fsdp:<module>): a
+    layer gathers twice a step (forward, then again for backward: resharded
+    after forward), the root once (kept), and each reduces its gradients once."""
+    plain, traced = tmp_path / "plain.json", tmp_path / "traced.json"
+    subprocess.run(torchrun(2, "tests/scripts/fsdp2_units.py", plain), cwd=REPO, env=job_env(), check=True,
+                   capture_output=True, timeout=300)
+    run_diagnose(["run", "--no-analyze", "--out", tmp_path / "run", "--",
+                  *torchrun(2, "tests/scripts/fsdp2_units.py", traced)])
+    assert json.loads(traced.read_text()) == json.loads(plain.read_text())
+    calls = load_run(tmp_path / "run").collectives()
+    calls = calls[calls["step"].between(0, 3)]
+    for rank in (0, 1):
+        mine = calls[calls["rank"] == rank]
+        per_step = mine.groupby([mine["name"].str.split("_").str[0], "detail"]).size() / 4
+        assert per_step.to_dict() == {
+            ("all", "fsdp:<root>"): 1, ("all", "fsdp:layers.0"): 2, ("all", "fsdp:layers.1"): 2,
+            ("all", "fsdp:layers.2"): 2, ("reduce", "fsdp:<root>"): 1, ("reduce", "fsdp:layers.0"): 1,
+            ("reduce", "fsdp:layers.1"): 1, ("reduce", "fsdp:layers.2"): 1}, per_step
