@@ -28,6 +28,10 @@ then in 8 of 2, on the scenario's pp4 AFAB layout; its prediction is the
 detector's arithmetic for 8 micro-batches (without the emulation, CPU
 micro-batches of 2 are mostly fixed per-call overhead, which the arithmetic
 does not model: 8 of 2 were 35 ms slower than 2 of 8, 2026-12-04).
+`--emulate-all` gives every scenario the emulated device: the what-if models a
+device per rank, and on this box's shared cores a rank that stops sleeping or
+waiting hands its core's time to compute that contends with other threads
+(bench/results/2026-12-05-whatif-accuracy.md has both).
 """
 import argparse
 import datetime
@@ -90,13 +94,13 @@ def _with(argv: list, flag: str, value: str) -> list:
     return out
 
 
-def pair_of(name: str):
+def pair_of(name: str, emulate_all: bool = False):
     """(nproc, faulty argv, fault-free argv, predicted saving from the faulty run's finding)."""
     spec = SCENARIOS[name]
     nproc, faulty = spec.nproc, spec.argv
     if name in ONE_RANK_PER_CORE:
         nproc, faulty = 2, [ONE_RANK_PER_CORE[name].get(a, a) for a in _with(faulty, "--dp", "2")]
-    if name in EMULATED_DEVICE:
+    if emulate_all or name in EMULATED_DEVICE:
         faulty = faulty + ["--emulated-device-ms-per-sample", EMULATED_MS_PER_SAMPLE]
     if name == "bubble":
         faulty = _with(_with(faulty, "--micro-batch-size", "8"), "--microbatches", "2")
@@ -109,9 +113,9 @@ def pair_of(name: str):
     return nproc, faulty, _without_faults(faulty), lambda f: f["metrics"].get("whatif_saving_ms_per_step", float("nan"))
 
 
-def measure(name: str, pairs: int, work: str) -> dict:
+def measure(name: str, pairs: int, work: str, emulate_all: bool = False) -> dict:
     spec = SCENARIOS[name]
-    nproc, faulty_argv, fixed_argv, predict = pair_of(name)
+    nproc, faulty_argv, fixed_argv, predict = pair_of(name, emulate_all)
     faulty_ms, clean_ms, predicted, estimates, fidelity = [], [], [], [], []
     for i in range(pairs):
         faulty = _run(faulty_argv, nproc, os.path.join(work, f"{name}-{i}-fault"))
@@ -127,7 +131,8 @@ def measure(name: str, pairs: int, work: str) -> dict:
     mean = statistics.mean(savings)
     half = T95.get(len(savings) - 1, 2.0) * statistics.stdev(savings) / len(savings) ** 0.5 if len(savings) > 1 else float("nan")
     pred = statistics.mean(predicted) if predicted else float("nan")
-    return {"scenario": name, "kind": spec.expected_kind, "pairs": pairs, "nproc": nproc,
+    return {"scenario": name + (" (emulated device)" if emulate_all or name in EMULATED_DEVICE else ""),
+            "kind": spec.expected_kind, "pairs": pairs, "nproc": nproc,
             "faulty_step_ms": statistics.mean(faulty_ms), "clean_step_ms": statistics.mean(clean_ms),
             "measured_saving_ms": mean, "ci95_ms": half, "whatif_saving_ms": pred,
             "old_estimate_ms": statistics.mean(estimates) if estimates else float("nan"),
@@ -153,13 +158,15 @@ def main():
     parser.add_argument("--out", help="results file (default bench/results/<date>-whatif-accuracy.md)")
     parser.add_argument("--scenarios", default="straggler,slow_stage,slow_input,hidden_sync,"
                                                  "pipeline_straggler,blocking_p2p,bubble")
+    parser.add_argument("--emulate-all", action="store_true",
+                        help="every scenario with the emulated per-rank device, not only the pipelined ones")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for name in args.scenarios.split(","):
-            rows.append(measure(name, args.pairs, work))
+            rows.append(measure(name, args.pairs, work, args.emulate_all))
             r = rows[-1]
-            print(f"{name:12s} {r['kind']:17s} measured {r['measured_saving_ms']:7.1f} +- {r['ci95_ms']:5.1f} ms  "
+            print(f"{r['scenario']:12s} {r['kind']:17s} measured {r['measured_saving_ms']:7.1f} +- {r['ci95_ms']:5.1f} ms  "
                   f"what-if {r['whatif_saving_ms']:7.1f}  old estimate {r['old_estimate_ms']:7.1f}  "
                   f"error {r['error_frac']:+.0%} ({r['verdict']})  found {r['found_in']}  pairs {r['pair_savings_ms']} "
                   f"what-if {r['pair_whatif_ms']}", flush=True)
@@ -167,7 +174,7 @@ def main():
     path = args.out or os.path.join(REPO, "bench", "results", f"{date}-whatif-accuracy.md")
     with open(path, "w") as f:
         f.write(f"# What-if saving vs measured saving ({date})\n\n`python bench/whatif_accuracy.py --pairs "
-                f"{args.pairs} --scenarios {args.scenarios}` on the 2-core VM (layouts: the module's docstring).\n\n")
+                f"{args.pairs} --scenarios {args.scenarios}{' --emulate-all' if args.emulate_all else ''}` on the 2-core VM (layouts: the module's docstring).\n\n")
         f.write("| scenario | ranks | finding | faulty step ms | fault-free step ms | measured saving ms (95% CI) "
                 "| what-if saving ms | error | 25% target | old estimate ms | replay max step error | per pair: measured / what-if |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
