@@ -6,8 +6,9 @@ inside a hook at run time, is recorded in the run and never reaches the job.
 import os
 
 INSTRUMENTORS = ("clock_sync", "steps", "forward_backward", "dataloader", "collectives",
-                 "functional_collectives", "fsdp2", "ddp", "host_sync", "host_sampler", "exceptions",
-                 "flight_recorder_dump",
+                 # today's stacks, each patched when the job imports it
+                 "functional_collectives", "fsdp2", "pipelining",
+                 "ddp", "host_sync", "host_sampler", "exceptions", "flight_recorder_dump",
                  # GPU and interop (issue 7); each is quiet on a machine without a GPU
                  "nvml_sampler", "net_sampler", "cuda_events", "sync_debug", "torch_profiler")
 

@@ -45,7 +45,8 @@ class WhatIf:
         self.steady, self.stages, self.device = steady, stages, device
         if device:
             kernels = run.kernels()
-            self.model = StepModel(device_lanes.device_calls(run.collectives()), device_lanes.device_steps(kernels))
+            self.model = StepModel(device_lanes.device_calls(run.collectives()),
+                                   device_lanes.device_steps(kernels))
         else:
             self.model = StepModel(run.collectives(), run.steps())
         self.ok = self.model.ok
@@ -236,8 +237,8 @@ def fidelity(w: WhatIf) -> float | None:
 
 def apply(ctx, findings) -> dict | None:
     """Set each finding's impact to its what-if saving where the replay holds on this
-    run (host lanes, or GPU lanes where kernels cover the steady steps), keeping the detector's own
-    estimate as `estimate_ms_per_step`. Returns the run's step figures."""
+    run (host lanes, or GPU lanes where kernels cover the steady steps), keeping the
+    detector's own estimate as `estimate_ms_per_step`. Returns the run's step figures."""
     from diagnose.analysis.detectors.run_structure import rank_stages
     if not ctx.steady:
         return None

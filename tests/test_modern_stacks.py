@@ -1,7 +1,8 @@
 """Issue 24 (part): today's stacks under `diagnose run` (tests/scripts/modern_stack.py,
 2 ranks on gloo, 5 steps). Collectives issued through torch.distributed's
 functional API (DTensor's tensor parallelism) are recorded as torch.distributed
-calls are; FSDP2's name the unit they serve; neither job's numbers change.
+calls are; FSDP2's name the unit they serve; torch.distributed.pipelining's
+stages and micro-batches come from the schedule; no job's numbers change.
 """
 import json
 import subprocess
@@ -23,8 +24,9 @@ FORWARD_LINE, LOSS_LINE = _line_of("return self.down("), _line_of("loss = model(
 def _run_both(tmp_path, stack: str):
     """The job plain and under `diagnose run`: its loaded run, after checking the losses agree."""
     plain, traced = tmp_path / "plain.json", tmp_path / "traced.json"
-    subprocess.run(torchrun(2, SCRIPT, stack, plain), cwd=REPO, env=job_env(), check=True, capture_output=True,
-                   timeout=300)
+    proc = subprocess.run(torchrun(2, SCRIPT, stack, plain), cwd=REPO, env=job_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     run_diagnose(["run", "--out", tmp_path / "run", "--", *torchrun(2, SCRIPT, stack, traced)])
     assert json.loads(traced.read_text()) == json.loads(plain.read_text())   # the job's numbers unchanged
     return load_run(tmp_path / "run")
@@ -45,7 +47,8 @@ def test_dtensor_all_reduces_are_recorded_matched_and_waited(tmp_path):
         assert mine["callsite"].str.endswith(f"modern_stack.py:{FORWARD_LINE}").all(), mine["callsite"].tolist()
         # async, and waited where the loss first reads the result
         assert mine["async_op"].all() and mine["wait_start_ns"].notna().all()
-        assert mine["wait_callsite"].str.endswith(f"modern_stack.py:{LOSS_LINE}").all(), mine["wait_callsite"].tolist()
+        waited_at = mine["wait_callsite"]
+        assert waited_at.str.endswith(f"modern_stack.py:{LOSS_LINE}").all(), waited_at.tolist()
         assert (mine["wait_start_ns"] >= mine["return_ns"]).all()
     # the two ranks' calls are one instance each: the same (group, seq) on both
     arrivals = run.arrivals()
@@ -68,3 +71,23 @@ def test_fsdp2_collectives_name_their_unit(tmp_path):
             ("all", "fsdp:<root>"): 1, ("all", "fsdp:layers.0"): 2, ("all", "fsdp:layers.1"): 2,
             ("all", "fsdp:layers.2"): 2, ("reduce", "fsdp:<root>"): 1, ("reduce", "fsdp:layers.0"): 1,
             ("reduce", "fsdp:layers.1"): 1, ("reduce", "fsdp:layers.2"): 1}, per_step
+
+
+def test_pipelining_schedules_give_stages_and_micro_batches(tmp_path):
+    """torch.distributed.pipelining, 2 stages, GPipe with 4 micro-batches, no
+    phases marked by the job: each stage's forward and backward of each
+    micro-batch is a phase carrying the schedule's stage index and micro-batch,
+    and the pipeline detectors judge the job by those stages."""
+    run = _run_both(tmp_path, "pipelining")
+    events = run.events()
+    phases = events[(events["kind"] == "phase") & events["step"].between(0, 4)]
+    for rank in (0, 1):
+        for name in ("forward", "backward"):
+            mine = phases[(phases["rank"] == rank) & (phases["name"] == name)]
+            assert set(mine["stage"]) == {rank}, (rank, name)
+            assert mine.groupby("step")["microbatch"].apply(sorted).tolist() == [[0, 1, 2, 3]] * 5, (rank, name)
+    from diagnose.analysis.detectors.run_structure import rank_stages
+    assert rank_stages(events) == {0: 0, 1: 1}
+    findings = json.loads((tmp_path / "run" / "analysis" / "findings.json").read_text())
+    (bubble,) = [f for f in findings if f["kind"] == "pipeline_bubble"]
+    assert bubble["metrics"]["stages"] == 2 and bubble["metrics"]["microbatches"] == 4
