@@ -46,7 +46,12 @@ def _pending(result, async_cls):
     it is traced; the call was then synchronous)."""
     if isinstance(result, (list, tuple)):
         result = result[0] if result else None
-    return _storage_key(result.elem) if isinstance(result, async_cls) else None
+    if not isinstance(result, async_cls):
+        return None
+    try:
+        return _storage_key(result.elem)
+    except Exception:  # no storage to key on (a tensor subclass): its wait goes unseen
+        return None
 
 
 class _Waits:
@@ -88,7 +93,7 @@ def _wrap(tracker, waits, funcol, c10d, op, orig, is_compiling):
             t1 = now_ns()
             tracker.depth -= 1
         try:
-            # waited when first used: a pending row keyed by the tensor wait_tensor gets
+            # waited when first used: a pending row filed under the result's storage
             token = waits.file(_pending(result, funcol.AsyncCollectiveTensor))
             tracker.issued("collective", op, group, ranks, seq, -1, nbytes, callsite, t0, t1, token,
                            is_gloo, DETAIL)

@@ -19,12 +19,15 @@ METHODS = {"forward_one_chunk": "forward", "backward_one_chunk": "backward",
 
 
 def _as_phase(orig, name, is_compiling):
+    chunk_arg = "fwd_chunk_id" if name == "forward" else "bwd_chunk_id"
+
     @functools.wraps(orig)
-    def method(self, chunk_id, *args, **kwargs):
-        if is_compiling():
-            return orig(self, chunk_id, *args, **kwargs)
-        with phase(name, microbatch=int(chunk_id), stage=int(self.stage_index)):
-            return orig(self, chunk_id, *args, **kwargs)
+    def method(self, *args, **kwargs):
+        chunk_id = args[0] if args else kwargs.get(chunk_arg)
+        if is_compiling() or not isinstance(chunk_id, int):
+            return orig(self, *args, **kwargs)
+        with phase(name, microbatch=chunk_id, stage=int(self.stage_index)):
+            return orig(self, *args, **kwargs)
 
     return method
 
