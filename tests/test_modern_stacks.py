@@ -62,7 +62,8 @@ def test_fsdp2_collectives_name_their_unit(tmp_path):
     (detail fsdp:<module>): a layer gathers twice a step (forward, then again
     for backward: resharded after forward), the root once (kept), and each
     reduces its gradients once."""
-    calls = _run_both(tmp_path, "fsdp2").collectives()
+    run = _run_both(tmp_path, "fsdp2")
+    calls = run.collectives()
     calls = calls[calls["step"].between(0, 4)]
     for rank in (0, 1):
         mine = calls[calls["rank"] == rank]
@@ -71,6 +72,17 @@ def test_fsdp2_collectives_name_their_unit(tmp_path):
             ("all", "fsdp:<root>"): 1, ("all", "fsdp:layers.0"): 2, ("all", "fsdp:layers.1"): 2,
             ("all", "fsdp:layers.2"): 2, ("reduce", "fsdp:<root>"): 1, ("reduce", "fsdp:layers.0"): 1,
             ("reduce", "fsdp:layers.1"): 1, ("reduce", "fsdp:layers.2"): 1}, per_step
+    # 32-wide layers: communication dominates, and the finding speaks FSDP2: its knobs, and
+    # how long each unit's collectives blocked the training thread
+    findings = json.loads((tmp_path / "run" / "analysis" / "findings.json").read_text())
+    (exposed,) = [f for f in findings if f["kind"] == "exposed_comm"]
+    for knob in ("set_modules_to_forward_prefetch", "reshard_after_forward", "fully_shard"):
+        assert knob in exposed["recommendation"], exposed["recommendation"]
+    units = {k: v for k, v in exposed["metrics"].items() if k.startswith("fsdp_blocked_ms_per_step")}
+    assert set(units) == {f"fsdp_blocked_ms_per_step[{u}]" for u in ("<root>", "layers.0", "layers.1", "layers.2")}
+    assert all(v > 0 for v in units.values())
+    top = max(units, key=units.get)[len("fsdp_blocked_ms_per_step["):-1]
+    assert f"most exposed unit is {top} " in exposed["recommendation"]
 
 
 def test_pipelining_schedules_give_stages_and_micro_batches(tmp_path):

@@ -12,6 +12,11 @@ collective kind (nccl-tests formulas: busbw = algbw x 2(n-1)/n for all-reduce,
 (n-1)/n for all-gather/reduce-scatter/all-to-all, 1 for broadcast/reduce) and
 the groups with the most communication time.
 
+FSDP2 jobs (rows whose detail names an FSDP unit, collectors/instrument/fsdp2.py)
+get FSDP2's own knobs in the recommendation and, as evidence, the time the
+training thread was blocked in each unit's all-gathers and reduce-scatters per
+step, the most exposed unit named.
+
 On device traces (collectives are NCCL kernels) the host is never blocked in
 communication, so the breakdown says nothing: exposed communication is then
 the communication-kernel time no compute kernel overlaps, per step
@@ -40,6 +45,37 @@ def bandwidth_table(ctx):
     factor = [BUS_FACTOR.get(n, lambda m: 1.0)(m) for n, m in zip(per_instance["name"], per_instance["members"])]
     per_instance["busbw_gbps"] = per_instance["algbw_gbps"] * factor
     return per_instance
+
+
+FSDP_PREFIX = "fsdp:"
+RECOMMENDATION = ("Overlap communication with compute (bucketed async all-reduce during backward, "
+                  "prefetching all-gathers), shrink what is communicated (bf16 gradients, "
+                  "larger micro-batches per sync), or use a faster interconnect/topology-aware groups.")
+
+
+def fsdp_blocked_ms(ctx):
+    """FSDP unit -> ms per step the training thread was blocked in its collectives
+    (a sync call's duration, an async one's wait), median over ranks; empty when
+    the job has no FSDP2 rows."""
+    calls = ctx.run.collectives()
+    detail = calls["detail"].astype(str)
+    calls = calls[detail.str.startswith(FSDP_PREFIX) & calls["step"].isin(ctx.steady)]
+    if calls.empty or not ctx.steady:
+        return {}
+    blocked = (calls["wait_end_ns"] - calls["wait_start_ns"]).where(
+        calls["wait_start_ns"].notna(), calls["return_ns"] - calls["issue_ns"]).fillna(0) / 1e6
+    per_rank = blocked.groupby([calls["detail"].astype(str).str[len(FSDP_PREFIX):], calls["rank"]]).sum()
+    return (per_rank.groupby(level=0).median() / len(ctx.steady)).sort_values(ascending=False).to_dict()
+
+
+def fsdp_recommendation(units: dict) -> str:
+    top = next(iter(units))
+    return (f"FSDP2: the most exposed unit is {top} ({units[top]:.1f} ms per step blocked in its all-gathers "
+            "and reduce-scatters). Prefetch the next units' all-gathers "
+            "(`set_modules_to_forward_prefetch` / `set_modules_to_backward_prefetch`), keep parameters "
+            "gathered after forward where memory allows (`reshard_after_forward=False`, often right for the "
+            "last units), or shard coarser units (`fully_shard` on groups of layers: fewer, larger "
+            "all-gathers that overlap compute).")
 
 
 def detect(ctx):
@@ -76,12 +112,13 @@ def detect(ctx):
             metrics[f"{name}_algbw_gbps"] = float(row["algbw"])
         by_group = bandwidth.groupby("group_ranks")["transfer_ms"].sum().sort_values(ascending=False)
         slowest = f"; most communication time in group [{by_group.index[0]}]"
+    units = fsdp_blocked_ms(ctx)
+    for unit, ms in units.items():
+        metrics[f"fsdp_blocked_ms_per_step[{unit}]"] = float(ms)
     return [Finding(
         kind="exposed_comm", ranks=sorted(int(r) for r in frac.index), severity=severity,
         impact_ms_per_step=float(per_rank.loc[least, "exposed_comm_ms"]),
         title=(f"communication not overlapped with compute takes {exposed:.0%} of the step{slowest}"
                f"{' (NCCL kernels on the GPUs)' if on_device else ''}"),
-        recommendation=("Overlap communication with compute (bucketed async all-reduce during backward, "
-                        "prefetching all-gathers), shrink what is communicated (bf16 gradients, "
-                        "larger micro-batches per sync), or use a faster interconnect/topology-aware groups."),
+        recommendation=fsdp_recommendation(units) if units else RECOMMENDATION,
         metrics=metrics)]
