@@ -34,7 +34,7 @@ class Run:
         self.warnings: list[str] = []
         # measured, replayed and ideal step figures (diagnose/analysis/whatif.py): an
         # earlier analysis's, then run_detectors.detect's; None when the replay cannot run
-        self.step_figures: dict | None = _read_json_dict(os.path.join(self.root, rundir.STEP_FIGURES))
+        self.step_figures: dict | None = rundir.read_json_dict(os.path.join(self.root, rundir.STEP_FIGURES))
         self._warn_sink = warn
         self.manifest = rundir.read_manifest(self.root)
         self.rank_meta: dict[int, dict] = {}
@@ -273,15 +273,6 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({self.root!r}, ranks={len(self.rank_dirs)}, events={len(self._events)})"
-
-
-def _read_json_dict(path: str) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _read_rank(item):

@@ -66,11 +66,9 @@ class WhatIf:
                   events[(events["kind"] == "phase") & events["name"].isin(COMPUTE_PHASES)])
         self._compute = self._overlaps(phases) if len(phases) else self._own
         self._step_of = {r: np.array([p[4] for p in lane]) for r, lane in self.model.lanes.items()}
-        steady_set = set(steady)
-        self._in_steady = {r: np.isin(steps, list(steady_set)) for r, steps in self._step_of.items()}
-        calls = self.model.calls
-        inst_step = calls.groupby("_inst")["step"].max().reindex(range(len(self.model.length_ns)))
-        self._inst_steady = inst_step.isin(steady_set).to_numpy()
+        self._in_steady = {r: np.isin(steps, steady) for r, steps in self._step_of.items()}
+        inst_step = self.model.calls.groupby("_inst")["step"].max().reindex(range(len(self.model.length_ns)))
+        self._inst_steady = inst_step.isin(steady).to_numpy()
 
     def _overlaps(self, rows: pd.DataFrame) -> dict[int, np.ndarray]:
         """rank -> per gap, the ns of these event rows inside it."""
@@ -197,7 +195,7 @@ class WhatIf:
 
 def lower_median(values) -> float:
     """The median, or the lower middle value of an even count."""
-    return float(np.sort(np.asarray(values, dtype=np.float64))[(len(values) - 1) // 2])
+    return float(np.percentile(values, 50, method="lower"))
 
 
 # what-ifs of device lanes: durations of device work. A data wait or a sync is

@@ -50,13 +50,18 @@ def require_run_dir(path: str) -> str:
     return os.path.abspath(path)
 
 
-def read_manifest(run_dir: str) -> dict:
+def read_json_dict(path: str) -> dict | None:
+    """A JSON object from a file of the run directory; None when missing, unreadable or not an object."""
     try:
-        with open(os.path.join(run_dir, MANIFEST), encoding="utf-8") as f:
-            manifest = json.load(f)
-        return manifest if isinstance(manifest, dict) else {}
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
     except (OSError, ValueError):
-        return {}
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def read_manifest(run_dir: str) -> dict:
+    return read_json_dict(os.path.join(run_dir, MANIFEST)) or {}
 
 
 def write_manifest(run_dir: str, manifest: dict) -> None:
