@@ -26,9 +26,10 @@ class TrainConfig:
     log_jsonl: str | None = None
     debug_dir: str | None = None
     pg_timeout_s: float = 1800.0  # the process group's timeout (its backend's watchdog)
-    # CPU only: a forward waits this long more per sample (a backward twice), as a rank
-    # waits for its own accelerator: compute that scales with the micro-batch and does not
-    # contend for the host's cores, so a benchmark of 8 ranks on 2 cores keeps a "device" per rank
+    # CPU only: a forward lasts this long per sample (a backward twice), or its host
+    # compute if longer, as a rank waits for its own accelerator: compute that scales with
+    # the micro-batch and does not contend for the host's cores, so a benchmark of 8 ranks
+    # on 2 cores keeps a "device" per rank (faults.py compute_ends)
     emulated_device_ms_per_sample: float = 0.0
     # model
     layers: int = 4

@@ -151,17 +151,24 @@ class Faults:
 
     def compute_ends(self, begun, weight: float = 1.0) -> None:
         """After the compute: the phase grows F-fold, as on a slower GPU (CUDA: a
-        spin kernel on the stream, the host never waits) or a throttled host (CPU),
-        emulated device time included (`weight` x emulated_device_ms: 2 for a backward)."""
+        spin kernel on the stream, the host never waits) or a throttled host (CPU).
+        With an emulated device (CPU) the phase lasts F x `weight` x emulated_device_ms
+        (2 for a backward) or the host's own compute if that is longer: the host queues
+        work its device runs meanwhile, so the device's time does not depend on how
+        fast the shared cores ran the host's part (the 2-core box's contention, which
+        changes with how the ranks' compute lines up, is not a device's)."""
         if begun is None:
             return
         begun, factor = begun
         if self._device_slowdown is not None:
             self._device_slowdown.factor = factor  # varlen: this phase's own length
             self._device_slowdown.end(begun)
+        elif self.emulated_device_ms:
+            compute_s = time.perf_counter() - begun
+            time.sleep(max(factor * weight * self.emulated_device_ms / 1e3 - compute_s, 0.0))
         else:
             compute_s = time.perf_counter() - begun
-            time.sleep(max(factor * (compute_s + weight * self.emulated_device_ms / 1e3) - compute_s, 0.0))
+            time.sleep(max((factor - 1.0) * compute_s, 0.0))
 
     def after_microbatch(self, loss_or_activation: torch.Tensor, group) -> None:
         """The classic logging mistake: reduce the micro-batch loss and read it on the host,
