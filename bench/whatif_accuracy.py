@@ -185,7 +185,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--out", help="results file (default bench/results/<date>-whatif-accuracy.md)")
-    parser.add_argument("--scenarios", default="straggler,slow_stage,slow_input,hidden_sync,"
+    parser.add_argument("--scenarios", default="straggler,slow_stage,slow_input,hidden_sync,hidden_sync+varlen,"
                                                  "pipeline_straggler,blocking_p2p,bubble")
     parser.add_argument("--emulate-all", action="store_true",
                         help="every scenario with the emulated per-rank device, not only the pipelined ones")

@@ -14,6 +14,10 @@ The model, from the matched collectives table:
   while backward goes on), and lasts its recorded length;
 - a blocking point (a sync call, a wait) releases the rank at the later of its
   arrival and the instance's end, plus the recorded time it took to return.
+  DDP's gradient all-reduce on CPU, recorded once per backward from the
+  reducer's own timestamps, has no wait call: the reducer blocks the end of the
+  backward until its last bucket is done, so that is its wait (and, numbered
+  late, it stays off its group's lane).
 Replayed with the recorded durations this gives back the recorded step ends
 (tests/test_step_replay.py holds it within 5% per step on the reference
 trainer's scenarios); a what-if changes some gaps or instance lengths and
@@ -34,6 +38,7 @@ import pandas as pd
 # beyond this the replay (a Python loop, ~1 s per 10^5 points) is skipped and the
 # detectors' estimates stand (1,024 ranks x 200 steps has ~10^7)
 MAX_POINTS = 400_000
+REDUCER_DETAIL = "ddp backward"  # collectors/instrument/ddp.py: DDP's reducer, one row per backward
 
 
 class StepModel:
@@ -63,8 +68,13 @@ class StepModel:
         end = per["_exit"].min().to_numpy(np.int64)  # the first member out: the instance is over
         group = per["group"].first().astype(str).to_numpy()
         seq = per["seq"].first().to_numpy()
-        # each group's instances in seq order: a lane of their own
-        order = np.lexsort((seq, group))
+        # each group's instances in seq order: a lane of their own. DDP's reducer rows
+        # are numbered when the next forward reads them, after the calls that followed
+        # the backward (a loss all-reduce): out of the group's order, so off its lane
+        reducer = (per["detail"].first().astype(str).eq(REDUCER_DETAIL).to_numpy() if "detail" in calls
+                   else np.zeros(len(seq), bool))
+        self.reducer = reducer
+        order = [i for i in np.lexsort((seq, group)) if not reducer[i]]
         self.previous = np.full(len(seq), -1)
         for a, b in zip(order[:-1], order[1:]):
             if group[a] == group[b]:
@@ -86,13 +96,19 @@ class StepModel:
     def _lanes(self, calls, steps):
         rows = []  # (rank, time_rec, order, kind, release_rec, inst, step)
         c = calls
-        for r, issue, ret, ws, we, inst, asy, step in zip(
+        # DDP's reducer on CPU (one row per backward, collectors/instrument/ddp.py's timer)
+        # blocks the backward's end until its last bucket is done: a wait from the last
+        # gradient computed (the row's return) to that completion (its exit)
+        reducer = self.reducer[c["_inst"].to_numpy()]
+        for r, issue, ret, ws, we, inst, asy, step, exit_ns, ddp in zip(
                 c["rank"], c["issue_ns"], c["return_ns"], c["wait_start_ns"], c["wait_end_ns"],
-                c["_inst"], c["async_op"], c["step"]):
+                c["_inst"], c["async_op"], c["step"], c["_exit"], reducer):
             if asy:
                 rows.append((r, issue, 0, "issue", ret, inst, step))
                 if ws == ws and we == we:  # waited (not NaN)
                     rows.append((r, int(ws), 1, "wait", int(we), inst, step))
+                elif ddp:
+                    rows.append((r, int(ret), 1, "wait", max(int(exit_ns), int(ret)), inst, step))
             else:
                 rows.append((r, issue, 0, "call", ret, inst, step))
         for r, step, end in zip(steps["rank"], steps["step"], steps["end_ns"]):
