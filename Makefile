@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 DEMO_SCENARIO ?= showcase
 
-.PHONY: setup browser demo test bench clean
+.PHONY: setup browser mpi demo test bench clean
 
 $(VENV)/.installed: pyproject.toml setup.py diagnose/importers/_kineto_c.c Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -15,13 +15,19 @@ $(VENV)/.installed: pyproject.toml setup.py diagnose/importers/_kineto_c.c Makef
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
-setup: $(VENV)/.installed browser
+setup: $(VENV)/.installed browser mpi
 
 # Headless Chromium for the report and MLflow UI tests (Debian's package; CI runs as root).
 browser:
 	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
 	  (apt-get update -qq && apt-get install -y -qq chromium) ; } || \
 	  echo "warning: chromium is not installed; the browser tests will fail (apt-get install chromium)"
+
+# Open MPI's mpirun for the launcher tests (Debian's package).
+mpi:
+	@command -v mpirun >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq && apt-get install -y -qq openmpi-bin) ; } || \
+	  echo "warning: mpirun is not installed; the mpirun launcher test will fail (apt-get install openmpi-bin)"
 
 demo: setup
 	$(VENV)/bin/diagnose demo --scenario $(DEMO_SCENARIO)

@@ -29,7 +29,16 @@ def install_torch_instrumentors(rec) -> None:
     rec.write_meta()
 
 
-def activate(run_dir: str) -> None:
+def activate(run_dir: str, when: str = "now") -> None:
+    """when: "now" (a launcher's worker, its rank known: record from the start),
+    "torch" (no launcher: record from `import torch`, under a provisional name),
+    "process_group" (started by a recorded process, its process group just created:
+    record from here, provisionally too; "solo" is "torch" once torch is imported).
+    collectors/bootstrap/sitecustomize.py decides."""
+    if when == "torch":
+        # a helper that never imports torch leaves nothing (and starts no recorded ancestor)
+        after_import("torch", lambda: activate(run_dir, "solo"))
+        return
     os.environ["DIAGNOSE_ACTIVE_PID"] = str(os.getpid())
-    rec = start_recorder(run_dir, meta={"run_dir": run_dir})
+    rec = start_recorder(run_dir, meta={"run_dir": run_dir}, provisional=when != "now")
     after_import("torch", lambda: install_torch_instrumentors(rec))

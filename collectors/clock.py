@@ -10,7 +10,7 @@ import time
 
 def _skew_for_this_rank() -> int:
     spec = os.environ.get("DIAGNOSE_TEST_CLOCK_SKEW_NS", "")
-    rank = os.environ.get("RANK", "")
+    rank = os.environ.get("DIAGNOSE_RANK") or os.environ.get("RANK", "")
     for item in filter(None, spec.split(",")):
         r, _, ns = item.partition(":")
         if r.strip() == rank:

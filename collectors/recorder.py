@@ -19,11 +19,11 @@ import sys
 import threading
 import time
 
-from collectors import clock
+from collectors import clock, identity
 from collectors.daemon_thread import start_daemon
 from collectors.instrument import rank_environment
 from collectors.part_writer import PartWriter
-from collectors.schema import STEPS_DONE_FILE, rank_dir_name
+from collectors.schema import STEPS_DONE_FILE, rank_dir_name, solo_dir_name
 
 DUMP_REQUEST = "dump-request"  # file in the run dir the launcher creates on a suspected hang
 
@@ -105,9 +105,10 @@ class Recorder:
     # -- lifecycle --------------------------------------------------------
     def start(self, meta: dict) -> None:
         self.meta = {
-            "rank": int(os.environ.get("RANK", 0)),
-            "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
-            "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+            "rank": identity.rank(),
+            "local_rank": identity.local_rank(),
+            "world_size": identity.world_size(),
+            "launcher": identity.launcher(),
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "argv": list(sys.argv),
@@ -263,12 +264,16 @@ def get_recorder() -> Recorder:
     return _RECORDER
 
 
-def start_recorder(run_dir: str, meta: dict | None = None) -> Recorder:
-    """Turn recording on for this process: traces go to <run_dir>/traces/rank-NNNNN."""
+def start_recorder(run_dir: str, meta: dict | None = None, provisional: bool = False) -> Recorder:
+    """Turn recording on for this process: traces go to <run_dir>/traces/rank-NNNNN,
+    or to traces/solo-<pid> while no launcher has said which rank it is
+    (`provisional`: named after the job by diagnose/rundir/solo_ranks.py)."""
     global _RECORDER
-    rank = int(os.environ.get("RANK", 0))
+    name = solo_dir_name(os.getpid()) if provisional else rank_dir_name(identity.rank())
     interval = float(os.environ.get("DIAGNOSE_FLUSH_INTERVAL_S", FLUSH_INTERVAL_S))
-    rec = Recorder(os.path.join(run_dir, "traces", rank_dir_name(rank)), flush_interval_s=interval)
+    rec = Recorder(os.path.join(run_dir, "traces", name), flush_interval_s=interval)
+    if provisional:
+        meta = {**(meta or {}), "provisional": True}
     rec.state = _RECORDER.state
     _RECORDER = rec
     rec.start(meta or {})

@@ -64,6 +64,14 @@ def rank_dir_name(rank: int) -> str:
     return f"rank-{rank:05d}"
 
 
+SOLO_DIR_PREFIX = "solo-"
+
+
+def solo_dir_name(pid: int) -> str:
+    """A process recorded before its rank is known (no launcher): named after the job."""
+    return f"{SOLO_DIR_PREFIX}{pid}"
+
+
 def event_row(kind, name, start_ns, end_ns, step=-1, microbatch=-1, stage=-1, group="",
               group_ranks="", seq=-1, peer=-1, nbytes=0, async_op=False, callsite="", detail="",
               queued_ns=-1):

@@ -5,12 +5,38 @@ inside a hook at run time, is recorded in the run and never reaches the job.
 """
 import os
 
-INSTRUMENTORS = ("clock_sync", "steps", "forward_backward", "dataloader", "collectives",
+INSTRUMENTORS = ("process_group_identity", "clock_sync", "steps", "forward_backward", "dataloader", "collectives",
                  # today's stacks, each patched when the job imports it
                  "functional_collectives", "fsdp2", "pipelining",
                  "ddp", "host_sync", "host_sampler", "exceptions", "flight_recorder_dump",
                  # GPU and interop (issue 7); each is quiet on a machine without a GPU
                  "nvml_sampler", "net_sampler", "cuda_events", "sync_debug", "torch_profiler")
+
+
+def on_process_group(callback) -> None:
+    """callback() once the job's default process group exists: now, if it does (a
+    process recorded from its init_process_group on), else each time
+    init_process_group returns. Call after `import torch`."""
+    import functools
+
+    import torch.distributed as dist
+    if not dist.is_available():
+        return
+    if dist.is_initialized():
+        callback()
+        return
+    c10d = dist.distributed_c10d
+    orig = c10d.init_process_group
+
+    @functools.wraps(orig)
+    def init_process_group(*args, **kwargs):
+        result = orig(*args, **kwargs)
+        callback()
+        return result
+
+    for mod in (c10d, dist):
+        if getattr(mod, "init_process_group", None) is orig:
+            mod.init_process_group = init_process_group
 
 
 def injected_failure(name: str) -> bool:

@@ -13,13 +13,13 @@ the peers one after another. It runs in a background thread, so the job never
 waits for it; the analyzer refines offsets further from collective completion
 times (on a loaded host only to a few ms: a sound ping is worth more).
 """
-import functools
 import os
 import time
 from datetime import timedelta
 
 from collectors.clock import now_ns
 from collectors.daemon_thread import start_daemon
+from collectors.instrument import on_process_group
 
 ROUNDS = 16  # the best round wins; more rounds ride out a busy rank 0
 GOOD_RTT_NS = 1_000_000
@@ -66,28 +66,21 @@ def _measure(rec, rank, world_size):
     rec.write_meta()
 
 
-def install(rec):
+def _start(rec) -> None:
     import torch.distributed as dist
-    c10d = dist.distributed_c10d
-    orig = c10d.init_process_group
+    try:
+        rank, world_size = dist.get_rank(), dist.get_world_size()
 
-    @functools.wraps(orig)
-    def init_process_group(*args, **kwargs):
-        result = orig(*args, **kwargs)
-        try:
-            rank, world_size = dist.get_rank(), dist.get_world_size()
+        def run():
+            try:
+                _measure(rec, rank, world_size)
+            except Exception as exc:
+                rec.record_error("clock_sync", exc)
 
-            def run():
-                try:
-                    _measure(rec, rank, world_size)
-                except Exception as exc:
-                    rec.record_error("clock_sync", exc)
+        start_daemon(run, "diagnose-clock-sync", batch=False)  # round trips are its measure
+    except Exception as exc:
+        rec.record_error("clock_sync", exc)
 
-            start_daemon(run, "diagnose-clock-sync", batch=False)  # round trips are its measure
-        except Exception as exc:
-            rec.record_error("clock_sync", exc)
-        return result
 
-    for mod in (c10d, dist):
-        if getattr(mod, "init_process_group", None) is orig:
-            mod.init_process_group = init_process_group
+def install(rec):
+    on_process_group(lambda: _start(rec))

@@ -7,6 +7,8 @@ notes in meta.json which collectors are off and why. Nothing else changes.
 import os
 import sys
 
+from collectors import identity
+
 # The device-memory metric nvml_sampler writes and memory_imbalance reads: one
 # constant for writer and reader, so that a rename cannot leave the reader asking
 # for a name nobody writes (it did: it fell back to host RSS without saying so).
@@ -23,7 +25,7 @@ def gpu_unavailable(rec, collector: str, reason: str) -> None:
         gpu["off"].append(collector)
     if not _said:
         _said.append(reason)
-        if os.environ.get("RANK", "0") == "0":
+        if identity.rank() == 0:
             sys.stderr.write(f"diagnose: info: no usable GPU here ({reason}); NVML sampling, "
                              "CUDA-event timing and sync-debug events are off\n")
 
@@ -43,9 +45,9 @@ def cuda_ready(torch) -> tuple[bool, str]:
 
 
 def local_device_index() -> str | None:
-    """This rank's physical GPU as NVML names it: CUDA_VISIBLE_DEVICES[LOCAL_RANK]
-    (an index or a UUID), else LOCAL_RANK; None when the rank may see no GPU."""
-    local = int(os.environ.get("LOCAL_RANK", "0"))
+    """This rank's physical GPU as NVML names it: CUDA_VISIBLE_DEVICES[local rank]
+    (an index or a UUID), else the local rank (collectors/identity.py); None when the rank may see no GPU."""
+    local = identity.local_rank()
     if "CUDA_VISIBLE_DEVICES" not in os.environ:
         return str(local)
     visible = [v.strip() for v in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if v.strip()]

@@ -13,6 +13,7 @@ except loopback and per interface:
 """
 import os
 
+from collectors import identity
 from collectors.clock import now_ns
 from collectors.daemon_thread import start_daemon
 
@@ -65,7 +66,7 @@ class NetSampler:
 
 
 def install(rec):
-    if os.environ.get("LOCAL_RANK", "0") != "0" or not os.path.isdir(SYS_NET):
+    if identity.local_rank() != 0 or not os.path.isdir(SYS_NET):
         return
     interval_s = float(os.environ.get("DIAGNOSE_SAMPLE_INTERVAL_S", "1.0"))
     sampler = NetSampler()

@@ -16,6 +16,7 @@ except ImportError:
     USAGE_ERRORS = (click.exceptions.UsageError,)
     ABORTS = (click.exceptions.Abort, KeyboardInterrupt)
 
+from diagnose import rundir
 from diagnose.errors import UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -27,6 +28,13 @@ PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 def _finish(run_dir: str, status: int, analyze: bool) -> int:
     from diagnose.cli.after_run import analyze_run
     from diagnose.cli.console import print_findings, print_step_figures
+    from diagnose.rundir import solo_ranks
+    # the job is over: no process writes into a folder renamed now
+    for note in solo_ranks.name_solo_ranks(run_dir):
+        print(f"diagnose: {note}")
+    if not rundir.rank_dirs(run_dir):  # nothing to analyze: never "findings: none"
+        print(f"diagnose: no rank was recorded: {solo_ranks.why_no_rank(run_dir)}")
+        analyze = False
     if analyze:
         run, findings = analyze_run([run_dir])
         print_findings(findings)
