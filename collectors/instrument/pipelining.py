@@ -7,13 +7,23 @@ backward_weight_one_chunk, the weight half of zero-bubble schedules, a
 "backward" too) run under `collectors.phase`, whatever schedule calls them
 (GPipe, 1F1B, interleaved, zero-bubble). Patched when the job imports the
 package; under torch.compile they run as torch's.
+
+The schedule's own action order: at a schedule's first `step`, its class,
+micro-batch count and per-rank order of actions (`pipeline_order`, pp rank ->
+actions as torch writes them, "0F1" = stage 0 forward of micro-batch 1; idle
+slots dropped) go into meta.json as `pipeline_schedule`, once. The bubble
+detector plays that order (diagnose/analysis/schedule_slots.py) for the idle
+the schedule itself implies, whatever the schedule (1F1B, interleaved,
+zero-bubble, one loaded from CSV).
 """
 import functools
+import weakref
 
 from collectors.after_import import after_import
 from collectors.phase import phase
 
 STAGE_MODULE = "torch.distributed.pipelining.stage"
+SCHEDULES_MODULE = "torch.distributed.pipelining.schedules"
 METHODS = {"forward_one_chunk": "forward", "backward_one_chunk": "backward",
            "backward_weight_one_chunk": "backward"}
 
@@ -34,6 +44,43 @@ def _as_phase(orig, name, is_compiling):
 
 def install(rec):
     after_import(STAGE_MODULE, lambda: _patch(rec))
+    after_import(SCHEDULES_MODULE, lambda: _patch_schedules(rec))
+
+
+def _note_schedule(rec, schedule) -> None:
+    order = getattr(schedule, "pipeline_order", None)
+    if not isinstance(order, dict) or "pipeline_schedule" in rec.meta:
+        return
+    rec.meta["pipeline_schedule"] = {
+        "schedule": type(schedule).__name__,
+        "microbatches": int(getattr(schedule, "_n_microbatches", 0) or 0),
+        "order": {str(rank): [str(a) for a in actions if a is not None] for rank, actions in order.items()}}
+    rec.write_meta()
+
+
+def _with_note(orig, rec, seen):
+    @functools.wraps(orig)
+    def step(self, *args, **kwargs):
+        if self not in seen:
+            seen.add(self)
+            try:
+                _note_schedule(rec, self)
+            except Exception as exc:
+                rec.record_error("pipelining", exc)
+        return orig(self, *args, **kwargs)
+    return step
+
+
+def _patch_schedules(rec):
+    try:
+        import sys
+        module = sys.modules[SCHEDULES_MODULE]
+        base, seen = module._PipelineSchedule, weakref.WeakSet()
+        for cls in list(vars(module).values()):
+            if isinstance(cls, type) and issubclass(cls, base) and "step" in vars(cls):
+                cls.step = _with_note(vars(cls)["step"], rec, seen)
+    except Exception as exc:
+        rec.record_error("pipelining", exc)
 
 
 def _patch(rec):

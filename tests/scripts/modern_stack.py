@@ -8,8 +8,8 @@ not change the numbers. argv[1] picks the parallelism:
 - fsdp2: `fully_shard` over a 3-layer MLP, each layer a unit of its own and
   the root a unit for what is left (the head).
 - pipelining: the same MLP cut in two stages of torch.distributed.pipelining
-  (rank 0: layers 0-1, rank 1: layer 2 and the head), ScheduleGPipe with 4
-  micro-batches, no phases marked by the job.
+  (rank 0: layers 0-1, rank 1: layer 2 and the head), Schedule1F1B with 2
+  micro-batches (a bubble of 1/3 by its own order), no phases marked by the job.
 """
 import gc
 import json
@@ -57,13 +57,13 @@ def fsdp2_model():
 
 
 def pipelined_steps(steps: int) -> list:
-    """The losses of `steps` GPipe steps, on the last stage (empty on the first)."""
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+    """The losses of `steps` 1F1B steps, on the last stage (empty on the first)."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
     rank, model = dist.get_rank(), LayeredMLP()
     part = (torch.nn.Sequential(model.layers[0], torch.nn.ReLU(), model.layers[1], torch.nn.ReLU()) if rank == 0
             else torch.nn.Sequential(model.layers[2], torch.nn.ReLU(), model.head))
     stage = PipelineStage(part, rank, dist.get_world_size(), torch.device("cpu"))
-    schedule = ScheduleGPipe(stage, n_microbatches=4, loss_fn=lambda out, target: (out - target).square().mean())
+    schedule = Schedule1F1B(stage, n_microbatches=2, loss_fn=lambda out, target: (out - target).square().mean())
     opt = torch.optim.SGD(part.parameters(), lr=0.05)
     losses = []
     for step in range(steps):

@@ -1,8 +1,10 @@
 """pipeline_bubble: pipeline stages sit idle for a large part of the step.
 
 Signal: per pipeline rank, the part of the steady step not spent in forward or
-backward compute, against the schedule's theoretical bubble (p-1)/(m+p-1) for p
-stages and m micro-batches. Threshold: the theoretical bubble is >= 20% (too few
+backward compute, against the schedule's theoretical bubble: for a
+torch.distributed.pipelining job the idle its own recorded action order implies
+(diagnose/analysis/schedule_slots.py: interleaved and zero-bubble orders too),
+else (p-1)/(m+p-1) for p stages and m micro-batches. Threshold: the theoretical bubble is >= 20% (too few
 micro-batches for the depth). Impact is a what-if at the schedule's theoretical
 size: the same work in m' micro-batches (the count that brings theory under
 10%) fills and drains the pipeline in (p-1)/m' of the bottleneck stage's busy
@@ -29,6 +31,7 @@ phases' stage stamps, so an import without them has no pipeline to judge.
 import math
 
 from diagnose.analysis.detectors.run_structure import rank_stages
+from diagnose.analysis.schedule_slots import recorded_schedule_idle_frac
 from diagnose.analysis.findings import Finding
 
 THEORY_GATE_FRAC = 0.2
@@ -62,7 +65,11 @@ def detect(ctx):
     microbatches = int(phases.groupby(["rank", "step"])["microbatch"].nunique().median()) if len(phases) else 0
     if microbatches <= 0:
         return []
-    theory = (n_stages - 1) / (microbatches + n_stages - 1)
+    schedule = _recorded_schedule(ctx.run.rank_meta)
+    from_schedule = recorded_schedule_idle_frac(schedule) if schedule else None
+    theory = from_schedule if from_schedule is not None else (n_stages - 1) / (microbatches + n_stages - 1)
+    theory_of = (f"{schedule['schedule']}'s own action order" if from_schedule is not None
+                 else f"{n_stages} stages x {microbatches} micro-batches")
     if theory < THEORY_GATE_FRAC and measured - theory < EXCESS_GATE_FRAC:
         return []
     severity = None if theory >= THEORY_GATE_FRAC else "info"
@@ -77,16 +84,26 @@ def detect(ctx):
     return [Finding(
         kind="pipeline_bubble", severity=severity, ranks=sorted(int(r) for r in idle_frac.index), stage=stages.get(worst),
         impact_ms_per_step=saving_ms,
-        title=(f"pipeline stages idle {measured:.0%} of the step (theory for {n_stages} stages x "
-               f"{microbatches} micro-batches: {theory:.0%})"
+        title=(f"pipeline stages idle {measured:.0%} of the step (theory for {theory_of}: {theory:.0%})"
                + (ON_DEVICE_NOTE if on_device else "")),
         recommendation=recommendation,
         metrics={"bubble_frac": measured, "theoretical_bubble_frac": theory,
                  "microbatches": microbatches, "stages": n_stages,
+                 "theory_from_schedule": float(from_schedule is not None),
                  "microbatches_for_10pct": needed_m, "worst_rank_bubble_frac": float(idle_frac.max()),
                  "device_time": float(on_device), "bottleneck_busy_ms": bottleneck_busy_ms,
                  "whatif_saving_ms_per_step": saving_ms,
                  "estimate_ms_per_step": max(measured - TARGET_FRAC, 0.0) * ctx.step_ms})]
+
+
+def _recorded_schedule(rank_meta: dict) -> dict | None:
+    """The torch.distributed.pipelining schedule a rank recorded (every pipeline rank
+    records the same whole order: the first found)."""
+    for meta in rank_meta.values():
+        schedule = meta.get("pipeline_schedule")
+        if isinstance(schedule, dict):
+            return schedule
+    return None
 
 
 def schedule_saving_ms(busy_ms: float, stages: int, microbatches: int, target_microbatches: int) -> float:
