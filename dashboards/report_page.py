@@ -9,13 +9,14 @@ import os
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from dashboards import (fig_breakdown, fig_collectives, fig_heatmaps, fig_pipeline, fig_series,
-                        fig_timeline, fig_whatif)
+from dashboards import (fig_breakdown, fig_collectives, fig_fsdp_units, fig_heatmaps, fig_pipeline,
+                        fig_series, fig_timeline, fig_whatif)
 from dashboards.fig_findings import evidence_notes, findings_html
 from dashboards.view_parts import Section, esc, fmt_ms
 from diagnose.analysis import device_collectives
 
-VIEWS = (fig_whatif, fig_breakdown, fig_timeline, fig_heatmaps, fig_pipeline, fig_collectives, fig_series)
+VIEWS = (fig_whatif, fig_breakdown, fig_timeline, fig_heatmaps, fig_pipeline, fig_collectives, fig_fsdp_units,
+         fig_series)
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
 
 CSS = """

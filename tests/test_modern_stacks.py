@@ -83,13 +83,51 @@ def test_fsdp2_collectives_name_their_unit(tmp_path):
     assert all(v > 0 for v in units.values())
     top = max(units, key=units.get)[len("fsdp_blocked_ms_per_step["):-1]
     assert f"most exposed unit is {top} " in exposed["recommendation"]
+    # prefetch overlap: on gloo FSDP2's all-gathers are synchronous calls, so nothing is in
+    # flight while the thread computes: all of it exposed (the report says so per unit)
+    table = run.fsdp_unit_comm()
+    assert set(zip(table["unit"], table["op"])) == {(u, op) for u in ("<root>", "layers.0", "layers.1", "layers.2")
+                                                     for op in ("all_gather_single", "reduce_scatter_single")}
+    assert (table["exposed_ms_per_step"] > 0).all() and (table["overlapped_ms_per_step"] == 0).all(), table
+    for row in table[table["op"] == "all_gather_single"].itertuples():
+        assert exposed["metrics"][f"fsdp_all_gather_overlapped_ms_per_step[{row.unit}]"] == 0.0
+    assert 'id="fsdp-units"' in (tmp_path / "run" / "report.html").read_text()
+
+
+def test_fsdp_unit_comm_splits_in_flight_time_from_blocked_time():
+    """An async all-gather issued (1 ms), in flight 6 ms while the thread computes,
+    then waited 2 ms: 3 ms exposed, 6 overlapped; a sync reduce-scatter of 4 ms: all
+    exposed. Per step, median over ranks."""
+    import numpy as np
+    import pandas as pd
+
+    from diagnose.analysis.fsdp_units import fsdp_unit_comm
+    ms = 1_000_000
+    rows = []
+    for rank in (0, 1):
+        for step in (1, 2):
+            t = step * 100 * ms
+            rows.append(dict(rank=rank, step=step, name="all_gather_into_tensor", detail="fsdp:layers.0",
+                             issue_ns=t, return_ns=t + ms, wait_start_ns=t + 7 * ms, wait_end_ns=t + 9 * ms))
+            rows.append(dict(rank=rank, step=step, name="reduce_scatter_tensor", detail="fsdp:layers.0",
+                             issue_ns=t + 20 * ms, return_ns=t + 24 * ms, wait_start_ns=np.nan, wait_end_ns=np.nan))
+    rows.append(dict(rank=0, step=1, name="all_reduce", detail="", issue_ns=0, return_ns=5 * ms,
+                     wait_start_ns=np.nan, wait_end_ns=np.nan))  # not FSDP: left out
+    table = fsdp_unit_comm(pd.DataFrame(rows), steady=[1, 2]).set_index("op")
+    assert table.loc["all_gather_into_tensor", "exposed_ms_per_step"] == 3.0
+    assert table.loc["all_gather_into_tensor", "overlapped_ms_per_step"] == 6.0
+    assert table.loc["all_gather_into_tensor", "overlapped_frac"] == 6.0 / 9.0
+    assert table.loc["reduce_scatter_tensor", "exposed_ms_per_step"] == 4.0
+    assert table.loc["reduce_scatter_tensor", "overlapped_ms_per_step"] == 0.0
+    assert list(table.index) == ["reduce_scatter_tensor", "all_gather_into_tensor"]  # most exposed first
 
 
 def test_pipelining_schedules_give_stages_and_micro_batches(tmp_path):
-    """torch.distributed.pipelining, 2 stages, GPipe with 4 micro-batches, no
+    """torch.distributed.pipelining, 2 stages, 1F1B with 2 micro-batches, no
     phases marked by the job: each stage's forward and backward of each
     micro-batch is a phase carrying the schedule's stage index and micro-batch,
-    and the pipeline detectors judge the job by those stages."""
+    the pipeline detectors judge the job by those stages, and the bubble's
+    theory is the idle the schedule's own action order implies (1/3)."""
     run = _run_both(tmp_path, "pipelining")
     events = run.events()
     phases = events[(events["kind"] == "phase") & events["step"].between(0, 4)]
@@ -97,9 +135,16 @@ def test_pipelining_schedules_give_stages_and_micro_batches(tmp_path):
         for name in ("forward", "backward"):
             mine = phases[(phases["rank"] == rank) & (phases["name"] == name)]
             assert set(mine["stage"]) == {rank}, (rank, name)
-            assert mine.groupby("step")["microbatch"].apply(sorted).tolist() == [[0, 1, 2, 3]] * 5, (rank, name)
+            assert mine.groupby("step")["microbatch"].apply(sorted).tolist() == [[0, 1]] * 5, (rank, name)
     from diagnose.analysis.detectors.run_structure import rank_stages
     assert rank_stages(events) == {0: 0, 1: 1}
+    compute = run.breakdown().groupby("rank")[["forward_ms", "backward_ms"]].sum()
+    assert (compute > 0).all().all(), compute  # per-stage compute
+    schedule = run.rank_meta[0]["pipeline_schedule"]
+    assert schedule["schedule"] == "Schedule1F1B" and schedule["microbatches"] == 2
     findings = json.loads((tmp_path / "run" / "analysis" / "findings.json").read_text())
     (bubble,) = [f for f in findings if f["kind"] == "pipeline_bubble"]
-    assert bubble["metrics"]["stages"] == 2 and bubble["metrics"]["microbatches"] == 4
+    assert bubble["metrics"]["stages"] == 2 and bubble["metrics"]["microbatches"] == 2
+    assert bubble["metrics"]["theory_from_schedule"] == 1.0
+    assert abs(bubble["metrics"]["theoretical_bubble_frac"] - 1 / 3) < 1e-3  # (findings.json: 4 digits)
+    assert "Schedule1F1B's own action order: 33%" in bubble["title"], bubble["title"]

@@ -252,6 +252,11 @@ class Run:
         return device_step_breakdown(self.kernels(), self.steps())
 
     @functools.lru_cache(maxsize=None)
+    def fsdp_unit_comm(self) -> pd.DataFrame:
+        from diagnose.analysis.fsdp_units import fsdp_unit_comm
+        return fsdp_unit_comm(self.collectives(), self.steady_steps())
+
+    @functools.lru_cache(maxsize=None)
     def device_data_wait(self) -> pd.DataFrame:
         from diagnose.analysis.gpu_tables import device_data_wait
         return device_data_wait(self._events, self.kernels())

@@ -15,7 +15,8 @@ the groups with the most communication time.
 FSDP2 jobs (rows whose detail names an FSDP unit, collectors/instrument/fsdp2.py)
 get FSDP2's own knobs in the recommendation and, as evidence, the time the
 training thread was blocked in each unit's all-gathers and reduce-scatters per
-step, the most exposed unit named.
+step, the most exposed unit named, and each unit's all-gather time overlapped
+by prefetching (diagnose/analysis/fsdp_units.py; the report's FSDP2 view).
 
 On device traces (collectives are NCCL kernels) the host is never blocked in
 communication, so the breakdown says nothing: exposed communication is then
@@ -47,25 +48,17 @@ def bandwidth_table(ctx):
     return per_instance
 
 
-FSDP_PREFIX = "fsdp:"
 RECOMMENDATION = ("Overlap communication with compute (bucketed async all-reduce during backward, "
                   "prefetching all-gathers), shrink what is communicated (bf16 gradients, "
                   "larger micro-batches per sync), or use a faster interconnect/topology-aware groups.")
 
 
 def fsdp_blocked_ms(ctx):
-    """FSDP unit -> ms per step the training thread was blocked in its collectives
-    (a sync call's duration, an async one's wait), median over ranks; empty when
-    the job has no FSDP2 rows."""
-    calls = ctx.run.collectives()
-    detail = calls["detail"].astype(str)
-    calls = calls[detail.str.startswith(FSDP_PREFIX) & calls["step"].isin(ctx.steady)]
-    if calls.empty or not ctx.steady:
-        return {}
-    blocked = (calls["wait_end_ns"] - calls["wait_start_ns"]).where(
-        calls["wait_start_ns"].notna(), calls["return_ns"] - calls["issue_ns"]).fillna(0) / 1e6
-    per_rank = blocked.groupby([calls["detail"].astype(str).str[len(FSDP_PREFIX):], calls["rank"]]).sum()
-    return (per_rank.groupby(level=0).median() / len(ctx.steady)).sort_values(ascending=False).to_dict()
+    """FSDP unit -> ms per step the training thread was blocked in its collectives,
+    the most exposed first (diagnose/analysis/fsdp_units.py); empty without FSDP2 rows."""
+    table = ctx.run.fsdp_unit_comm()
+    per_unit = table.groupby("unit", sort=False)["exposed_ms_per_step"].sum()
+    return per_unit.sort_values(ascending=False, kind="stable").to_dict()
 
 
 def fsdp_recommendation(units: dict) -> str:
@@ -115,6 +108,9 @@ def detect(ctx):
     units = fsdp_blocked_ms(ctx)
     for unit, ms in units.items():
         metrics[f"fsdp_blocked_ms_per_step[{unit}]"] = float(ms)
+    for row in ctx.run.fsdp_unit_comm().itertuples():
+        if row.op.startswith("all_gather"):
+            metrics[f"fsdp_all_gather_overlapped_ms_per_step[{row.unit}]"] = float(row.overlapped_ms_per_step)
     return [Finding(
         kind="exposed_comm", ranks=sorted(int(r) for r in frac.index), severity=severity,
         impact_ms_per_step=float(per_rank.loc[least, "exposed_comm_ms"]),
