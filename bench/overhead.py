@@ -24,8 +24,10 @@ a core, so the figure is low by about a tenth of a point) and at the lowest
 weight for the live monitor (diagnose.live.child.yield_to_the_job).
 
 Jobs, sized to ~50-90 ms steps as twins on this 2-core box: the reference trainer
-(`--dp 2 --microbatches 2`) and samples/ddp_mlp.py (`--dim 256 --hidden 768
---batch-size 40`). Modes: plain (the A/A control), `diagnose run --no-analyze`,
+(`--dp 2 --microbatches 2`), samples/ddp_mlp.py (`--dim 256 --hidden 768
+--batch-size 40`) and samples/titan_style.py (`--tp 2 --dim 256 --layers 4 --seq
+64`: FSDP2 over one rank, DTensor TP over both, its all-reduces functional
+collectives, which the other two do not issue). Modes: plain (the A/A control), `diagnose run --no-analyze`,
 the collectors only (the bootstrap `diagnose run` gives the ranks, without the
 launcher and its live monitor), and torch.profiler (CPU activities, every step:
 bench/profiler_site). Each round runs every mode once beside a plain twin, in an
@@ -79,6 +81,10 @@ def jobs(steps: int, pin: bool) -> dict:
         "ddp_mlp": (lambda log: run + ["samples/ddp_mlp.py", "--steps", str(steps), "--dim", "256",
                                        "--hidden", "768", "--batch-size", "40", "--log-step-times", log],
                     _line_steps),
+        # DTensor TP over both ranks: every block's all-reduce is a functional collective
+        "titan_style": (lambda log: run + ["samples/titan_style.py", "--tp", "2", "--steps", str(steps),
+                                           "--dim", "256", "--layers", "4", "--seq", "64",
+                                           "--log-step-times", log], _line_steps),
     }
 
 

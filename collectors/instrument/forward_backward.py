@@ -18,7 +18,8 @@ and host_sync off took 0.4-0.9 ms of interpreter time per step off the
 reference trainer's training thread beside a twin, against ~0.1 ms that their
 warm per-call costs predict. The price: a class first called as outermost
 after step 0 (a model used only for evaluation, say) has no forward events.
-A job that never steps an optimizer keeps the global wrapper.
+A job that never steps an optimizer keeps the global wrapper, and so does a
+job that compiles (below).
 
 The events are the same: one "forward" per outermost call, from its start to
 its return or exception. Instrumentors that also need the outermost forward
@@ -28,6 +29,7 @@ of their own.
 import functools
 
 from collectors import nvtx_ranges
+from collectors.after_import import after_import
 from collectors.clock import now_ns
 from collectors.instrument import InjectedFailure, injected_failure
 
@@ -80,15 +82,24 @@ def install(rec):
                 except Exception as exc:
                     rec.record_error("forward_backward", exc)
 
+        __call__._diagnose_wraps = call  # (_compiled_modules_call_torchs)
         return __call__
 
     torch.nn.Module.__call__ = outermost(module_call, learning=True)
+    after_import("torch._dynamo.eval_frame", lambda: _compiled_modules_call_torchs(rec))
+    compiles = []  # torch.compile was called (torch imports dynamo without compiling)
+    torch.compile = _noting_use(torch.compile, compiles)
     learned = []
 
     def move_onto_root_classes(optimizer, args, kwargs):
         if learned or depth[0] or not root_classes:
             return  # (an optimizer stepped inside a forward: learn on)
         learned.append(True)
+        if compiles:
+            # a job that compiles keeps the global wrapper: dynamo guards the graphs it
+            # traced on the Module.__call__ it saw, and moving off it would recompile
+            # every graph once (samples/titan_style.py --compile: 4 graphs, not 2)
+            return
         try:
             for cls in root_classes:
                 own = cls.__dict__.get("__call__")  # a class with a __call__ of its own keeps it
@@ -123,3 +134,43 @@ def install(rec):
 
     torch.Tensor.backward = wrap_backward(torch.Tensor.backward)
     torch.autograd.backward = wrap_backward(torch.autograd.backward)
+
+
+
+def _noting_use(compile_fn, compiles: list):
+    @functools.wraps(compile_fn)
+    def compile(*args, **kwargs):
+        if not compiles:
+            compiles.append(True)
+        return compile_fn(*args, **kwargs)
+    return compile
+
+
+def _compiled_modules_call_torchs(rec) -> None:
+    """A compiled module's inner call is torch's Module.__call__, never our wrapper.
+    OptimizedModule binds `_orig_mod.__call__` when it is built and hands that to
+    dynamo as the frame to start from: dynamo skips torch's own (module.py), runs
+    the module's hooks eagerly and compiles its forward's frame, but it traced
+    ours, and with it the hooks: FSDP2's, disabled for dynamo, broke the graph
+    (samples/titan_style.py --compile: 4 graphs and 2 graph breaks instead of 2
+    and none). So while it binds, the class that holds our wrapper holds the
+    call it wraps (a swap on the training thread, where torch.compile runs)."""
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+        orig = OptimizedModule._initialize
+
+        @functools.wraps(orig)
+        def _initialize(self):
+            owner = next((c for c in type(self._orig_mod).__mro__
+                          if hasattr(c.__dict__.get("__call__"), "_diagnose_wraps")), None)
+            if owner is None:
+                return orig(self)
+            ours = owner.__dict__["__call__"]
+            owner.__call__ = ours._diagnose_wraps
+            try:
+                return orig(self)
+            finally:
+                owner.__call__ = ours
+        OptimizedModule._initialize = _initialize
+    except Exception as exc:  # compiled modules would then trace the wrapper: say so
+        rec.record_error("forward_backward", exc)
