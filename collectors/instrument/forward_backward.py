@@ -136,7 +136,6 @@ def install(rec):
     torch.autograd.backward = wrap_backward(torch.autograd.backward)
 
 
-
 def _noting_use(compile_fn, compiles: list):
     @functools.wraps(compile_fn)
     def compile(*args, **kwargs):
