@@ -32,3 +32,16 @@ def test_a_compiled_job_compiles_the_same_under_diagnose_and_its_steps_are_recor
     events = load_run(tmp_path / "run").events()
     counts = events.groupby("kind").size().to_dict()
     assert counts.get("forward") == 12 and counts.get("backward") == 4 and counts.get("step") == 4, counts
+
+
+def test_a_graph_break_that_synchronises_is_a_host_sync_with_its_callsite(tmp_path):
+    """Issue 24: `.item()` inside a compiled function breaks the graph; dynamo runs it
+    eagerly, where host_sync records it: one sync per step at the user's line (on
+    CUDA its detail is the device, and hidden_sync reports it inside forward)."""
+    script = "tests/scripts/compile_item_break.py"
+    line = [i + 1 for i, text in enumerate((REPO / script).read_text().splitlines()) if ".item() > 0" in text][0]
+    run_diagnose(["run", "--no-analyze", "--out", tmp_path / "run", "--", *torchrun(1, script)])
+    events = load_run(tmp_path / "run").events()
+    syncs = events[events["kind"] == "sync"]
+    assert set(syncs["name"]) == {"item"} and set(syncs["callsite"]) == {f"{REPO / script}:{line}"}, syncs
+    assert sorted(syncs["step"]) == list(range(8))
