@@ -7,10 +7,12 @@ between hosts; it is read once at import.
 import os
 import time
 
+from collectors import identity
+
 
 def _skew_for_this_rank() -> int:
     spec = os.environ.get("DIAGNOSE_TEST_CLOCK_SKEW_NS", "")
-    rank = os.environ.get("DIAGNOSE_RANK") or os.environ.get("RANK", "")
+    rank = str(identity.rank())
     for item in filter(None, spec.split(",")):
         r, _, ns = item.partition(":")
         if r.strip() == rank:
