@@ -15,7 +15,9 @@ were long),
 its busy time (step minus time blocked waiting on others) must be >= 1.4x the
 median of its pipeline-stage peers' (clean 4-rank runs sharing 2 cores have
 shown up to 1.31x: the scheduler favours some ranks; a 30 ms slowdown of a
-~50 ms step is ~1.7x), and it must cost >= 3% of the step to be a warning (severity
+~50 ms step is ~1.7x); of the ranks that pass, the one with the most busy time
+beyond its peers' is reported (a pipeline neighbour of the straggler also arrives
+last at its own stage's collectives), and it must cost >= 3% of the step to be a warning (severity
 from impact). Evidence: busy and compute (forward+backward+optimizer) ratios to
 the median rank, and which part of its step is slow.
 """
@@ -97,9 +99,10 @@ def members_seen(ctx) -> tuple[int, int]:
 
 
 def _busy_ratio(ctx, rank, stages, steps):
-    """The rank's busy time (step minus waiting on others) over the median of the
-    ranks doing the same work (its pipeline stage), over the given steps; on a
-    device trace busy is the device compute."""
+    """(ratio, excess ms, breakdown): the rank's busy time (step minus waiting on
+    others) over, and beyond, the median of the ranks doing the same work (its
+    pipeline stage), over the given steps; on a device trace busy is the device
+    compute."""
     breakdown = ctx.breakdown
     # device time when the collectives are seen on the device: the compute
     # kernels on the steps they cover, else (a live CUDA run) the CUDA-event
@@ -118,13 +121,13 @@ def _busy_ratio(ctx, rank, stages, steps):
     if stages:
         breakdown = breakdown[breakdown.index.map(lambda r: stages.get(r) == stages.get(rank))]
     if rank not in breakdown.index or len(breakdown) < 2:
-        return None, breakdown
+        return None, 0.0, breakdown
     if "device_compute_ms" in breakdown.columns:
         busy = breakdown["device_compute_ms"]
     else:
         busy = breakdown["step_ms"] - breakdown["exposed_comm_ms"] - breakdown["pipeline_wait_ms"]
     baseline = float(busy.drop(rank).median())
-    return (float(busy[rank] / baseline) if baseline > 0 else None), breakdown
+    return (float(busy[rank] / baseline) if baseline > 0 else None), float(busy[rank] - baseline), breakdown
 
 
 def detect(ctx):
@@ -133,8 +136,12 @@ def detect(ctx):
         return []
     per_rank_ms = caused.mean(axis=1)
     stages = rank_stages(ctx.run.events())
-    # A rank downstream of a straggler in a pipeline arrives late too, but it is
-    # not slow itself: take the biggest waiter-maker that is also busier than its peers.
+    # A rank up- or downstream of a straggler in a pipeline arrives late at its own
+    # stage's collectives too, and on a loaded host can pass the busy gate
+    # (pipeline_straggler on 2 cores: rank 4, stage 0 of the slow rank's pipeline,
+    # once came out 1.41x and caused more waiting than the straggler): of the
+    # waiter-makers that pass, the one with the most excess work is the cause.
+    passed = []
     for top in per_rank_ms.sort_values(ascending=False).index.astype(int):
         peers = [r for r in caused.index if not stages or stages.get(r) == stages.get(top)]
         others = [r for r in peers if r != top] or [r for r in caused.index if r != top]
@@ -147,16 +154,17 @@ def detect(ctx):
         # a persistent straggler is judged on every step; an intermittent one on
         # the steps it straggled in (its median over all steps is a normal step)
         judged = straggling.index if top_in_steps >= PERSISTENT_FRAC else straggling[straggling].index
-        busy_ratio, breakdown = _busy_ratio(ctx, top, stages, judged)
+        busy_ratio, excess_busy_ms, breakdown = _busy_ratio(ctx, top, stages, judged)
         gate = DEVICE_BUSY_RATIO if "device_compute_ms" in breakdown.columns else BUSY_RATIO
         if top_in_steps >= INTERMITTENT_FRAC and busy_ratio is not None and busy_ratio >= gate:
             # slow only on some steps, in a run whose micro-batches differ in work:
             # those were its long batches (workload_imbalance), not a slow rank
             if top_in_steps < PERSISTENT_FRAC and lengths_vary(ctx):
                 continue
-            break
-    else:
+            passed.append((excess_busy_ms, top, baseline_ms, top_ms, top_in_steps, busy_ratio, breakdown))
+    if not passed:
         return []
+    _, top, baseline_ms, top_ms, top_in_steps, busy_ratio, breakdown = max(passed, key=lambda c: c[0])
     persistent = top_in_steps >= PERSISTENT_FRAC
     seen, group_size = members_seen(ctx)
     on_device = "device_compute_ms" in breakdown.columns
