@@ -77,6 +77,8 @@ def parse_args():
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--compile", action="store_true", help="torch.compile each block")
+    p.add_argument("--fullgraph", action="store_true",
+                   help="compile each block with fullgraph=True (a graph break raises)")
     p.add_argument("--compile-backend", default="aot_eager",
                    help="aot_eager needs no C++ toolchain (CPU); inductor is torchtitan's")
     p.add_argument("--slow-rank", type=int, default=-1)
@@ -99,7 +101,7 @@ def build(args, mesh) -> nn.Module:
             block.down.register_forward_pre_hook(lambda module, inputs: time.sleep(args.slow_ms / 1000))
         fully_shard(block, mesh=mesh["dp"])
         if args.compile:
-            model.blocks[i] = torch.compile(block, backend=args.compile_backend)
+            model.blocks[i] = torch.compile(block, backend=args.compile_backend, fullgraph=args.fullgraph)
     fully_shard(model, mesh=mesh["dp"])
     return model
 

@@ -53,7 +53,7 @@ def test_slow_dataset_in_a_tp_job_is_an_input_stall(tmp_path):
 
 def test_compiled_blocks_compile_as_without_diagnose(tmp_path):
     """--compile (aot_eager): the same graphs, graph breaks and recompiles with and
-    without `diagnose run`. Inside a compiled block the TP all-reduce is part of
+    without `diagnose run`, and the blocks compile with fullgraph=True under it. Inside a compiled block the TP all-reduce is part of
     the graph and leaves no row (docs/instrumentation.md#compiled-code); FSDP2's
     collectives run in its hooks, outside the graphs, and are recorded."""
     args = [SAMPLE, "--tp", 2, "--steps", 8, "--compile"]
@@ -68,3 +68,9 @@ def test_compiled_blocks_compile_as_without_diagnose(tmp_path):
     run = load_run(out)
     assert _tp_all_reduces(run).empty  # pinned: compiled TP collectives are not seen
     assert len(run.steady_steps()) >= 4
+    # fullgraph=True: a graph break would raise, so this compiles only if diagnose's
+    # wrappers stay out of the graph; without breaks it counts what the plain run did
+    whole = tmp_path / "fullgraph.json"
+    run_diagnose(["run", "--out", tmp_path / "fullgraph", "--",
+                  *torchrun(2, *args, "--fullgraph", "--compile-stats", whole)], timeout=600)
+    assert stats["graph_breaks"] == {} and json.loads(whole.read_text()) == stats
