@@ -13,6 +13,7 @@
 #      `diagnose run` (device events add no host sync);
 #      a 2-rank gloo run on CUDA tensors (both ranks on GPU 0): collectives
 #      matched, no device rows (gloo's work is the host's), NVML on both ranks;
+#      the collectives' sequence numbers are the NCCL group's own (1..N);
 #   3. with nsys on PATH: `diagnose run --nsys`, export, import.
 # Prints one line per check and exits non-zero if any failed.
 # Runs where only torch, pyarrow, pandas, numpy, typer, rich and nvidia-ml-py are
@@ -64,6 +65,7 @@ for step in range(8):
     work.wait()
     opt.step(); opt.zero_grad()
 print("done", float(y.sum()))
+print("GROUP_SEQ", dist.group.WORLD._get_sequence_number_for_group())  # 16: NCCL's own count
 dist.destroy_process_group()
 PYEOF
 cat > "$T/sync_count.py" <<'PYEOF'
@@ -147,6 +149,10 @@ try:
     check("nccl calls: device rows, sync and async", kinds.get(("collective", "gpu"), 0) >= 6
           and async_rows >= 6 and kinds.get(("done", "gpu"), 0) >= 6, str(kinds))
     calls = n.collectives()
+    group_seq = int(open(f"{T}/nccl_calls.log").read().split("GROUP_SEQ")[1].split()[0])
+    seqs = sorted(calls[calls["kind"] == "collective"]["seq"].astype(int))
+    check("nccl calls: sequence numbers are the group's own (Flight Recorder's)",
+          seqs == list(range(1, group_seq + 1)), f"(recorded {seqs[:3]}..{seqs[-1:]}, group's {group_seq})")
     lag = (calls["exit_ns"] - calls["issue_ns"]) / 1e6
     check("nccl calls: each ends after it arrives on the device", bool((lag >= 0).all()),
           f"(ms: median {lag.median():.3f}, max {lag.max():.3f})")

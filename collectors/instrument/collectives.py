@@ -9,7 +9,13 @@ GPU's, timed by cuda_events.)
 
 Sequence numbers are counted per process group, as Flight Recorder does: every
 member issues the same collectives on a group in the same order, so (group,
-seq) names one collective instance on all of its members. Point-to-point ops
+seq) names one collective instance on all of its members. On NCCL the number
+is the process group's own (`seqCollective_`, Flight Recorder's
+`collective_seq_id`), so calls diagnose does not see (compiled, C++) count too
+and one rank's unseen call cannot shift the rest of its run; on gloo the group's
+counter also counts sends and receives, including isend/irecv that are not
+patched (below), so a Python counter of the seen calls numbers them there
+(docs/instrumentation.md#compiled-code). Point-to-point ops
 are numbered per (src, dst) pair, so the n-th send of a->b meets the n-th recv
 of b from a. isend/irecv are left alone (patching them breaks P2POp's identity
 check); batch_isend_irecv and blocking send/recv are recorded instead.
@@ -48,6 +54,7 @@ class Tracker:
         self.dist = dist
         self.seq: dict = {}
         self.groups: dict = {}    # id(pg) -> (pg, name, ranks_str, is_gloo)
+        self.pg_counters: dict = {}  # id(pg) -> the group's own collective counter (NCCL), or None
         self.pending: dict = {}   # id(work) -> list of issue rows
         self.done_at_wait: set = set()  # id(work) of gloo work: its wait also records "done"
         self.depth = 0
@@ -78,15 +85,33 @@ class Tracker:
             ranks = dist.get_process_group_ranks(pg)
             name = getattr(pg, "group_name", None) or dist.distributed_c10d._get_process_group_name(pg)
             try:
-                is_gloo = dist.get_backend(pg) == "gloo"
+                backend = dist.get_backend(pg)
             except Exception:
-                is_gloo = False
-            info = (pg, str(name), ",".join(map(str, ranks)), is_gloo)
+                backend = ""
+            info = (pg, str(name), ",".join(map(str, ranks)), backend == "gloo")
             self.groups[id(pg)] = info
+            self.pg_counters[id(pg)] = (getattr(pg, "_get_sequence_number_for_group", None)
+                                        if backend == "nccl" else None)
         return info
 
     def next_seq(self, key: str) -> int:
         n = self.seq.get(key, 0)
+        self.seq[key] = n + 1
+        return n
+
+    def collective_seq(self, pg, key: str) -> int:
+        """The number of the collective about to be issued on `pg` (group_info
+        first): the group's own counter + 1 where it has one (NCCL numbers its
+        first collective 1), never below the last number given here + 1, so a
+        counter that does not advance per call (coalesced ops) still numbers each
+        row apart, the same way on every member."""
+        n = self.seq.get(key, 0)
+        count = self.pg_counters.get(id(pg))
+        if count is not None:
+            try:
+                n = max(n, int(count()) + 1)
+            except Exception:
+                self.pg_counters[id(pg)] = None
         self.seq[key] = n + 1
         return n
 
@@ -150,7 +175,7 @@ def _wrap_collective(tracker, op, orig):
             return orig(*args, **kwargs)
         try:
             pg, group, ranks, is_gloo = tracker.group_info(_arg(args, kwargs, group_index, "group"))
-            seq = tracker.next_seq(group)
+            seq = tracker.collective_seq(pg, group)
             nbytes = max(tensor_bytes(args[0]) if args else 0,
                          tensor_bytes(args[1]) if len(args) > 1 else 0)
             callsite = user_callsite(2)

@@ -101,7 +101,7 @@ def bucket_timing_hook(orig_all_reduce):
         pg, group, ranks, is_gloo = tracker.group_info(pg)
         buffer = bucket.buffer()
         buffer.mul_(1.0 / pg.size())
-        seq = tracker.next_seq(group)
+        seq = tracker.collective_seq(pg, group)
         arrival = collectives._device_mark(tracker, buffer, is_gloo=is_gloo)
         t0 = now_ns()
         work = orig_all_reduce(buffer, group=pg, async_op=True)

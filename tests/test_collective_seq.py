@@ -1,0 +1,84 @@
+"""Issue 24: a collective's sequence number on NCCL is the process group's own
+(`seqCollective_`, Flight Recorder's `collective_seq_id`), so a call diagnose does
+not see on one rank (compiled there, or made on the process group directly) does
+not shift that rank's numbers for the rest of the run. On gloo the group's counter
+also counts sends and receives, so the seen calls are counted there (gloo's
+numbering is what every multi-process test here runs on).
+
+No GPU here: the process group is a stand-in that numbers as ProcessGroupNCCL
+does (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp: `seqCollective_` starts
+at 0 and advances before each collective's work is made; `getSequenceNumberForGroup()`
+returns it), behind the real method name. In `_coalescing_manager`'s fast path
+the calls inside only queue and one `allreduce_coalesced` reaches the group at
+the end (torch/distributed/distributed_c10d.py)."""
+from types import SimpleNamespace
+
+from collectors.instrument import collectives
+from collectors.recorder import Recorder
+
+
+class NCCLGroup:
+    group_name = "0"
+
+    def __init__(self):
+        self.seq_collective = 0
+        self.coalescing = False
+
+    def _get_sequence_number_for_group(self):
+        return self.seq_collective
+
+    def allreduce(self):  # what c10d's all_reduce reaches, seen by diagnose or not
+        self.seq_collective += 1
+
+
+def _rank(backend="nccl"):
+    pg = NCCLGroup()
+    dist = SimpleNamespace(get_backend=lambda group: backend, get_process_group_ranks=lambda group: [0, 1],
+                           distributed_c10d=SimpleNamespace(_get_default_group=lambda: pg))
+    rec = Recorder(None)
+    tracker = collectives.Tracker(rec, dist)
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        if not pg.coalescing:  # inside the manager the call is only queued
+            pg.allreduce()
+    return pg, rec, collectives._wrap_collective(tracker, "all_reduce", all_reduce)
+
+
+def _seqs(rec):
+    return [row[9] for row in rec.events if row[0] == "collective"]
+
+
+def _job(backend):
+    """Both ranks: one collective; then one that rank 1 makes unseen (compiled
+    there); three more; two coalesced in one batch; one more."""
+    ranks = [_rank(backend) for _ in range(2)]
+    for r, (pg, rec, all_reduce) in enumerate(ranks):
+        all_reduce(None)
+        if r == 0:
+            all_reduce(None)
+        else:
+            pg.allreduce()
+        for _ in range(3):
+            all_reduce(None)
+        pg.coalescing = True
+        all_reduce(None)
+        all_reduce(None)
+        pg.coalescing = False
+        pg.allreduce()  # the batch's allreduce_coalesced
+        all_reduce(None)
+    return [_seqs(rec) for _, rec, _ in ranks]
+
+
+def test_nccl_numbers_come_from_the_process_group():
+    rank0, rank1 = _job("nccl")
+    # Flight Recorder's numbers (the first collective is 1; rank 1's unseen call
+    # is 2) up to the coalesced batch, whose two rows take 6 and 7 where the group
+    # numbers the batch 6: from there on one ahead, the same on both ranks
+    assert rank0 == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert rank1 == [1, 3, 4, 5, 6, 7, 8]
+
+
+def test_gloo_counts_the_calls_it_sees():
+    rank0, rank1 = _job("gloo")
+    assert rank0 == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert rank1 == [0, 1, 2, 3, 4, 5, 6]  # rank 1's unseen call shifts the rest by one
