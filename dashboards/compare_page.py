@@ -5,10 +5,9 @@ import os
 
 import numpy as np
 import plotly.graph_objects as go
-import plotly.io as pio
-from plotly.offline import get_plotlyjs
 
-from dashboards.report_page import CSS, PLOTLY_CONFIG
+from dashboards.plot_embed import figure_html, page_html
+from dashboards.report_page import CSS
 from dashboards.view_parts import LAYOUT, compact, esc, fmt_ms
 
 RUN_COLORS = {"A": "#6baed6", "B": "#e6550d"}
@@ -93,13 +92,9 @@ def render_compare(result: dict) -> str:
             "<h2>Breakdown per phase, ms/step</h2><table><thead><tr><th>phase</th><th>A</th>"
             f"<th>B</th><th>change</th></tr></thead><tbody>{part_rows}</tbody></table>"]
     for anchor, title, fig in figures:
-        body.append(f"<section id='{anchor}'><h2>{esc(title)}</h2>"
-                    + pio.to_html(fig, full_html=False, include_plotlyjs=False, config=PLOTLY_CONFIG,
-                                  div_id=f"fig-{anchor}", validate=False) + "</section>")
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>diagnose compare</title><style>{CSS}</style>"
-            f"<script type=\"text/javascript\">{get_plotlyjs()}</script></head><body>"
-            + "".join(body) + "</body></html>\n")
+        body.append(f"<section id='{anchor}'><h2>{esc(title)}</h2>" + figure_html(fig, f"fig-{anchor}")
+                    + "</section>")
+    return page_html("diagnose compare", CSS, "".join(body))
 
 
 def write_compare(result: dict, path: str) -> str:

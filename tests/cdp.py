@@ -119,6 +119,7 @@ class Page:
         self.console_errors: list = []
         self.dialogs: list = []
         self.requests: list = []
+        self.frames: dict = {}  # sessionId -> targetInfo of an attached iframe (its own process)
         for domain in ("Page", "Runtime", "Log", "Network"):
             self.call(f"{domain}.enable")
 
@@ -140,14 +141,33 @@ class Page:
             self._send("Page.handleJavaScriptDialog", {"accept": True})
         elif method == "Network.requestWillBeSent":
             self.requests.append(params.get("request", {}).get("url"))
+        elif method == "Target.attachedToTarget":
+            self.frames[params["sessionId"]] = params.get("targetInfo", {})
+        elif method == "Target.detachedFromTarget":
+            self.frames.pop(params.get("sessionId"), None)
 
-    def _send(self, method: str, params: dict | None = None) -> int:
+    def _send(self, method: str, params: dict | None = None, session: str | None = None) -> int:
         self.next_id += 1
-        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params or {}}))
+        message = {"id": self.next_id, "method": method, "params": params or {}}
+        if session:
+            message["sessionId"] = session
+        self.ws.send(json.dumps(message))
         return self.next_id
 
-    def call(self, method: str, timeout: float = 60.0, **params):
-        call_id = self._send(method, params)
+    def attach_frames(self) -> None:
+        """Attach to the page's out-of-process iframes (a sandboxed iframe gets its
+        own process): each appears in self.frames, to evaluate with frame_evaluate."""
+        self.call("Target.setAutoAttach", autoAttach=True, waitForDebuggerOnStart=False, flatten=True)
+
+    def frame_evaluate(self, session: str, expression: str, timeout: float = 60.0):
+        result = self.call("Runtime.evaluate", timeout=timeout, session=session, expression=expression,
+                           returnByValue=True, awaitPromise=True)
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"evaluate failed: {result['exceptionDetails']}")
+        return result.get("result", {}).get("value")
+
+    def call(self, method: str, timeout: float = 60.0, session: str | None = None, **params):
+        call_id = self._send(method, params, session)
         deadline = time.monotonic() + timeout
         while True:
             self.ws.settimeout(max(0.1, deadline - time.monotonic()))

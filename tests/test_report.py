@@ -6,6 +6,7 @@ import shutil
 
 import pyarrow.parquet as pq
 import pytest
+from plotly.offline import get_plotlyjs
 
 import diagnose
 from collectors.part_writer import atomic_write_json
@@ -46,9 +47,12 @@ def test_report_of_a_real_run_renders_offline_in_chromium(ddp_run, browser):
     report = ddp_run / "report.html"
     assert report.exists(), "diagnose run writes report.html after the analysis"
     html = report.read_text()
-    assert html.count("Plotly.newPlot") >= 6
-    assert html.count("<script type=\"text/javascript\">") == 1, "plotly.js embedded once"
-    assert "cdn.plot.ly" not in html.split("</head>")[1]
+    assert html.count('class="diagnose-figure"') >= 6
+    plotly_js = get_plotlyjs()
+    assert html.count(plotly_js) == 1, "plotly.js embedded once"
+    # the text comes before plotly.js (MLflow's preview showed nothing while it loaded)
+    assert html.index("Findings") < html.index(plotly_js)
+    assert "cdn.plot.ly" not in html.replace(plotly_js, "")
     # a CPU/gloo run: every figure is host time, and the report says so
     assert "host clocks (the work runs on the host: CPU/gloo)" in html and "<td>GPU</td>" not in html
     page = open_offline(browser, report)
@@ -124,7 +128,9 @@ def test_trace_strings_show_as_text_never_markup(ddp_run, tmp_path, browser):
         # no injected script ran, no injected element exists
         assert page.dialogs == [] and page.evaluate("window.__xss === undefined")
         n_figures = len(figure_ids(page))
-        assert page.evaluate("document.scripts.length") == n_figures + 1
+        # the only scripts: each figure's JSON (data), plotly.js and the loader that draws them
+        assert page.evaluate("""Array.from(document.scripts).map(s => s.type)""") == (
+            ["application/json"] * n_figures + ["text/javascript"] * 2)
         assert page.evaluate("document.querySelectorAll('img').length") == 0
         # ... and the strings are there, as text
         text = page.evaluate("document.body.innerText")
@@ -186,6 +192,17 @@ def test_compare_shows_straggler_gained_and_step_time_change(ddp_run, straggler_
     proc = run_diagnose(["compare", ddp_run, straggler_run["dir"], "--html", html])
     out = proc.stdout
     assert ("gained" in out or "changed" in out) and "straggler" in out, out
+    # logged to the later run (the straggler run): its baseline named, the comparison as artifacts
+    from mlflow.tracking import MlflowClient
+
+    from diagnose.exporters.mlflow_run import tracking_uri
+    client = MlflowClient(tracking_uri=tracking_uri(str(straggler_run["dir"])))
+    later = client.get_run((straggler_run["dir"] / "mlflow_run_id").read_text().strip())
+    assert later.data.tags["diagnose.compare.baseline"] == str(ddp_run), later.data.tags
+    assert later.data.tags["diagnose.compare.baseline_run_id"] == (ddp_run / "mlflow_run_id").read_text().strip()
+    assert later.data.metrics["compare/step_time_ratio"] > 1.5
+    logged = {f.path for f in client.list_artifacts(later.info.run_id, "compare")}
+    assert logged == {f"compare/vs-{ddp_run.name}.json", f"compare/vs-{ddp_run.name}.html"}, logged
     result = json.loads(run_diagnose(["compare", ddp_run, straggler_run["dir"], "--json"]).stdout)
     findings = result["findings"]
     # the fault's straggler is new, or (a busy 2-core box gave the clean run a rank-1

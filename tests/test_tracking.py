@@ -13,6 +13,7 @@ from mlflow.tracking import MlflowClient
 
 import diagnose
 from conftest import ARTIFACTS, DIAGNOSE, REPO, job_env
+from diagnose.analysis.findings import KINDS
 from diagnose.exporters import mlflow_run as tracking
 
 
@@ -29,6 +30,7 @@ def test_wrapped_job_has_one_mlflow_run_with_params_metrics_tags_artifacts(ddp_r
     assert [r.info.run_id for r in runs if r.data.tags.get("diagnose.run_dir") == str(ddp_run)] == [run_id]
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
+    assert run.data.tags["diagnose.live"] == "done"  # a short job closes the live stream before it says "running"
     assert run.info.run_name == "run"
     params = run.data.params
     assert params["world_size"] == "2"
@@ -48,6 +50,16 @@ def test_wrapped_job_has_one_mlflow_run_with_params_metrics_tags_artifacts(ddp_r
     assert tags["findings.count"] == str(len(findings))
     for f in findings:
         assert f"finding.{f['kind']}" in tags
+    # metrics to chart across runs: each phase's ms per step, each kind's impact (0 when absent)
+    metrics = run.data.metrics
+    assert metrics["summary/forward_ms_per_step"] > 0 and metrics["summary/backward_ms_per_step"] > 0
+    assert "summary/exposed_comm_ms_per_step" in metrics and "summary/data_wait_ms_per_step" in metrics
+    for kind in KINDS:
+        worst = max([f["impact_ms_per_step"] for f in findings if f["kind"] == kind], default=0.0)
+        assert metrics[f"finding/{kind}_impact_ms_per_step"] == pytest.approx(worst), kind
+    # the run's Description: layout, world size, step time, the top findings
+    note = tags["mlflow.note.content"]
+    assert note.startswith("**diagnose**: 2 ranks, layout") and "ms (median rank" in note, note
     # the three artifacts, byte for byte
     artifacts = {a.path for a in client.list_artifacts(run_id)}
     assert {"report.html", "findings.json", "trace.json.gz"} <= artifacts
@@ -105,8 +117,11 @@ def mlflow_ui(ddp_run):
                             cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
+        # the link diagnose ui prints (before MLflow's own output)
+        printed = [proc.stdout.readline(), proc.stdout.readline()]
+        link = next((line[line.index("http"):].strip() for line in printed if "model-training view" in line), None)
         _wait_http(f"http://127.0.0.1:{port}/health", 120, proc)
-        yield f"http://127.0.0.1:{port}"
+        yield {"url": f"http://127.0.0.1:{port}", "link": link, "printed": printed}
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -117,25 +132,62 @@ def mlflow_ui(ddp_run):
 
 
 def test_mlflow_ui_shows_the_run_and_its_report(ddp_run, mlflow_ui, browser):
+    """Issue 26: the printed link lands in the model-training view; the run's page shows
+    its Description, params, metrics and tags; report.html renders in the artifact
+    preview (MLflow's sandboxed iframe) with every figure drawn."""
+    ui = mlflow_ui["url"]
     run_id = (ddp_run / "mlflow_run_id").read_text().strip()
     experiment_id = client_of(ddp_run).get_experiment_by_name("diagnose").experiment_id
-    page = browser.page()
+    assert mlflow_ui["link"] == f"{ui}/#/experiments/{experiment_id}?workflowType=machine_learning", \
+        mlflow_ui["printed"]
+    page = browser.page()  # a fresh profile: no view chosen before
     try:
-        page.navigate(f"{mlflow_ui}/#/experiments/{experiment_id}/runs/{run_id}")
+        page.navigate(mlflow_ui["link"])
+        page.wait_for("document.body.innerText.includes('run')", timeout=90)
+        page.pump(2)
+        text = page.evaluate("document.body.innerText")
+        # the training view lists runs and models; the GenAI view offers judges and evaluation runs
+        assert "Models" in text and "Evaluation runs" not in text and "Judges" not in text, text[:800]
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(str(ARTIFACTS / "mlflow-experiment.png"), full_page=False)
+        page.navigate(f"{ui}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning")
         page.wait_for("document.body.innerText.includes('world_size')", timeout=90)
         text = page.evaluate("document.body.innerText")
         assert "run" in text and "step_time_p50_ms" in text and "findings.count" in text
-        ARTIFACTS.mkdir(exist_ok=True)
+        assert "diagnose: 2 ranks, layout" in text, text[:2000]  # the Description
         page.screenshot(str(ARTIFACTS / "mlflow-run.png"), full_page=False)
         # the run's artifacts, as the UI lists and fetches them
-        listed = page.evaluate(f"""fetch('{mlflow_ui}/ajax-api/2.0/mlflow/artifacts/list?run_id={run_id}')
+        listed = page.evaluate(f"""fetch('{ui}/ajax-api/2.0/mlflow/artifacts/list?run_id={run_id}')
             .then(r => r.json()).then(j => j.files.map(f => f.path))""")
         assert {"report.html", "findings.json", "trace.json.gz"} <= set(listed)
-        report = page.evaluate(f"""fetch('{mlflow_ui}/get-artifact?path=report.html&run_uuid={run_id}')
-            .then(r => r.text())""")
-        assert report.startswith("<!DOCTYPE html>") and "diagnose report: run" in report
-        page.navigate(f"{mlflow_ui}/#/experiments/{experiment_id}/runs/{run_id}/artifacts/report.html")
-        page.wait_for("document.body.innerText.includes('report.html')", timeout=60)
+        # the preview: an iframe in a process of its own, attached to read what it shows
+        page.attach_frames()
+        page.navigate(f"{ui}/#/experiments/{experiment_id}/runs/{run_id}/artifacts/report.html")
+        shown = _preview(page, "diagnose report: run", timeout=90)
+        assert shown["figures"] >= 6 and shown["drawn"] == shown["figures"], shown
         page.screenshot(str(ARTIFACTS / "mlflow-artifact-report.png"), full_page=False)
     finally:
         page.close()
+
+
+def _preview(page, title: str, timeout: float) -> dict:
+    """What the artifact preview's iframe shows once its text has the title and its
+    loader has drawn every figure: {"figures": divs, "drawn": divs with an SVG}."""
+    probe = """(() => ({text: document.body ? document.body.innerText.slice(0, 400) : '',
+        done: document.body && document.body.getAttribute('data-figures-drawn') === 'all',
+        figures: document.querySelectorAll('.plotly-graph-div').length,
+        drawn: Array.from(document.querySelectorAll('.plotly-graph-div')).filter(d => d.querySelector('.main-svg')).length}))()"""
+    deadline = time.monotonic() + timeout
+    seen = None
+    while time.monotonic() < deadline:
+        page.pump(0.25)
+        for session, info in list(page.frames.items()):
+            if info.get("type") != "iframe":
+                continue
+            try:
+                seen = page.frame_evaluate(session, probe, timeout=10)
+            except (RuntimeError, TimeoutError):
+                continue  # the frame is still loading, or went away
+            if seen and title in seen["text"] and seen["done"]:
+                return seen
+    raise AssertionError(f"the preview did not show the report with its figures in {timeout} s: {seen}")

@@ -8,15 +8,39 @@ from diagnose.cli.report_commands import progress_steps
 
 
 def compare_command(run_a: str, run_b: str, html: str | None = None, as_json: bool = False) -> int:
-    with progress_steps("compare", 3 if html else 2) as advance:
+    with progress_steps("compare", 3) as advance:
         result = compare_runs(run_a, run_b, html=html, progress=advance)
+        logged = _track(result, run_a, run_b)
     if as_json:
         print(json.dumps(result, indent=1, default=str))
         return 0
     print_comparison(result)
     if html:
         print(f"diagnose: comparison written to {result['html']}")
+    if logged:
+        print(f"diagnose: comparison logged to the later run's MLflow run {logged} (artifacts compare/)")
     return 0
+
+
+def _track(result: dict, run_a: str, run_b: str) -> str | None:
+    """Log the comparison to the later run in MLflow (diagnose/exporters/mlflow_compare.py);
+    a tracking failure is a warning, the comparison stands."""
+    import sys
+    import tempfile
+
+    from diagnose.exporters import mlflow_compare
+    if not mlflow_compare.tracking.enabled():
+        return None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            page = result.get("html")
+            if not page:
+                from dashboards.compare_page import write_compare
+                page = write_compare(result, f"{tmp}/compare.html")
+            return mlflow_compare.log_compare(result, run_a, run_b, page)
+    except Exception as exc:
+        print(f"diagnose: warning: comparison not logged to MLflow: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
 
 
 def _fmt(value, unit=" ms") -> str:
@@ -92,9 +116,9 @@ def compare_runs(dir_a: str, dir_b: str, html: str | None = None, progress=None)
         run = load(run_dir)
         summaries.append(summarize(run))
     result = compare(*summaries)
+    if progress:
+        progress("writing HTML" if html else "tracking")
     if html:
         from dashboards.compare_page import write_compare
-        if progress:
-            progress("writing HTML")
         result["html"] = write_compare(result, html)
     return result

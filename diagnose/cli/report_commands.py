@@ -65,6 +65,7 @@ def report_command(run_dir: str, out: str | None = None, steps: str | None = Non
 
 def ui_command(runs_root: str, port: int, host: str = "127.0.0.1") -> int:
     """Replace this process with the MLflow UI over the tracking store of runs_root."""
+    from diagnose.exporters.mlflow_run import experiment_link
     from diagnose.exporters.mlflow_run import ui_command as build
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     if uri.startswith(("http://", "https://", "databricks")):
@@ -84,6 +85,7 @@ def ui_command(runs_root: str, port: int, host: str = "127.0.0.1") -> int:
     env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     print(f"diagnose: MLflow UI on http://{host}:{port} (store {command[command.index('--backend-store-uri') + 1]}); "
           "Ctrl-C stops it", flush=True)
+    print(f"diagnose: the runs, in MLflow's model-training view: {experiment_link(root, host, port)}", flush=True)
     sys.stderr.flush()
     os.execve(command[0], command, env)
     return 0  # not reached

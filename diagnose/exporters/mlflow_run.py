@@ -10,9 +10,13 @@ than adding another:
     params     world_size, layout, command (+ name, host, versions)
     metrics    per step: step_time_p50_ms, step_time_max_ms, data_wait_frac,
                exposed_comm_frac, bubble_frac (pipelines); summary/* over the
-               steady steps; live/* streamed while the job ran
+               steady steps (each phase's ms per step among them);
+               finding/<kind>_impact_ms_per_step for every kind (0 when absent);
+               live/* streamed while the job ran
     tags       findings.count, findings.<severity>, finding.<kind> = worst
-               severity (+ finding.<kind>.title), diagnose.run_dir
+               severity (+ finding.<kind>.title), diagnose.run_dir; the run's
+               Description (mlflow.note.content): layout, world size, step time,
+               top findings (a Description the user wrote is kept)
     artifacts  report.html, findings.json, trace.json.gz (+ alerts.jsonl)
 
 Metric timestamps are the steps' wall-clock end times, so logging the same
@@ -196,6 +200,7 @@ def step_metrics(run) -> list:
 
 
 def summary_metrics(run, findings) -> dict:
+    from diagnose.analysis.breakdown import PARTS
     from diagnose.analysis.step_tables import bubble_frac, bubbles, pipeline_blocks, steady
     out = {"summary/steps_recorded": float(run.steps()["step"].nunique()) if len(run.steps()) else 0.0,
            "summary/findings": float(len(findings))}
@@ -209,12 +214,55 @@ def summary_metrics(run, findings) -> dict:
             "summary/data_wait_frac": float(breakdown["data_wait_ms"].sum() / total) if total else 0.0,
             "summary/exposed_comm_frac": float(breakdown["exposed_comm_ms"].sum() / total) if total else 0.0,
         })
+        # each phase's ms per step (the mean rank's), to chart across runs in MLflow's compare view
+        for part in PARTS:
+            column = f"{part}_ms"
+            if column in breakdown.columns:
+                out[f"summary/{part}_ms_per_step"] = float(breakdown[column].mean())
         blocks = steady(pipeline_blocks(run.events()), run.steady_steps())
         if blocks is not None and len(blocks):
             frac = bubble_frac(bubbles(blocks))
             if frac == frac:  # not NaN: some schedule window
                 out["summary/bubble_frac"] = frac
+    out.update(finding_impacts(findings))
     return out
+
+
+def finding_impacts(findings: list) -> dict:
+    """finding/<kind>_impact_ms_per_step for every kind diagnose reports: the
+    worst finding's, 0 when the run has none (so a fixed cause charts as 0, not
+    as a missing point)."""
+    from diagnose.analysis.findings import KINDS
+    out = {f"finding/{kind}_impact_ms_per_step": 0.0 for kind in KINDS}
+    for f in findings:
+        key = f"finding/{f.get('kind')}_impact_ms_per_step"
+        impact = f.get("impact_ms_per_step")
+        if key in out and isinstance(impact, (int, float)) and impact == impact:
+            out[key] = max(out[key], float(impact))
+    return out
+
+
+NOTE_TAG = "mlflow.note.content"  # the run's Description in MLflow's overview
+NOTE_MARK = "**diagnose**"        # a note starting so is ours to rewrite; a user's own is kept
+TOP_FINDINGS = 3
+
+
+def overview_note(run, findings: list, summary: dict) -> str:
+    """Markdown for the run's Description: layout, world size, step time, top findings."""
+    manifest = run.manifest or {}
+    step = summary.get("summary/step_time_median_ms")
+    lines = [f"{NOTE_MARK}: {run.world_size} ranks, layout {layout_text(manifest.get('layout'))}"
+             + (f"; step {step:.1f} ms (median rank, steady steps)" if step is not None else ""), ""]
+    serious = [f for f in findings if f.get("severity") != "info"][:TOP_FINDINGS]
+    if serious:
+        lines.append("Top findings (report.html in Artifacts has the evidence):")
+        for i, f in enumerate(serious, 1):
+            ranks = ",".join(map(str, f.get("ranks") or [])) or "-"
+            lines.append(f"{i}. **{f.get('severity')}** {f.get('kind')} (ranks {ranks}, "
+                         f"{float(f.get('impact_ms_per_step') or 0):.1f} ms/step): {f.get('title', '')}")
+    else:
+        lines.append("No finding above info.")
+    return "\n".join(lines)[:5000]
 
 
 def finding_tags(findings: list) -> dict:
@@ -267,9 +315,13 @@ def log_run(run, findings) -> str | None:
     metrics = step_metrics(run)
     end = manifest.get("end_wall_ns") or run.wall_t0_ns or 0
     stamp = int(end // 1_000_000)
-    metrics += [Metric(k, v, stamp, 0) for k, v in summary_metrics(run, findings).items()]
+    summary = summary_metrics(run, findings)
+    metrics += [Metric(k, v, stamp, 0) for k, v in summary.items()]
     log_metrics(client, run_id, metrics)
     tags = {**finding_tags(findings), "diagnose.run_dir": os.path.abspath(run.root)}
+    note = client.get_run(run_id).data.tags.get(NOTE_TAG, "")
+    if not note or note.startswith(NOTE_MARK):
+        tags[NOTE_TAG] = overview_note(run, findings, summary)
     if manifest.get("exit_status") is not None:
         tags["diagnose.exit_status"] = str(manifest["exit_status"])
     _set_tags(client, run_id, tags)
@@ -283,6 +335,25 @@ def log_run(run, findings) -> str | None:
         client.set_terminated(run_id, status,
                               end_time=int(end_ns // 1_000_000) if isinstance(end_ns, int) else None)
     return run_id
+
+
+def experiment_link(root: str, host: str, port: int) -> str:
+    """The UI's page of the diagnose experiment in MLflow's model-training view.
+    MLflow 3 opens an experiment in its GenAI view unless the URL's
+    `workflowType` says otherwise (or the browser stored a choice); MLflow 2
+    has one view and ignores the parameter."""
+    base = f"http://{host}:{port}/#/experiments"
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or default_uri(root)
+    experiment = None
+    if not uri.startswith("sqlite:///") or os.path.exists(uri[len("sqlite:///"):]):
+        try:
+            _prepare_mlflow()
+            from mlflow.tracking import MlflowClient
+            experiment = MlflowClient(tracking_uri=uri).get_experiment_by_name(EXPERIMENT)
+        except Exception:
+            experiment = None
+    where = f"/{experiment.experiment_id}" if experiment is not None else ""
+    return f"{base}{where}?workflowType=machine_learning"
 
 
 def ui_command(root: str, port: int, host: str = "127.0.0.1", python: str | None = None) -> list:

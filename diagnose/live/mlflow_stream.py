@@ -40,7 +40,8 @@ class MlflowStreamer:
             self.run_id = tracking.ensure_run(self.client, self.run_dir, self.manifest)
             tracking.log_params_once(self.client, self.run_id,
                                      tracking.manifest_params(self.manifest))
-            self.tag("diagnose.live", "running")
+            with self.lock:  # a short job's close() may have said "done" while the store was made
+                self.tags.setdefault("diagnose.live", "running")
             while not self.stop.wait(FLUSH_INTERVAL_S):
                 self._flush()
             self._flush()
