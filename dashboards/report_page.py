@@ -33,8 +33,11 @@ a.evidence{white-space:nowrap} nav{font-size:13px;margin:10px 0} nav a{margin-ri
 .desc{font-size:13px;color:#444;max-width:1100px} .note{font-size:12px;color:#666;margin:2px 0}
 .evidence-for{font-size:13px;background:#fff5eb;border-left:3px solid #f16913;padding:4px 8px;margin:4px 0}
 .none{color:#2a7;font-weight:600} details{font-size:12px;color:#666;margin:8px 0}
+table.findings{min-width:860px} @media (max-width:900px){body{padding:0 10px 48px}}
 .stats td{border:0;padding:2px 12px 2px 0} .stats td:first-child{white-space:nowrap;color:#555} .stats{width:auto}
 """
+# (table.findings keeps its columns readable in a narrow frame, MLflow's preview
+# pane among them: ~600 px there; the page scrolls sideways instead)
 
 
 class ReportContext:

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -131,16 +132,22 @@ def mlflow_ui(ddp_run):
             proc.wait(timeout=10)
 
 
-def test_mlflow_ui_shows_the_run_and_its_report(ddp_run, mlflow_ui, browser):
-    """Issue 26: the printed link lands in the model-training view; the run's page shows
-    its Description, params, metrics and tags; report.html renders in the artifact
-    preview (MLflow's sandboxed iframe) with every figure drawn."""
+@pytest.fixture
+def fresh_browser():
+    """Issue 26's browser tests each start from a fresh profile: no view chosen,
+    nothing in the browser's storage."""
+    from cdp import Browser
+    with Browser(["--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"]) as b:
+        yield b
+
+
+def test_the_printed_link_opens_the_training_view_and_the_runs_overview(ddp_run, mlflow_ui, fresh_browser):
     ui = mlflow_ui["url"]
     run_id = (ddp_run / "mlflow_run_id").read_text().strip()
     experiment_id = client_of(ddp_run).get_experiment_by_name("diagnose").experiment_id
     assert mlflow_ui["link"] == f"{ui}/#/experiments/{experiment_id}?workflowType=machine_learning", \
         mlflow_ui["printed"]
-    page = browser.page()  # a fresh profile: no view chosen before
+    page = fresh_browser.page()
     try:
         page.navigate(mlflow_ui["link"])
         page.wait_for("document.body.innerText.includes('run')", timeout=90)
@@ -156,16 +163,52 @@ def test_mlflow_ui_shows_the_run_and_its_report(ddp_run, mlflow_ui, browser):
         assert "run" in text and "step_time_p50_ms" in text and "findings.count" in text
         assert "diagnose: 2 ranks, layout" in text, text[:2000]  # the Description
         page.screenshot(str(ARTIFACTS / "mlflow-run.png"), full_page=False)
-        # the run's artifacts, as the UI lists and fetches them
+    finally:
+        page.close()
+
+
+def test_the_report_renders_with_its_figures_in_the_artifact_preview(ddp_run, mlflow_ui, fresh_browser):
+    ui = mlflow_ui["url"]
+    run_id = (ddp_run / "mlflow_run_id").read_text().strip()
+    experiment_id = client_of(ddp_run).get_experiment_by_name("diagnose").experiment_id
+    page = fresh_browser.page()
+    try:
+        # the run's artifacts, as the UI lists them
+        page.navigate(f"{ui}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning")
         listed = page.evaluate(f"""fetch('{ui}/ajax-api/2.0/mlflow/artifacts/list?run_id={run_id}')
             .then(r => r.json()).then(j => j.files.map(f => f.path))""")
         assert {"report.html", "findings.json", "trace.json.gz"} <= set(listed)
-        # the preview: an iframe in a process of its own, attached to read what it shows
+        # the preview: a sandboxed iframe in a process of its own, attached to read what it shows
         page.attach_frames()
         page.navigate(f"{ui}/#/experiments/{experiment_id}/runs/{run_id}/artifacts/report.html")
         shown = _preview(page, "diagnose report: run", timeout=90)
         assert shown["figures"] >= 6 and shown["drawn"] == shown["figures"], shown
+        ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(str(ARTIFACTS / "mlflow-artifact-report.png"), full_page=False)
+    finally:
+        page.close()
+
+
+def test_the_compare_view_lists_each_findings_impact_for_two_runs(ddp_run, straggler_run, mlflow_ui,
+                                                                  fresh_browser):
+    client = client_of(ddp_run)
+    experiment_id = client.get_experiment_by_name("diagnose").experiment_id
+    ids = [(d / "mlflow_run_id").read_text().strip() for d in (ddp_run, straggler_run["dir"])]
+    straggler = client.get_run(ids[1]).data.metrics["finding/straggler_impact_ms_per_step"]
+    assert straggler > 0
+    page = fresh_browser.page()
+    try:
+        runs, experiments = (urllib.parse.quote(json.dumps(x)) for x in (ids, [experiment_id]))
+        page.navigate(f"{mlflow_ui['url']}/#/compare-runs?runs={runs}&experiments={experiments}")
+        page.wait_for("document.body.innerText.includes('finding/straggler_impact_ms_per_step')", timeout=90)
+        text = page.evaluate("document.body.innerText")
+        for kind in KINDS:
+            assert f"finding/{kind}_impact_ms_per_step" in text, kind
+        # the values follow the names: the straggler run's impact among them
+        values = text.split("finding/workload_imbalance_impact_ms_per_step", 1)[1]
+        assert str(int(straggler)) in values, (straggler, values[:1500])
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(str(ARTIFACTS / "mlflow-compare.png"), full_page=True)
     finally:
         page.close()
 
