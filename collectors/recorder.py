@@ -63,6 +63,7 @@ class Recorder:
         # Read by the launcher while the job runs: live progress, alerts, hang watchdog.
         self.progress: dict = {"step": 0, "steps_done": 0, "last_step_ms": None, "events_total": 0,
                                "recent_steps": []}
+        self.latest_samples: dict = {}  # metric -> its newest value (samplers' threads write it)
         self.dump_providers: list = []  # callables -> dict, merged into a watchdog dump
         self.dump_hooks: list = []      # callables run after it (Flight Recorder's own dumps)
         self.close_hooks: list = []     # callables run once at close, before the last flush
@@ -90,6 +91,7 @@ class Recorder:
     def add_sample(self, ts_ns: int, metric: str, value: float) -> None:
         if len(self.samples) < self.max_buffered:
             self.samples.append((ts_ns, metric, float(value)))
+        self.latest_samples[metric] = float(value)  # for the live monitor (progress.json)
 
     # -- failures ---------------------------------------------------------
     def record_error(self, collector: str, exc: BaseException) -> None:
@@ -223,7 +225,7 @@ class Recorder:
         try:
             self._writer.overwrite_json("progress.json", {
                 **self.progress, "wall_ns": time.time_ns(), "dropped": self.dropped,
-                "errors": len(self.errors)})
+                "errors": len(self.errors), "samples": dict(self.latest_samples)})
         except Exception as exc:
             self.record_error("writer", exc)
 

@@ -218,8 +218,9 @@ def test_net_sampler_rates_from_interface_counters(tmp_path):
     write("lo", 10**9, 10**9)
     write("eth0", 6_000_000, 3_000_000)
     got = dict(sampler.sample(500_000_000))
+    # loopback is reported on its own (a one-node job's traffic), never in the node's totals
     assert got == {"net_rx_mb_per_s": 10.0, "net_tx_mb_per_s": 2.0, "net_rx_mb_per_s:eth0": 10.0,
-                   "net_tx_mb_per_s:eth0": 2.0}
+                   "net_tx_mb_per_s:eth0": 2.0, "net_rx_mb_per_s:lo": 2000.0, "net_tx_mb_per_s:lo": 2000.0}
 
 
 def test_sync_debug_warnings_become_sync_events_with_callsite():

@@ -240,3 +240,42 @@ def test_the_live_child_runs_at_idle_priority_on_every_thread(tmp_path, monkeypa
             assert not open("/proc/self/autogroup").read().strip().endswith("nice 19")
     finally:
         live.close(0, timeout=60)
+
+
+def test_node_health_reaches_mlflow_while_a_minute_long_job_runs(tmp_path):
+    """Issue 26: per-rank CPU % and RSS and the node's network throughput (the
+    ranks' gloo traffic crosses loopback here) are MLflow system metrics while the
+    job still runs: read through the client before it ends."""
+    from conftest import DIAGNOSE, REPO, job_env, torchrun
+    out = tmp_path / "minute"
+    # 480 steps of 16 samples at 8 ms each: over 60 s of data wait alone
+    proc = subprocess.Popen([*DIAGNOSE, "run", "--out", str(out), "--",
+                             *torchrun(2, "samples/ddp_mlp.py", "--steps", 480, "--batch-size", 8,
+                                       "--slow-data-ms", 8)],
+                            cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    keys = ("system/rank_0_cpu_utilization_percentage", "system/rank_1_cpu_utilization_percentage",
+            "system/rank_0_rss_megabytes", "system/rank_1_rss_megabytes",
+            "system/network_receive_megabytes_per_second", "system/network_lo_receive_megabytes_per_second")
+    seen, started = {}, time.monotonic()
+    try:
+        while proc.poll() is None and time.monotonic() - started < 150 and len(seen) < len(keys):
+            time.sleep(1.0)
+            id_file, db = out / "mlflow_run_id", tmp_path / "mlflow.db"
+            if not (id_file.exists() and db.exists()):
+                continue
+            client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+            try:
+                for key in keys:
+                    history = client.get_metric_history(id_file.read_text().strip(), key)
+                    if history and "end_wall_ns" not in (out / "manifest.json").read_text():
+                        seen[key] = [m.value for m in history]
+            except Exception:
+                continue  # the store is being written
+        assert set(seen) == set(keys), (sorted(seen), proc.poll())
+        assert proc.poll() is None, "read while the job runs"
+    finally:
+        stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert time.monotonic() - started >= 60
+    assert max(seen["system/network_lo_receive_megabytes_per_second"]) > 0  # the all-reduces
+    assert min(seen["system/rank_0_rss_megabytes"]) > 50 and max(seen["system/rank_0_cpu_utilization_percentage"]) > 0

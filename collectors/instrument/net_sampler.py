@@ -7,7 +7,8 @@ interfaces (TCP/IP for gloo and NCCL's socket transport); a link saturated
 during the step points at communication-bound training, an idle one during a
 long collective at a peer that has not arrived. RDMA traffic (InfiniBand,
 RoCE) bypasses these counters. Metrics, in MB/s, totals over all interfaces
-except loopback and per interface:
+except loopback and per interface (loopback too: a one-node job's gloo and
+NCCL-socket traffic between its ranks):
 
     net_rx_mb_per_s  net_tx_mb_per_s  net_rx_mb_per_s:<iface>  net_tx_mb_per_s:<iface>
 """
@@ -18,19 +19,18 @@ from collectors.clock import now_ns
 from collectors.daemon_thread import start_daemon
 
 SYS_NET = "/sys/class/net"
+LOOPBACK = "lo"
 MB = 1e6
 
 
 def read_counters(root: str = SYS_NET) -> dict:
-    """{iface: (rx_bytes, tx_bytes)} for every interface but loopback."""
+    """{iface: (rx_bytes, tx_bytes)} for every interface."""
     out = {}
     try:
         names = sorted(os.listdir(root))
     except OSError:
         return out
     for name in names:
-        if name == "lo":
-            continue
         try:
             with open(os.path.join(root, name, "statistics", "rx_bytes")) as f:
                 rx = int(f.read())
@@ -59,8 +59,9 @@ class NetSampler:
                 continue
             d_rx = max(rx - last[1][iface][0], 0) * per_s
             d_tx = max(tx - last[1][iface][1], 0) * per_s
-            total_rx += d_rx
-            total_tx += d_tx
+            if iface != LOOPBACK:  # the node's own traffic, not the network's
+                total_rx += d_rx
+                total_tx += d_tx
             out += [(f"net_rx_mb_per_s:{iface}", d_rx), (f"net_tx_mb_per_s:{iface}", d_tx)]
         return [("net_rx_mb_per_s", total_rx), ("net_tx_mb_per_s", total_tx)] + out
 

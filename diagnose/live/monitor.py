@@ -20,15 +20,10 @@ its last steps, with a floor, after warm-up, confirmed on two steps in a row):
 - step time: when nobody's compute explains it (or events cannot be read).
 - heartbeat: a rank that stopped recording while the others go on, or whose
   recorder stopped writing progress.json (process frozen or gone).
+- gpu_util, network: node health (node_health.py; it streams system metrics too).
 
-Each alert is one line `diagnose: ALERT rank R: ...` on stderr, a JSON line in
-`<run>/alerts.jsonl`, and a tag + metric on the MLflow run. Metrics go out in
-one MLflow batch every 5 s, from a background thread of that child (creating a
-store can take seconds; nothing waits for it but close()). Its cadence (events
-every 10 s while no step time departs, every 2 s once one does; MLflow every
-5 s) keeps it at about 2.7% of one core (2 ranks, ddp_mlp), and it runs at the
-idle CPU priority (diagnose.live.child.yield_to_the_job): on a full node, every cycle
-it takes at the wrong moment is the job's.
+An alert is a `diagnose: ALERT rank R: ...` line, a line of `<run>/alerts.jsonl` and an
+MLflow tag + metric. Cadence, priority and cost: docs/outputs.md#live-alerts.
 """
 import collections
 import json
@@ -42,6 +37,7 @@ import numpy as np
 from diagnose import rundir
 from diagnose.live.compute_reader import ComputeReader
 from diagnose.live.mlflow_stream import MlflowStreamer
+from diagnose.live.node_health import NodeHealth
 
 WARMUP_STEPS = 2          # the first steps of a job are always slow
 WINDOW = 32               # a rank's own recent steps that define its normal
@@ -50,6 +46,7 @@ CONFIRM = 2               # consecutive departing steps before an alert
 MAX_EVENT_RANKS = 64      # above this, alerts use progress.json only
 EVENT_POLL_S = 2.0        # a poll costs ~20 ms of CPU (pandas), almost all fixed per call...
 QUIET_POLL_S = 10.0       # ...so while nothing departs, polls are rarer (see _poll_interval_s)
+UNITS = {"gpu_util": "pct", "network": "mb_per_s"}  # an alert's values; ms for the others
 
 
 class Baseline:
@@ -126,6 +123,8 @@ class LiveMonitor:
             from diagnose.exporters.mlflow_run import enabled
             track = enabled()
         self.track = track  # the MLflow run is created at the first tick, before the first step
+        self.health = NodeHealth(run_dir, lambda key, value, step: self.streamer is not None and
+                                 self.streamer.metric(key, value, step), self._alert, now=now)
 
     # -- plumbing --------------------------------------------------------------
     def _warn(self, message: str) -> None:
@@ -205,6 +204,7 @@ class LiveMonitor:
         self._stream_steps(len(progress), final)
         if not final:
             self._heartbeat(progress, now)
+            self.health.tick(progress)
 
     def _poll_interval_s(self) -> float:
         """Compute is what names a slow rank, and it is needed quickly only once a
@@ -375,12 +375,14 @@ class LiveMonitor:
             self.streamer.metric("live/data_wait_frac",
                                  float(waits.sum() / times.sum()) if times.sum() > 0 else 0.0, step)
             self.streamer.metric("live/ranks_reporting", float(len(ranks)), step)
+            self.health.job_step(step, float(np.median(times)))
 
     # -- alerts ----------------------------------------------------------------
-    def _alert(self, rank, kind, step, value_ms, median_ms, limit_ms, text) -> None:
+    def _alert(self, rank, kind, step, value, median, limit, text) -> None:
+        unit = UNITS.get(kind, "ms")
         record = {"wall_ns": self.wall_ns(), "rank": int(rank), "kind": kind, "step": int(step),
-                  "value_ms": round(float(value_ms), 3), "median_ms": round(float(median_ms), 3),
-                  "threshold_ms": round(float(limit_ms), 3), "message": f"rank {rank} {text}"}
+                  f"value_{unit}": round(float(value), 3), f"median_{unit}": round(float(median), 3),
+                  f"threshold_{unit}": round(float(limit), 3), "message": f"rank {rank} {text}"}
         self.alerts.append(record)
         self._say(f"diagnose: ALERT rank {rank}: {text}")
         try:
