@@ -80,7 +80,9 @@ class TrainConfig:
             need(min(self.layers_per_stage) >= 1, "every stage needs at least one layer")
         else:
             need(self.layers >= self.pp, "need at least one layer per pipeline stage")
-
+        # ZeRO-1's reduce-scatter divides the accumulating buffer at every round
+        need(not (self.zero1 and any(f.name == "accum_sync" for f in self.faults)),
+             "the accum_sync fault needs the all-reduce path (not --zero1)")
 
 def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()

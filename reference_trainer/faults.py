@@ -14,6 +14,8 @@ real ones do (longer phases, extra collectives, a missing rank).
                                    checkpoint save: no collective, no event; not a hang)
     varlen:spread=S[,seed=K]       each micro-batch's forward/backward takes L times as long, L drawn
                                    uniformly in [1, 1+S] per (step, micro-batch, dp replica)
+    accum_sync                     gradients all-reduced after every micro-batch's backward, not
+                                   only the last one's (DDP without no_sync(): a round per backward)
 
 On CUDA the compute faults slow the device, not the host (device_slowdown.py):
 no torch.cuda.synchronize() and no time.sleep in the step; a hung rank blocks
@@ -49,6 +51,7 @@ _SCHEMA: dict[str, dict[str, tuple]] = {
     "comm_bound": {"mb": (float, 32.0), "repeat": (int, 1)},
     "varlen": {"spread": (float, None), "seed": (int, 0)},
     "checkpoint": {"every": (int, None), "factor": (float, None)},
+    "accum_sync": {},
 }
 
 
@@ -99,6 +102,7 @@ class Faults:
         self.slow_input_ms = 0.0
         self.hidden_sync_every_microbatch = False
         self.blocking_p2p = False
+        self.accum_sync = False
         self.stop: tuple[str, int] | None = None  # ("hang" | "crash", step) for this rank
         self.extra_allreduce_numel = 0
         self.extra_allreduce_repeat = 0
@@ -118,6 +122,8 @@ class Faults:
                 self.hidden_sync_every_microbatch = True
             elif f.name == "blocking_p2p":
                 self.blocking_p2p = True
+            elif f.name == "accum_sync":
+                self.accum_sync = True
             elif f.name in ("hang", "crash") and p["rank"] == rank:
                 self.stop = (f.name, p["step"])
             elif f.name == "comm_bound":

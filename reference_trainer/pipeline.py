@@ -75,7 +75,11 @@ class StageRunner:
     def backward(self, x: torch.Tensor | None, y: torch.Tensor, dy: torch.Tensor | None,
                  mb: int) -> torch.Tensor | None:
         # the data-parallel all-reduce is launched from grad hooks during the last backward
-        self.buckets.sync_enabled = mb == self.microbatches - 1
+        # (accum_sync: during every one, waited at its end, as DDP does without no_sync();
+        # the buckets hold the accumulated gradient, and a mean of equal values is that value,
+        # so the last round still gives the batch mean)
+        last = mb == self.microbatches - 1
+        self.buckets.sync_enabled = last or self.faults.accum_sync
         self.faults.microbatch = mb
         with phase("backward", microbatch=mb, stage=self.stage):
             t0, begun = time.perf_counter(), self.faults.compute_begins()
@@ -86,6 +90,8 @@ class StageRunner:
                     lambda: self.faults.compute_ends(begun, weight=2.0)))
             torch.autograd.backward(y, grad_tensors=None if self.last else dy)
             self.compute_s += time.perf_counter() - t0
+            if self.faults.accum_sync and not last:
+                self.buckets.wait()
         return None if x is None else x.grad
 
 

@@ -71,6 +71,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              "workload_imbalance", (0, 1, 2, 3),
              description="sequence lengths vary per micro-batch (1-7x): a different rank is slowest "
                          "at every step and the others wait for it in the gradient all-reduce"),
+    Scenario("accum_sync", 4, _run(["--dp", "4", "--microbatches", "4"], faults=("accum_sync",)),
+             "accumulation_sync", (0, 1, 2, 3),
+             description="gradients all-reduced after each of the 4 micro-batches' backwards, "
+                         "not only the last (DDP without no_sync())"),
     Scenario("bubble", 4, _run(["--pp", "4", "--schedule", "afab", "--microbatches", "2"]),
              "pipeline_bubble", (0, 1, 2, 3),
              description="pp4 with only 2 micro-batches: stages idle most of the step"),

@@ -57,6 +57,8 @@ def parse_args():
     p.add_argument("--slow-from-step", type=int, default=0)
     p.add_argument("--slow-data-ms", type=float, default=0.0)
     p.add_argument("--log-every-microbatch", action="store_true")
+    p.add_argument("--sync-every-microbatch", action="store_true",
+                   help="leave out no_sync(): DDP all-reduces after every micro-batch")
     p.add_argument("--jitter-ms", type=float, default=0.0)
     p.add_argument("--result-json", default="")
     p.add_argument("--log-step-times", default="", metavar="PATH",
@@ -92,7 +94,7 @@ def main():
         for micro in range(args.microbatches):
             x, y = next(batches)
             last = micro == args.microbatches - 1
-            if last:
+            if last or args.sync_every_microbatch:  # the latter: the mistake accumulation_sync finds
                 loss = nn.functional.mse_loss(ddp_model(x), y) / args.microbatches
                 loss.backward()
             else:

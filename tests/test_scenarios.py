@@ -19,6 +19,8 @@ _BUBBLE_4X8 = "8 micro-batches on 4 stages: the schedule's bubble is 3/11 = 27%,
 EXPLAINED = {
     "slow_stage": {"pipeline_bubble": _BUBBLE_4X8},
     "pipeline_straggler": {"pipeline_bubble": _BUBBLE_4X8},
+    "accum_sync": {"exposed_comm": "each micro-batch's all-reduces are waited at the end of its backward, "
+                                   "with nothing left to overlap them: exposed communication, ranked below"},
     "showcase": {"input_stall": "slow_input:ms=4 is planted as well",
                  "pipeline_bubble": "4 micro-batches on 2 stages: the schedule's bubble is 1/5 = 20%"},
 }
@@ -87,7 +89,7 @@ def check_neighbours_not_named(run, monkeypatch):
 
 # kinds whose impact is a what-if replay's saving (diagnose/analysis/whatif.py)
 WHATIF_KINDS = {"straggler", "workload_imbalance", "stage_imbalance", "input_stall", "hidden_sync", "exposed_comm",
-                "pipeline_bubble"}
+                "pipeline_bubble", "accumulation_sync"}
 
 
 def check_replay(scenario, out, findings, stdout):
@@ -143,6 +145,12 @@ def check_fault_in_trace(name, run):
         calls = run.collectives()
         sends = calls[(calls["name"] == "send") & calls["wait_start_ns"].notna()]
         assert (sends["wait_start_ns"] - sends["return_ns"] < 500_000).mean() > 0.9
+    elif name == "accum_sync":    # the gradient buckets all-reduced in each of the 4 backwards
+        calls = run.collectives()
+        calls = calls[calls["callsite"].str.contains("dp.py") & calls["step"].isin(run.steady_steps())]
+        per_mb = calls.groupby(["rank", "step", "microbatch"]).size()
+        assert set(per_mb.index.get_level_values("microbatch")) == {0, 1, 2, 3}, per_mb
+        assert per_mb.nunique() == 1, per_mb  # every bucket, every micro-batch
     elif name == "comm_bound":    # an extra 32 MB all-reduce per step
         calls = run.collectives()
         assert (calls["bytes"] >= 32 * 2**20).any()

@@ -36,7 +36,7 @@ LAUNCHES = {
         "--microbatches", "2", "--schedule", "afab", "--layers-per-stage", "3,1",
         "--fault", "straggler:rank=2,factor=4", "--fault", "slow_input:ms=5",
         "--fault", "hidden_sync:every=microbatch", "--fault", "blocking_p2p",
-        "--fault", "comm_bound:mb=4,repeat=2"]),
+        "--fault", "comm_bound:mb=4,repeat=2", "--fault", "accum_sync"]),
 }
 
 
@@ -149,10 +149,10 @@ def test_scenarios_cover_design_and_parse():
     # every demo scenario, plus `showcase` (what `make demo` runs)
     assert set(SCENARIOS) == {"clean", "straggler", "slow_stage", "slow_input", "hidden_sync",
                               "blocking_p2p", "hang", "crash", "comm_bound", "bubble", "varlen", "showcase",
-                              "pipeline_straggler"}
+                              "pipeline_straggler", "accum_sync"}
     kinds = {None, "straggler", "stage_imbalance", "pipeline_bubble", "input_stall", "hidden_sync",
              "blocking_async", "exposed_comm", "hang", "rank_failure", "memory_imbalance",
-             "workload_imbalance"}
+             "workload_imbalance", "accumulation_sync"}
     for s in SCENARIOS.values():
         cfg = parse_args(s.argv)
         assert cfg.world_size == s.nproc, s.name

@@ -30,6 +30,7 @@ import functools
 
 from collectors import nvtx_ranges
 from collectors.after_import import after_import
+from collectors.callsite import user_callsite
 from collectors.clock import now_ns
 from collectors.instrument import InjectedFailure, injected_failure
 
@@ -127,8 +128,10 @@ def install(rec):
                 depth[1] = 0
                 if nvtx_ranges.MIRRORING:
                     nvtx_ranges.pop()
+                # the user's backward line (once per micro-batch: a short frame walk); an
+                # accumulation that reduces every micro-batch is named by it
                 rec.add(("backward", "backward", t0, now_ns(), st.step, st.microbatch, st.stage,
-                         "", "", -1, -1, 0, False, "", "", -1))
+                         "", "", -1, -1, 0, False, user_callsite(2), "", -1))
 
         return backward
 

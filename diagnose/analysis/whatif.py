@@ -13,6 +13,8 @@ Per finding kind, what "removed" means:
 - input_stall: the data waits removed;
 - hidden_sync: the callsite's collectives and host syncs removed;
 - exposed_comm: every collective takes no time (fully overlapped);
+- accumulation_sync: the gradient reductions of every backward but each step's
+  last removed;
 - pipeline_bubble: the bubble at the schedule's theoretical size for the
   recommended micro-batch count (the detector's arithmetic: a schedule change
   is not a duration change the replay can make).
@@ -177,6 +179,13 @@ class WhatIf:
                                       & events["callsite"].astype(str).map(same_place).astype(bool)])
         return self._saving(gaps={r: g - syncs[r] for r, g in self.model.gaps.items()}, skip=skip)
 
+    def without_instances(self, rows: pd.DataFrame):
+        """The collective instances named by rows' (group, seq) removed."""
+        calls = self.model.calls
+        named = pd.MultiIndex.from_arrays([rows["group"].astype(str), rows["seq"].astype(np.int64)])
+        mask = pd.MultiIndex.from_arrays([calls["group"].astype(str), calls["seq"].astype(np.int64)]).isin(named)
+        return self._saving(skip=frozenset(int(i) for i in calls.loc[mask, "_inst"]))
+
     def exposed_comm(self):
         return self._saving(length_ns=np.zeros_like(self.model.length_ns))
 
@@ -219,6 +228,10 @@ def _one(w: WhatIf, ctx, finding):
         return w.hidden_sync(lambda raw: ctx.relpath(raw) == finding.callsite)
     if kind == "exposed_comm":
         return w.exposed_comm()
+    if kind == "accumulation_sync":
+        from diagnose.analysis.detectors.accumulation_sync import extra_rounds
+        rounds = extra_rounds(ctx)
+        return None if rounds is None else w.without_instances(rounds.attrs["extra"])
     if kind == "pipeline_bubble":
         saving = finding.metrics["whatif_saving_ms_per_step"]
         return saving, w.step_ms() - saving

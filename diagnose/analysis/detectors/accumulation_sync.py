@@ -1,0 +1,150 @@
+"""accumulation_sync: gradient accumulation that reduces the gradients after every
+micro-batch's backward instead of once per optimizer step.
+
+Signal: per rank and steady step, its backward calls (each `Tensor.backward` /
+`torch.autograd.backward`, one per micro-batch) and the gradient reductions
+issued inside them: asynchronous all-reduces and reduce-scatters (DDP's buckets
+and its reducer's row, FSDP's reduce-scatters, a trainer's bucket hooks).
+Functional collectives are left out: DTensor's tensor-parallel traffic runs in
+every backward by design (so does Megatron's, which is blocking). A step whose
+k >= 2 backwards each issue reductions ran k rounds where one was needed: the
+user forgot `model.no_sync()` (or FSDP's `set_requires_gradient_sync(False)`)
+on the micro-batches before the last.
+
+Threshold: on at least half the ranks that run >= 2 backwards per step, in at
+least half of the steady steps, every backward issues reductions. Impact: the
+step without the reductions of all but the last backward, by what-if replay
+(diagnose/analysis/whatif.py); the estimate: the time those rounds block the
+rank (their exposed part is what a fix saves, overlapped time is not).
+Evidence: backwards and reduction rounds per step, bytes per round, the
+backward's callsite.
+"""
+import numpy as np
+import pandas as pd
+
+from diagnose.analysis.device_collectives import timed_on_device
+from diagnose.analysis.findings import Finding
+from diagnose.analysis.matching import as_str
+from diagnose.analysis.per_rank import rank_slice, sorted_by_rank
+
+REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base",
+              "all_reduce_coalesced")
+FUNCTIONAL = "functional"  # collectors/instrument/functional_collectives.py's detail
+STEP_FRAC = 0.5
+RANK_FRAC = 0.5
+
+
+def _in_backward(calls: pd.DataFrame, backwards: pd.DataFrame) -> np.ndarray:
+    """For each call, the index (into `backwards`) of its own rank's backward it was
+    issued in, or -1."""
+    rank, start, end, index = sorted_by_rank(backwards["rank"].to_numpy(np.int64),
+                                             backwards["start_ns"].to_numpy(np.int64),
+                                             backwards["end_ns"].to_numpy(np.int64),
+                                             np.arange(len(backwards)))
+    out = np.full(len(calls), -1)
+    c_rank, c_start = calls["rank"].to_numpy(np.int64), calls["start_ns"].to_numpy(np.int64)
+    for r in np.unique(c_rank):
+        mine = np.flatnonzero(c_rank == r)
+        starts, ends, idx = rank_slice(rank, r, start, end, index)
+        if not len(starts):
+            continue
+        k = np.searchsorted(starts, c_start[mine], side="right") - 1
+        ok = (k >= 0) & (c_start[mine] <= ends[np.clip(k, 0, None)])
+        out[mine[ok]] = idx[np.clip(k, 0, None)][ok]
+    return out
+
+
+def extra_rounds(ctx) -> pd.DataFrame | None:
+    """Per (rank, step): backwards, reduction rounds, bytes per round, and (in
+    attrs["extra"]) the reductions of every backward but the step's last, for the
+    what-if; None when no step has two backwards. Computed once per analysis."""
+    if not hasattr(ctx, "_accumulation_rounds"):
+        ctx._accumulation_rounds = _extra_rounds(ctx)
+    return ctx._accumulation_rounds
+
+
+def _extra_rounds(ctx) -> pd.DataFrame | None:
+    events = ctx.run.events()
+    events = events[events["step"].isin(ctx.steady)]
+    kind = as_str(events["kind"])
+    backwards = events[kind == "backward"].reset_index(drop=True)
+    if backwards.empty:
+        return None
+    calls = events[(kind == "collective") & events["async_op"].astype(bool)
+                   & as_str(events["name"]).isin(REDUCTIONS) & (as_str(events["detail"]) != FUNCTIONAL)
+                   & ~timed_on_device(events["detail"]) & (events["seq"] >= 0)]
+    inside = _in_backward(calls, backwards)
+    calls = calls.assign(_bw=inside)[inside >= 0]
+    per_step = backwards.groupby(["rank", "step"]).size().rename("backwards").to_frame()
+    if per_step["backwards"].max() < 2:
+        return None
+    rounds = calls.groupby(["rank", "step"])["_bw"].nunique().rename("rounds")
+    per_round = calls.groupby(["rank", "step", "_bw"])["bytes"].sum().groupby(["rank", "step"]).median()
+    table = per_step.join(rounds, how="left").join(per_round.rename("bytes_per_round"), how="left")
+    table = table.fillna({"rounds": 0, "bytes_per_round": 0}).reset_index()
+    # the last backward of each (rank, step) is the one that must reduce
+    last_bw = backwards.reset_index().groupby(["rank", "step"])["index"].max()
+    is_last = calls["_bw"].to_numpy() == last_bw.reindex(
+        pd.MultiIndex.from_arrays([calls["rank"], calls["step"]])).to_numpy()
+    extra = calls.loc[~is_last, ["rank", "step", "group", "seq", "start_ns", "end_ns"]]
+    # what those rounds blocked the rank: the issue call, and the wait on it (DDP's reducer
+    # row has no wait of its own: the replay models it)
+    waits = events[(kind == "wait") & ~timed_on_device(events["detail"])]
+    waits = waits.assign(_wait_ns=waits["end_ns"] - waits["start_ns"]).groupby(["rank", "group", "seq"],
+                                                                                observed=True)["_wait_ns"].sum()
+    waited = waits.reindex(pd.MultiIndex.from_arrays([extra["rank"], extra["group"], extra["seq"]])).fillna(0)
+    table.attrs["extra"] = extra.assign(blocked_ns=(extra["end_ns"] - extra["start_ns"]).to_numpy()
+                                        + waited.to_numpy())
+    table.attrs["callsites"] = as_str(backwards["callsite"])
+    table.attrs["details"] = as_str(calls["detail"])
+    return table
+
+
+def detect(ctx):
+    table = extra_rounds(ctx)
+    if table is None:
+        return []
+    accumulating = table[table["backwards"] >= 2]
+    every = accumulating.assign(all_reduce=accumulating["rounds"] >= accumulating["backwards"])
+    per_rank = every.groupby("rank")["all_reduce"].mean()
+    syncing = per_rank[per_rank >= STEP_FRAC]
+    if syncing.empty or len(syncing) < RANK_FRAC * len(per_rank):
+        return []
+    mine = every[every["rank"].isin(syncing.index)]
+    backwards = float(mine["backwards"].median())
+    rounds = float(mine["rounds"].median())
+    mb = float(mine["bytes_per_round"].median()) / 2**20
+    extra = table.attrs["extra"]
+    extra = extra[extra["rank"].isin(syncing.index)]
+    n_steps = max(len(ctx.steady), 1)
+    blocked_ms = float((extra["blocked_ns"] / 1e6).groupby(extra["rank"]).sum().median()) / n_steps \
+        if len(extra) else 0.0
+    callsites = table.attrs["callsites"]
+    callsites = callsites[callsites != ""]
+    callsite = ctx.relpath(callsites.mode().iloc[0]) if len(callsites) else None
+    details = table.attrs["details"]
+    ddp = details.str.startswith("ddp").mean() > 0.5 if len(details) else False
+    fsdp = details.str.startswith("fsdp").mean() > 0.5 if len(details) else False
+    where = (f"the backward at {callsite}" if callsite else "each backward") + \
+        (" (DDP)" if ddp else " (FSDP)" if fsdp else "")
+    if ddp:
+        fix = ("run the micro-batches before the last inside `with model.no_sync():` (DDP then "
+               "all-reduces once, in the last backward)")
+    elif fsdp:
+        fix = ("call `model.set_requires_gradient_sync(False)` before the micro-batches before the "
+               "last and `True` before the last (FSDP2; FSDP1: `with model.no_sync():`), trading "
+               "memory for unsharded gradients for communication")
+    else:
+        fix = ("launch the gradient reduction only in the last micro-batch's backward (Megatron: "
+               "`config.no_sync_func`; DeepSpeed: let its engine accumulate with "
+               "`gradient_accumulation_steps`)")
+    return [Finding(
+        kind="accumulation_sync",
+        title=(f"gradients are reduced after every micro-batch: {rounds:.0f} reduction rounds per "
+               f"optimizer step for {backwards:.0f} backwards ({mb:.1f} MiB each) from {where}; "
+               f"one is needed"),
+        ranks=sorted(int(r) for r in syncing.index), callsite=callsite, impact_ms_per_step=blocked_ms,
+        recommendation=f"Accumulate locally and reduce once per step: {fix}.",
+        metrics={"backwards_per_step": backwards, "reduction_rounds_per_step": rounds,
+                 "mib_per_round": mb, "extra_rounds_blocked_ms_per_step": blocked_ms,
+                 "steps_frac": float(syncing.median())})]
