@@ -26,8 +26,12 @@ def finding_key(f: dict) -> tuple:
 def summarize(run, findings=None) -> dict:
     findings = run.findings if findings is None else findings
     breakdown = steady(run.breakdown(), run.steady_steps())
+    from diagnose.analysis.run_scaling import work_per_step
+    layout = (run.manifest or {}).get("layout")
     out = {"root": run.root, "name": (run.manifest or {}).get("name") or run.root,
            "world_size": run.world_size, "steady_steps": list(run.steady_steps()),
+           "layout": " x ".join(f"{k}{v}" for k, v in layout.items()) if isinstance(layout, dict) else "-",
+           "work": work_per_step(run),
            "findings": list(findings), "step_ms": None, "mean_step_ms": None,
            "slowest_step_ms": None, "parts": {},
            "per_step": []}

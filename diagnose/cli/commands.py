@@ -177,11 +177,13 @@ def report(run_dir: str = typer.Argument(..., help="run directory"),
 @app.command()
 def compare(run_a: str = typer.Argument(..., help="run directory A (before)"),
             run_b: str = typer.Argument(..., help="run directory B (after)"),
+            more: Optional[List[str]] = typer.Argument(None, help="more runs: a scaling table"),
             html: Optional[str] = typer.Option(None, "--html", help="also write the comparison as HTML here"),
             as_json: bool = typer.Option(False, "--json", help="print the comparison as JSON")):
-    """Compare two runs: step time, breakdown per phase, findings gained and lost."""
+    """Compare runs: step time, breakdown per phase, findings gained and lost; across
+    world sizes or layouts (or three runs and more), scaling efficiency and what grew."""
     from diagnose.cli.compare_command import compare_command
-    return compare_command(run_a, run_b, html, as_json)
+    return compare_command(run_a, run_b, html, as_json, more)
 
 
 @app.command()

@@ -1,20 +1,31 @@
-"""`diagnose compare RUN_A RUN_B`: the command body, the terminal tables and the
-optional HTML page of what diagnose.analysis.run_compare found changed."""
+"""`diagnose compare RUN_A RUN_B [RUN ...]`: the command body, the terminal tables
+and the optional HTML page of what diagnose.analysis.run_compare found changed
+between two runs, and diagnose.analysis.run_scaling's table when the runs differ
+in world size or layout (always with three or more)."""
 import json
 import math
 
 from diagnose.analysis.run_compare import compare, summarize
+from diagnose.analysis.run_scaling import scaling
 from diagnose.cli.report_commands import progress_steps
+from diagnose.errors import UserError
 
 
-def compare_command(run_a: str, run_b: str, html: str | None = None, as_json: bool = False) -> int:
-    with progress_steps("compare", 3) as advance:
-        result = compare_runs(run_a, run_b, html=html, progress=advance)
-        logged = _track(result, run_a, run_b)
+def compare_command(run_a: str, run_b: str, html: str | None = None, as_json: bool = False,
+                    more: list | None = None) -> int:
+    runs = [run_a, run_b, *(more or [])]
+    if html and len(runs) > 2:
+        raise UserError("--html draws two runs; with more, the scaling table is printed (and --json)")
+    with progress_steps("compare", len(runs) + 1) as advance:
+        result = compare_runs(runs, html=html, progress=advance)
+        logged = _track(result, runs)
     if as_json:
         print(json.dumps(result, indent=1, default=str))
         return 0
-    print_comparison(result)
+    if "a" in result:
+        print_comparison(result)
+    if result.get("scaling"):
+        print_scaling(result["scaling"])
     if html:
         print(f"diagnose: comparison written to {result['html']}")
     if logged:
@@ -22,7 +33,7 @@ def compare_command(run_a: str, run_b: str, html: str | None = None, as_json: bo
     return 0
 
 
-def _track(result: dict, run_a: str, run_b: str) -> str | None:
+def _track(result: dict, runs: list) -> str | None:
     """Log the comparison to the later run in MLflow (diagnose/exporters/mlflow_compare.py);
     a tracking failure is a warning, the comparison stands."""
     import sys
@@ -34,13 +45,33 @@ def _track(result: dict, run_a: str, run_b: str) -> str | None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             page = result.get("html")
-            if not page:
+            if not page and "a" in result:
                 from dashboards.compare_page import write_compare
                 page = write_compare(result, f"{tmp}/compare.html")
-            return mlflow_compare.log_compare(result, run_a, run_b, page)
+            return mlflow_compare.log_compare(result, runs, page)
     except Exception as exc:
         print(f"diagnose: warning: comparison not logged to MLflow: {type(exc).__name__}: {exc}", file=sys.stderr)
         return None
+
+
+def print_scaling(rows: list, out=None) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from diagnose.cli.console import console
+    out = out or console()
+    unit = rows[0]["unit"]
+    per = "tokens" if unit == "tokens" else "samples" if unit == "samples" else "steps"
+    table = Table(title=f"Scaling against the smallest run ({unit})")
+    for column in ("run", "world size", "layout", "step", f"{per}/s per rank", "efficiency", "what grew"):
+        table.add_column(column, justify="right" if column in ("world size", "step", "efficiency") else "left")
+    for row in rows:
+        grew = ", ".join(f"{label} +{ms:.1f} ms" for _, label, ms in row["grew"]) or "-"
+        rate = row["per_rank_per_s"]
+        table.add_row(Text(str(row["name"])), str(row["world_size"]), Text(str(row["layout"])),
+                      _fmt(row["step_ms"]), "-" if rate is None else f"{rate:,.1f}",
+                      "-" if row["efficiency"] is None else f"{row['efficiency']:.2f}", Text(grew))
+    out.print(table)
 
 
 def _fmt(value, unit=" ms") -> str:
@@ -107,15 +138,16 @@ def print_comparison(result: dict, out=None) -> None:
                        f"{len(f['info_lost'])} lost"))
 
 
-def compare_runs(dir_a: str, dir_b: str, html: str | None = None, progress=None) -> dict:
+def compare_runs(runs: list, html: str | None = None, progress=None) -> dict:
     from diagnose.analysis.loader import load
     summaries = []
-    for i, run_dir in enumerate((dir_a, dir_b)):
+    for i, run_dir in enumerate(runs):
         if progress:
-            progress(f"loading {'AB'[i]}")
-        run = load(run_dir)
-        summaries.append(summarize(run))
-    result = compare(*summaries)
+            progress(f"loading {chr(ord('A') + i) if i < 26 else i}")
+        summaries.append(summarize(load(run_dir)))
+    result = compare(*summaries) if len(summaries) == 2 else {}
+    if len(summaries) > 2 or len({(s["world_size"], s["layout"]) for s in summaries}) > 1:
+        result["scaling"] = scaling(summaries)
     if progress:
         progress("writing HTML" if html else "tracking")
     if html:

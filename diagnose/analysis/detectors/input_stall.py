@@ -27,7 +27,7 @@ ON_DEVICE_NOTE = " with the GPU idle (on the GPUs' clocks)"
 def _num_workers(ctx) -> int | None:
     events = ctx.run.events()
     details = events.loc[events["kind"] == "data", "detail"].astype(str)
-    counts = details[details.str.startswith("workers=")].str.slice(8)
+    counts = details[details.str.startswith("workers=")].str.slice(8).str.split(" ").str[0]
     counts = counts[counts.str.lstrip("-").str.isdigit()].astype(int)
     return int(counts.mode().iloc[0]) if len(counts) else None
 
