@@ -16,6 +16,7 @@ A100 and H100, 8-16x SIMT fp32's: half is the conservative end). Evidence: the
 share of GEMM/conv time per precision, the heaviest fp32 kernels, the 16-bit
 kernels that show mixed precision is in use.
 """
+from diagnose.analysis.device_collectives import kernel_steps
 from diagnose.analysis.findings import Finding
 from diagnose.analysis.kernel_precision import REDUCED, classify_names
 
@@ -26,10 +27,12 @@ TOP_KERNELS = 3
 
 
 def detect(ctx):
-    if not ctx.kernel_steady:
+    # the steady steps kernels cover (a one-GPU trace has no device collectives to say so)
+    steps = ctx.kernel_steady or kernel_steps(ctx.run, ctx.steady)
+    if not steps:
         return []
     kernels = ctx.run.kernels()
-    kernels = kernels[kernels["step"].isin(ctx.kernel_steady)]
+    kernels = kernels[kernels["step"].isin(steps)]
     if kernels.empty:
         return []
     kernels = kernels.join(classify_names(kernels["name"]))
@@ -42,7 +45,7 @@ def detect(ctx):
     share = float(math.loc[wide, "dur_ms"].sum() / math["dur_ms"].sum())
     if share < FP32_SHARE:
         return []
-    n_steps = len(ctx.kernel_steady)
+    n_steps = len(steps)
     per_rank_ms = math[wide].groupby("rank")["dur_ms"].sum() / n_steps
     fp32_ms = float(per_rank_ms.median())
     if not ctx.step_ms or fp32_ms < MIN_STEP_FRAC * ctx.step_ms:
