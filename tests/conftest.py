@@ -1,4 +1,5 @@
 """Shared helpers: real processes, real torchrun (gloo), real files."""
+import json
 import os
 import subprocess
 import sys
@@ -53,6 +54,13 @@ def run_diagnose(args, timeout=300, env=None, check=True) -> subprocess.Complete
     if check and proc.returncode != 0:
         raise AssertionError(f"diagnose {args} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def imported_findings(out, traces) -> list:
+    """Kineto traces imported into `out` (a run directory), analyzed: its findings."""
+    run_diagnose(["import", "kineto", *traces, "--out", out])
+    run_diagnose(["analyze", out, "--quiet"])
+    return json.loads((Path(out) / "analysis" / "findings.json").read_text())
 
 
 @pytest.fixture(scope="session")

@@ -4,25 +4,18 @@ real GPU traces in tests/data/kineto: the PyTorch profiler tutorial's ResNet-50
 every step, no pin_memory) yields the copy finding with its time per step; HTA's
 TorchRec-style trace, whose copies come from pinned memory and mostly overlap
 compute, does not."""
-import json
 
 import pytest
 
-from conftest import DATA, run_diagnose
+from conftest import DATA, imported_findings
 
 RESNET = DATA / "kineto" / "tb_plugin_resnet50" / "resnet50_num_workers_0" / "worker0.pt.trace.json.gz"
 PINNED = [DATA / "kineto" / "hta" / "trace_filter" / f"sampled_rank-{r}.json.gz" for r in (0, 1)]
 
 
-def _findings(tmp_path, traces, name):
-    out = tmp_path / name
-    run_diagnose(["import", "kineto", *traces, "--out", out])
-    run_diagnose(["analyze", out, "--quiet"])
-    return json.loads((out / "analysis" / "findings.json").read_text())
-
 
 def test_pageable_input_copies_are_a_copy_stall_with_their_time_per_step(tmp_path):
-    found = [f for f in _findings(tmp_path, [RESNET], "resnet") if f["kind"] == "copy_stall"]
+    found = [f for f in imported_findings(tmp_path / "resnet", [RESNET]) if f["kind"] == "copy_stall"]
     assert len(found) == 1, found
     f, m = found[0], found[0]["metrics"]
     # 32 x 3 x 224 x 224 fp32 images: 19.3 MB per step, ~2 ms of HtoD with the GPU idle
@@ -33,4 +26,4 @@ def test_pageable_input_copies_are_a_copy_stall_with_their_time_per_step(tmp_pat
 
 
 def test_pinned_copies_that_overlap_compute_are_not_flagged(tmp_path):
-    assert not any(f["kind"] == "copy_stall" for f in _findings(tmp_path, PINNED, "pinned"))
+    assert not any(f["kind"] == "copy_stall" for f in imported_findings(tmp_path / "pinned", PINNED))

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from conftest import DATA, run_diagnose
+from conftest import DATA, imported_findings
 from diagnose.analysis.kernel_precision import classify
 
 TRACE_FILTER = [DATA / "kineto" / "hta" / "trace_filter" / f"sampled_rank-{r}.json.gz" for r in (0, 1)]
@@ -41,15 +41,9 @@ def test_kernel_names_say_their_math_and_precision(name, expected):
     assert classify(name) == expected
 
 
-def _findings(tmp_path, traces, name):
-    out = tmp_path / name
-    run_diagnose(["import", "kineto", *traces, "--out", out])
-    run_diagnose(["analyze", out, "--quiet"])
-    return json.loads((out / "analysis" / "findings.json").read_text())
-
 
 def test_fp32_gemms_beside_fp16_embeddings_are_found(tmp_path):
-    found = [f for f in _findings(tmp_path, TRACE_FILTER, "torchrec") if f["kind"] == "fp32_math"]
+    found = [f for f in imported_findings(tmp_path / "torchrec", TRACE_FILTER) if f["kind"] == "fp32_math"]
     assert len(found) == 1, found
     m = found[0]["metrics"]
     assert found[0]["ranks"] == [0, 1] and m["fp32_gemm_share_frac"] == 1.0
@@ -60,7 +54,7 @@ def test_fp32_gemms_beside_fp16_embeddings_are_found(tmp_path):
 
 
 def test_a_job_in_fp32_throughout_is_not_flagged(tmp_path):
-    assert not any(f["kind"] == "fp32_math" for f in _findings(tmp_path, [FP32_ONLY], "fp32"))
+    assert not any(f["kind"] == "fp32_math" for f in imported_findings(tmp_path / "fp32", [FP32_ONLY]))
 
 
 def test_the_same_job_with_bf16_gemms_is_not_flagged(tmp_path):
@@ -75,4 +69,4 @@ def test_the_same_job_with_bf16_gemms_is_not_flagged(tmp_path):
         with gzip.open(copy, "wt") as f:
             json.dump(trace, f)
         renamed.append(copy)
-    assert not any(f["kind"] == "fp32_math" for f in _findings(tmp_path, renamed, "bf16"))
+    assert not any(f["kind"] == "fp32_math" for f in imported_findings(tmp_path / "bf16", renamed))
