@@ -10,6 +10,8 @@ import functools
 from collectors import nvtx_ranges
 from collectors.clock import now_ns
 
+MAX_LABELS = 4096
+
 
 def install(rec):
     from torch.utils.data.dataloader import _BaseDataLoaderIter
@@ -35,7 +37,9 @@ def install(rec):
         key = (workers, *_batch_size(batch))
         label = labels.get(key)
         if label is None:
-            label = labels[key] = f"workers={workers}" + (f" {key[1]}={key[2]}" if key[1] else "")
+            label = f"workers={workers}" + (f" {key[1]}={key[2]}" if key[1] else "")
+            if len(labels) < MAX_LABELS:  # batches of ever-new sizes (dynamic shapes) are not cached
+                labels[key] = label
         rec.add(("data", "data_wait", t0, t1, st.step, st.microbatch, st.stage, "", "", -1,
                  -1, 0, False, "", label, -1))
         return batch

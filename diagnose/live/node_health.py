@@ -102,17 +102,14 @@ class NodeHealth:
         gpu = (meta.get("gpu") or {}).get("nvml_device")
         self.where[rank] = (str(meta.get("host") or "node"), gpu)
 
-    def _prefix(self, host: str) -> str:
-        hosts = {h for h, _ in self.where.values()}
-        return f"system/{host}/" if len(hosts) > 1 else "system/"
-
     def _stream(self, samples: dict) -> None:
         step = self.published
         self.published += 1
         nodes_done = set()
+        several = len({h for h, _ in self.where.values()}) > 1  # then the host goes in the key
         for rank, values in sorted(samples.items()):
             host, gpu = self.where.get(rank, ("node", None))
-            prefix = self._prefix(host)
+            prefix = f"system/{host}/" if several else "system/"
             for name, key in RANK_KEYS.items():
                 if name in values:
                     self.metric(f"{prefix}rank_{rank}_{key}", values[name], step)
