@@ -24,7 +24,8 @@ STRING_COLUMNS = ("kind", "name", "group", "group_ranks", "callsite", "detail")
 
 
 class Run:
-    def __init__(self, run_dirs, warn=None):
+    def __init__(self, run_dirs, warn=None, on_rank=None):
+        """on_rank(done, total): called as each rank's parts are read (a progress bar)."""
         if isinstance(run_dirs, (str, os.PathLike)):
             run_dirs = [run_dirs]
         self.run_dirs = [rundir.require_run_dir(str(d)) for d in run_dirs]
@@ -51,7 +52,7 @@ class Run:
                 self.rank_dirs[rank] = rank_dir
                 todo.append((rank, rank_dir))
         event_tables, sample_tables = [], []
-        for item, result in zip(todo, _read_ranks(todo)):
+        for item, result in zip(todo, _read_ranks(todo, on_rank)):
             if isinstance(item, str):
                 self.warn(item)
                 continue
@@ -291,13 +292,27 @@ def _read_rank(item):
     return meta, events, samples, notes
 
 
-def _read_ranks(todo) -> list:
+def _read_ranks(todo, on_rank=None) -> list:
     """Rank folders read by a few threads (Parquet decoding releases the GIL):
     on 1,024 ranks the per-file overhead, not the bytes, is what costs."""
+    total = sum(1 for item in todo if not isinstance(item, str))
+    results, done = [], 0
     if len(todo) < 8:
-        return [_read_rank(item) for item in todo]
-    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-        return list(pool.map(_read_rank, todo))
+        results_iter = (_read_rank(item) for item in todo)
+        pool = None
+    else:
+        pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1))
+        results_iter = pool.map(_read_rank, todo)
+    try:
+        for item, result in zip(todo, results_iter):
+            results.append(result)
+            if on_rank is not None and not isinstance(item, str):
+                done += 1
+                on_rank(done, total)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    return results
 
 
 def _with_rank(table: pa.Table, rank: int) -> pa.Table:
@@ -332,9 +347,10 @@ def _to_pandas(tables, empty):
     return frame
 
 
-def load(*run_dirs, warn=None) -> Run:
-    """Load one run (or one per node of a multi-node run) for analysis."""
+def load(*run_dirs, warn=None, on_rank=None) -> Run:
+    """Load one run (or one per node of a multi-node run) for analysis;
+    on_rank(done, total) follows the reading of the ranks."""
     if warn is None:
         def warn(message):
             print(f"diagnose: warning: {message}", file=sys.stderr)
-    return Run(list(run_dirs), warn=warn)
+    return Run(list(run_dirs), warn=warn, on_rank=on_rank)

@@ -1,5 +1,7 @@
 """After a run (or on demand): load, analyze, export, report, track."""
+import contextlib
 import os
+import sys
 
 from diagnose import rundir
 from diagnose.analysis.loader import load
@@ -7,10 +9,14 @@ from diagnose.analysis.run_detectors import write_analysis
 from diagnose.exporters.chrome_trace import write_chrome_trace
 
 
+PROGRESS_MIN_RANKS = 48  # below this, reading the ranks takes a second or two: no bar
+
+
 def analyze_run(run_dirs, outputs: bool = True, warn=None):
     """Analyze and write findings.json and the tables; with `outputs`, also the
     merged trace, report.html and the MLflow run. Returns (run, findings)."""
-    run = load(*run_dirs, warn=warn)
+    with rank_progress(run_dirs) as on_rank:
+        run = load(*run_dirs, warn=warn, on_rank=on_rank)
     findings = write_analysis(run)
     if outputs:
         write_chrome_trace(run, os.path.join(run.root, rundir.CHROME_TRACE))
@@ -20,6 +26,22 @@ def analyze_run(run_dirs, outputs: bool = True, warn=None):
             except Exception as exc:  # a report or tracker failure must not lose the analysis
                 run.warn(f"{step.__module__}: {type(exc).__name__}: {exc}")
     return run, findings
+
+
+@contextlib.contextmanager
+def rank_progress(run_dirs):
+    """on_rank(done, total) for load(): a bar over the ranks on a terminal (stderr)
+    when the run has more than PROGRESS_MIN_RANKS, else nothing."""
+    ranks = sum(len(rundir.rank_dirs(d)) for d in run_dirs if os.path.isdir(d))
+    if ranks <= PROGRESS_MIN_RANKS or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    with Progress(TextColumn("reading ranks"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("ranks", total=ranks)
+        yield lambda done, total: progress.update(task, completed=done, total=total)
 
 
 def analyze_during_hang(run_dir: str) -> None:
