@@ -13,7 +13,8 @@
 #      `diagnose run` (device events add no host sync);
 #      a 2-rank gloo run on CUDA tensors (both ranks on GPU 0): collectives
 #      matched, no device rows (gloo's work is the host's), NVML on both ranks;
-#      the collectives' sequence numbers are the NCCL group's own (1..N);
+#      the collectives' sequence numbers are the NCCL group's own (1..N); the
+#      GPU's GEMM kernel names are in kernel_precision.py's table;
 #   3. with nsys on PATH: `diagnose run --nsys`, export, import.
 # Prints one line per check and exits non-zero if any failed.
 # Runs where only torch, pyarrow, pandas, numpy, typer, rich and nvidia-ml-py are
@@ -127,6 +128,12 @@ try:
     check("nccl: CUDA-event spans", {"gpu:step", "gpu:forward"} <= set(gpu["name"].astype(str)), str(sorted(set(gpu["name"].astype(str)))))
     sd = ev[ev["detail"].astype(str) == "sync_debug"]
     check("nccl: sync-debug events (trainer syncs)", len(sd) > 0, f"({len(sd)}, e.g. {sd['callsite'].astype(str).head(1).tolist()})")
+    # this GPU's GEMM kernel names are in fp32_math's table (a new generation renames them)
+    from diagnose.analysis.kernel_precision import classify
+    gemms = sorted({n for n in k["name"].astype(str) if classify(n)[0] is not None})
+    unknown = [n for n in gemms if classify(n)[1] is None]
+    check("nccl: GEMM/conv kernel names carry a known precision", bool(gemms) and not unknown,
+          f"({len(gemms)} names; unknown: {[n[:80] for n in unknown[:3]]}; e.g. {[n[:60] for n in gemms[:2]]})")
 except Exception as exc:
     check("nccl: load", False, repr(exc))
 try:
