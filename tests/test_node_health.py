@@ -124,3 +124,16 @@ def test_samples_stream_under_mlflow_system_metric_keys(tmp_path):
     assert keys["system/node0/network_receive_megabytes_per_second"] == 5.0
     assert keys["system/node0/network_lo_receive_megabytes_per_second"] == 70.0
     assert not any(k.startswith("system/node1/network") for k in keys)  # node1 sent no network sample
+
+
+def test_bad_samples_turn_node_health_off_not_the_monitor(tmp_path):
+    recs, samplers, nvml, monitor, stream, clock = _job(tmp_path)
+    monitor.health.where = None  # any failure inside node health
+    _second(recs, samplers, monitor, clock)
+    assert monitor.health.off and not monitor.disabled
+    assert "node health off" in stream.getvalue()
+    # text where a number belongs is skipped, not a failure
+    recs, samplers, nvml, monitor, stream, clock = _job(tmp_path / "again")
+    recs[0].latest_samples["cpu_pct"] = "n/a"  # as a damaged progress.json would say
+    _second(recs, samplers, monitor, clock)
+    assert not monitor.health.off

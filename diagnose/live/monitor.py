@@ -124,7 +124,7 @@ class LiveMonitor:
             track = enabled()
         self.track = track  # the MLflow run is created at the first tick, before the first step
         self.health = NodeHealth(run_dir, lambda key, value, step: self.streamer is not None and
-                                 self.streamer.metric(key, value, step), self._alert, now=now)
+                                 self.streamer.metric(key, value, step), self._alert, now=now, warn=self._warn)
 
     # -- plumbing --------------------------------------------------------------
     def _warn(self, message: str) -> None:

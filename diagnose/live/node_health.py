@@ -56,9 +56,10 @@ def _median(values) -> float:
 
 
 class NodeHealth:
-    def __init__(self, run_dir: str, metric, alert, now=time.monotonic):
+    def __init__(self, run_dir: str, metric, alert, now=time.monotonic, warn=lambda message: None):
         """metric(key, value, step) streams; alert(rank, kind, step, value, median, limit, text)."""
-        self.run_dir, self.metric, self.alert, self.now = run_dir, metric, alert, now
+        self.run_dir, self.metric, self.alert, self.now, self.warn = run_dir, metric, alert, now, warn
+        self.off = False
         self.where: dict = {}        # rank -> (host, gpu index or None), from its meta.json
         self.last_system = self.last_check = -1e18
         self.published = 0
@@ -77,8 +78,19 @@ class NodeHealth:
         self.step_history.append(step_ms)
 
     def tick(self, progress: dict) -> None:
+        """Never raises: bad samples turn node health off, not the monitor's step alerts."""
+        if self.off:
+            return
+        try:
+            self._tick(progress)
+        except Exception as exc:
+            self.off = True
+            self.warn(f"node health off: {type(exc).__name__}: {exc}")
+
+    def _tick(self, progress: dict) -> None:
         now = self.now()
-        samples = {r: s.get("samples") for r, s in progress.items() if isinstance(s.get("samples"), dict)}
+        samples = {r: {k: v for k, v in s["samples"].items() if isinstance(v, (int, float))}
+                   for r, s in progress.items() if isinstance(s.get("samples"), dict)}
         if not samples:
             return
         for rank in samples:
