@@ -24,6 +24,8 @@ EXPLAINED = {
     "showcase": {"input_stall": "slow_input:ms=4 is planted as well",
                  "pipeline_bubble": "4 micro-batches on 2 stages: the schedule's bubble is 1/5 = 20%"},
 }
+# scenario -> kinds planted besides its expected one
+PLANTED_TOO = {"showcase": {"input_stall"}}
 _summary = []
 
 
@@ -64,8 +66,12 @@ def test_demo_scenario_yields_expected_finding(name, tmp_path, monkeypatch):
         assert planted, findings
         for f in serious[:planted[0]] + serious[planted[0] + 1:]:
             assert f["kind"] in EXPLAINED.get(name, {}), f"{name}: unexplained {f['kind']}: {f['title']}"
-        # the others rank below the planted cause (findings.json: by severity, then impact)
-        assert planted[0] == 0, [(f["kind"], f["severity"], f["impact_ms_per_step"]) for f in serious]
+        # the others rank below the planted cause (findings.json: by severity, then impact),
+        # except a second planted cause of comparable cost (showcase's slow input: 32 ms of
+        # loading per step against the straggler's ~35 ms, either may come first)
+        ahead = [f["kind"] for f in serious[:planted[0]]]
+        assert set(ahead) <= PLANTED_TOO.get(name, set()), \
+            [(f["kind"], f["severity"], f["impact_ms_per_step"]) for f in serious]
     if name == "pipeline_straggler":  # its waits are other stages' receives, yet it costs the step
         assert serious[0]["severity"] == "critical", serious[0]
         check_neighbours_not_named(diagnose.load(out), monkeypatch)
