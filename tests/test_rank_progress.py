@@ -15,9 +15,10 @@ RANKS = 64
 
 def test_the_loader_reports_every_rank_read(tmp_path):
     run_dir = write_synthetic_run(str(tmp_path / "run"), ranks=RANKS, steps=4)
-    seen = []
-    run = diagnose.load(run_dir, warn=lambda m: None, on_rank=lambda done, total: seen.append((done, total)))
+    seen, warnings = [], []
+    run = diagnose.load(run_dir, warn=warnings.append, on_rank=lambda done, total: seen.append((done, total)))
     assert seen == [(i, RANKS) for i in range(1, RANKS + 1)] and len(run.ranks) == RANKS
+    assert warnings == []
 
 
 def test_analyze_on_a_terminal_shows_a_bar_over_the_ranks(tmp_path):

@@ -1,4 +1,5 @@
 """Run every detector over a loaded run; write analysis/*.parquet and findings.json."""
+import functools
 import importlib
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +26,12 @@ class Context:
         # kernels themselves, so those detectors judge the steady steps kernels cover.
         self.on_device = device_collectives.on_device(run.arrivals())
         self.kernel_steady = device_collectives.kernel_steps(run, self.steady) if self.on_device else []
+
+    @functools.cached_property
+    def kernel_covered(self) -> list:
+        """The steady steps kernels cover, with or without device collectives (a
+        one-GPU trace has none): for detectors that read kernels alone."""
+        return self.kernel_steady or device_collectives.kernel_steps(self.run, self.steady)
 
     def relpath(self, callsite: str) -> str:
         if not callsite:

@@ -19,7 +19,6 @@ import numpy as np
 import pandas as pd
 
 from collectors.schema import COMPUTE, MEMORY
-from diagnose.analysis.device_collectives import kernel_steps
 from diagnose.analysis.findings import Finding
 from diagnose.analysis.gpu_tables import covered_ns, intersection_ns
 
@@ -49,7 +48,7 @@ def exposed_copies(kernels) -> list:
 
 
 def detect(ctx):
-    steps = ctx.kernel_steady or kernel_steps(ctx.run, ctx.steady)  # the steady steps kernels cover
+    steps = ctx.kernel_covered
     if not steps or not ctx.step_ms:
         return []
     kernels = ctx.run.kernels()

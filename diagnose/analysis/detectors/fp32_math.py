@@ -16,7 +16,6 @@ A100 and H100, 8-16x SIMT fp32's: half is the conservative end). Evidence: the
 share of GEMM/conv time per precision, the heaviest fp32 kernels, the 16-bit
 kernels that show mixed precision is in use.
 """
-from diagnose.analysis.device_collectives import kernel_steps
 from diagnose.analysis.findings import Finding
 from diagnose.analysis.kernel_precision import REDUCED, classify_names
 
@@ -27,8 +26,7 @@ TOP_KERNELS = 3
 
 
 def detect(ctx):
-    # the steady steps kernels cover (a one-GPU trace has no device collectives to say so)
-    steps = ctx.kernel_steady or kernel_steps(ctx.run, ctx.steady)
+    steps = ctx.kernel_covered
     if not steps:
         return []
     kernels = ctx.run.kernels()
