@@ -1,6 +1,7 @@
 """Issue 6: one MLflow run per diagnose run, in the embedded sqlite store next to
 the runs, and the MLflow UI (`diagnose ui`) that shows it, checked in a browser."""
 import json
+import math
 import os
 import signal
 import socket
@@ -205,12 +206,24 @@ def test_the_compare_view_lists_each_findings_impact_for_two_runs(ddp_run, strag
         text = _all_rows_text(page)
         for kind in KINDS:
             assert f"finding/{kind}_impact_ms_per_step" in text, kind
-        # the values follow the names: the straggler run's impact among them
-        assert str(int(straggler)) in text, (straggler, text[-1500:])
+        # the values follow the names: the straggler run's impact among them, as the UI rounds it
+        assert _as_mlflow_shows(straggler) in text, (straggler, text[-1500:])
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(str(ARTIFACTS / "mlflow-compare.png"), full_page=True)
     finally:
         page.close()
+
+
+def _as_mlflow_shows(value: float) -> str:
+    """A metric value as the UI prints it (its Utils.formatMetric): 340.966 shows as "341"."""
+    if value == 0:
+        return "0"
+    if abs(value) < 1e-3:
+        mantissa, exponent = f"{value:.3e}".split("e")
+        return f"{mantissa}e{int(exponent):+d}"
+    scale = 1000 if abs(value) < 10 else 100 if abs(value) < 100 else 10
+    shown = math.floor(value * scale + 0.5) / scale  # JavaScript's Math.round: halves go up
+    return str(int(shown)) if shown == int(shown) else str(shown)
 
 
 def _all_rows_text(page) -> str:
