@@ -2,7 +2,7 @@
 naming the right rank, stage or callsite; clean yields nothing above info. Issue
 23: every other finding above info is one the scenario's layout explains (listed
 below with the reason) and is ranked below the planted cause. One launch per
-scenario (4 ranks each, 8 for pipeline_straggler); the summary table is printed."""
+scenario (4 ranks each; 8 for pipeline_straggler, 2 for hidden_sync); the summary table is printed."""
 import json
 
 import numpy as np
