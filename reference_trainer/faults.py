@@ -16,6 +16,11 @@ real ones do (longer phases, extra collectives, a missing rank).
                                    uniformly in [1, 1+S] per (step, micro-batch, dp replica)
     accum_sync                     gradients all-reduced after every micro-batch's backward, not
                                    only the last one's (DDP without no_sync(): a round per backward)
+    unpinned_copies[:mb=N]         batches copied to the GPU from pageable memory and waited for
+                                   (no pin_memory, no non_blocking), and N MB of offloaded optimizer
+                                   state moved device -> host -> device the same way each step
+                                   (ZeRO-Offload done naively); CUDA only: a CPU run has no
+                                   host-device copy, and the trainer says so and stops
 
 On CUDA the compute faults slow the device, not the host (device_slowdown.py):
 no torch.cuda.synchronize() and no time.sleep in the step; a hung rank blocks
@@ -52,6 +57,7 @@ _SCHEMA: dict[str, dict[str, tuple]] = {
     "varlen": {"spread": (float, None), "seed": (int, 0)},
     "checkpoint": {"every": (int, None), "factor": (float, None)},
     "accum_sync": {},
+    "unpinned_copies": {"mb": (float, 64.0)},
 }
 
 
@@ -81,6 +87,8 @@ def parse_fault(text: str) -> FaultSpec:
         raise ValueError("hidden_sync supports every=microbatch only")
     if name == "checkpoint" and (params["every"] < 1 or params["factor"] <= 0):
         raise ValueError("checkpoint needs every >= 1 and factor > 0")
+    if name == "unpinned_copies" and params["mb"] < 0:
+        raise ValueError("unpinned_copies needs mb >= 0")
     if name == "varlen" and params["spread"] < 0:
         raise ValueError("varlen needs spread >= 0")
     return FaultSpec(name, params)
@@ -103,6 +111,9 @@ class Faults:
         self.hidden_sync_every_microbatch = False
         self.blocking_p2p = False
         self.accum_sync = False
+        self.unpinned_copies = False
+        self.offload_numel = 0
+        self._offload = None  # (pageable host buffer, device buffer)
         self.stop: tuple[str, int] | None = None  # ("hang" | "crash", step) for this rank
         self.extra_allreduce_numel = 0
         self.extra_allreduce_repeat = 0
@@ -124,6 +135,12 @@ class Faults:
                 self.blocking_p2p = True
             elif f.name == "accum_sync":
                 self.accum_sync = True
+            elif f.name == "unpinned_copies":
+                if device.type != "cuda":
+                    raise SystemExit("fault unpinned_copies needs CUDA: a CPU run has no host-device copy "
+                                     "to leave unpinned")
+                self.unpinned_copies = True
+                self.offload_numel = int(p["mb"] * 2**20 / 4)
             elif f.name in ("hang", "crash") and p["rank"] == rank:
                 self.stop = (f.name, p["step"])
             elif f.name == "comm_bound":
@@ -175,6 +192,19 @@ class Faults:
         else:
             compute_s = time.perf_counter() - begun
             time.sleep(max((factor - 1.0) * compute_s, 0.0))
+
+    def offload_states(self) -> None:
+        """unpinned_copies: the optimizer state round trip of a naive CPU offload, from
+        pageable memory with blocking copies: each waits for the stream, and neither
+        overlaps compute (copy_stall's signal, in a profiler window's Memcpy rows)."""
+        if not self.offload_numel:
+            return
+        if self._offload is None:
+            self._offload = (torch.empty(self.offload_numel),  # pageable: no pin_memory()
+                             torch.zeros(self.offload_numel, device=self.device))
+        host, device_copy = self._offload
+        host.copy_(device_copy)   # device -> host (the gradients, to the CPU optimizer)
+        device_copy.copy_(host)   # host -> device (the updated parameters)
 
     def after_microbatch(self, loss_or_activation: torch.Tensor, group) -> None:
         """The classic logging mistake: reduce the micro-batch loss and read it on the host,

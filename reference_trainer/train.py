@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
             path=cfg.data, vocab=cfg.vocab, seq_len=cfg.seq_len, micro_batch_size=cfg.micro_batch_size,
             microbatches=cfg.microbatches, dp=mesh.dp, dp_rank=mesh.dp_rank, steps=cfg.steps,
             seed=cfg.seed, num_workers=cfg.num_workers, load_delay_ms=faults.slow_input_ms,
-            pin_memory=device.type == "cuda"))
+            pin_memory=device.type == "cuda" and not faults.unpinned_copies))
     runner = StageRunner(model, stage=stage, first=mesh.is_first_stage, last=mesh.is_last_stage,
                          microbatches=cfg.microbatches, buckets=buckets, faults=faults,
                          dp_group=mesh.dp_group,
@@ -136,8 +136,10 @@ def main(argv: list[str] | None = None) -> None:
             with phase("data", stage=stage):
                 for _ in range(cfg.microbatches):
                     tokens, targets = next(loader_iter)
-                    batches.append((tokens.to(device, non_blocking=True),
-                                    targets.to(device, non_blocking=True)))
+                    # pinned and not waited for, unless the unpinned_copies fault is on
+                    blocking = faults.unpinned_copies
+                    batches.append((tokens.to(device, non_blocking=not blocking),
+                                    targets.to(device, non_blocking=not blocking)))
             data_s = time.perf_counter() - t0
         buckets.zero_grad()
         runner.start_step(batches)
@@ -146,6 +148,7 @@ def main(argv: list[str] | None = None) -> None:
             buckets.wait()
             faults.extra_comm(mesh.dp_group if mesh.dp > 1 else None)
         with phase("optimizer", stage=stage):
+            faults.offload_states()
             optimizer.step()
         loss = global_mean_loss(runner, cfg, mesh) if mesh.is_last_stage else None
         # no device sync per step on CUDA: the host runs ahead, as in real training, so

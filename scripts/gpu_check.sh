@@ -15,6 +15,8 @@
 #      matched, no device rows (gloo's work is the host's), NVML on both ranks;
 #      the collectives' sequence numbers are the NCCL group's own (1..N); the
 #      GPU's GEMM kernel names are in kernel_precision.py's table;
+#      the reference trainer with the unpinned_copies fault in a profiler window:
+#      copy_stall names pageable host-device copies on the critical path;
 #   3. with nsys on PATH: `diagnose run --nsys`, export, import.
 # Prints one line per check and exits non-zero if any failed.
 # Runs where only torch, pyarrow, pandas, numpy, typer, rich and nvidia-ml-py are
@@ -34,6 +36,10 @@ echo "gpu_check: work dir $T"
 "${DIAG[@]}" run --out "$T/nccl" --torch-profiler 3-4 --no-analyze -- \
     "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 -m reference_trainer --steps 8 \
     > "$T/nccl.log" 2>&1 || { echo "gpu_check: FAIL nccl run (see $T/nccl.log)"; fail=1; }
+
+"${DIAG[@]}" run --out "$T/copies" --torch-profiler 3-4 --no-analyze -- \
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 -m reference_trainer --steps 6 \
+    --fault unpinned_copies:mb=256 > "$T/copies.log" 2>&1 || { echo "gpu_check: FAIL copies run (see $T/copies.log)"; fail=1; }
 
 cat > "$T/gloo_cuda.py" <<'PYEOF'
 import os, torch, torch.distributed as dist
@@ -186,6 +192,15 @@ try:
           f"(bound {bound_ns / 1e3:.0f} us; detail, arrival-kernel start, end-kernel end in us: {err_us})")
 except Exception as exc:
     check("nccl calls: load", False, repr(exc))
+try:
+    from diagnose.analysis.detectors import copy_stall
+    from diagnose.analysis.run_detectors import Context
+    found = copy_stall.detect(Context(diagnose.load(f"{T}/copies", warn=lambda m: None)))
+    m = found[0].metrics if found else {}
+    check("copies: copy_stall names the fault's pageable copies", len(found) == 1
+          and m.get("pageable_frac", 0) > 0.9, f"({[f.title for f in found]}; {m})")
+except Exception as exc:
+    check("copies: load", False, repr(exc))
 import json, re
 def syncs(log):
     try:

@@ -155,3 +155,34 @@ def test_no_device_sync_in_the_trainer_step():
                     and isinstance(func.value, ast.Attribute) and func.value.attr == "cuda"):
                 offenders.append(f"{path.name}:{node.lineno}")
     assert offenders == []
+
+
+def test_unpinned_copies_moves_the_offloaded_state_with_blocking_copies_each_step(monkeypatch):
+    """The fault's state round trip: mb MB device -> host -> device per step, each copy
+    blocking (copy_'s non_blocking left False), from a host buffer allocated once; the
+    device buffer comes from torch.zeros(..., device=cuda), here a CPU tensor."""
+    real_zeros, copies = torch.zeros, []
+    monkeypatch.setattr(torch, "zeros", lambda *shape, device=None, **kw: real_zeros(*shape, **kw))
+    real_copy = torch.Tensor.copy_
+
+    def copy_(self, src, non_blocking=False):
+        copies.append((self.numel() * self.element_size(), non_blocking))
+        return real_copy(self, src, non_blocking)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", copy_)
+    faults = Faults([parse_fault("unpinned_copies:mb=2")], rank=0, stage=0, device=torch.device("cuda"))
+    assert faults.unpinned_copies
+    for _ in range(3):
+        faults.offload_states()
+    assert copies == [(2 * 2**20, False)] * 6
+    host = faults._offload[0]
+    faults.offload_states()
+    assert faults._offload[0] is host  # allocated once, not per step
+
+
+def test_unpinned_copies_on_cpu_stops_with_one_line():
+    with pytest.raises(SystemExit, match="needs CUDA: a CPU run has no host-device copy"):
+        Faults([parse_fault("unpinned_copies")], rank=0, stage=0, device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="mb >= 0"):
+        parse_fault("unpinned_copies:mb=-1")
+    assert Faults([], rank=0, stage=0, device=torch.device("cpu")).unpinned_copies is False
