@@ -35,6 +35,13 @@ order rotated per round, the tested job launched first in every other round.
 Step times and ends come from the jobs' own logs (reference trainer
 --log-jsonl, ddp_mlp --log-step-times).
 
+Whole-job mode (`--whole-job`, issue 25): what a short job pays end to end,
+start-up included. A 40-step ddp_mlp job, 2 ranks, run plain and under
+`diagnose run --no-analyze` one after the other (pairs interleaved, the order
+swapped every pair); the figure is the script's own loop time, from its first
+step's start to its last step's end, under diagnose over plain, median of the
+pairs. Goal: <= 1.05. (The steady-state duets above keep their 3% goal.)
+
 Figures per mode: the geometric mean of the per-round ratios and its 95%
 confidence interval (Student's t over rounds), the ratios themselves, how many
 times lower diagnose's overhead is than the profiler's, the trace's size on disk
@@ -223,7 +230,11 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--warmup", type=int, default=100, help="first steps of each run left out (start-up)")
     p.add_argument("--jobs", default="reference,ddp_mlp")
+    p.add_argument("--whole-job", action="store_true", help="the 40-step whole-job pairs instead")
+    p.add_argument("--pairs", type=int, default=8, help="--whole-job: plain/diagnose pairs")
     args = p.parse_args()
+    if args.whole_job:
+        return whole_job(args.pairs)
     pin = shutil.which("taskset") is not None and (os.cpu_count() or 1) >= 2
     if not pin:
         print("note: ranks not pinned (no taskset or one core): the twins share cores less evenly")
@@ -251,6 +262,36 @@ def main() -> int:
         return report(chosen, ratios, twin_s, sizes, costs, args)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def whole_job(pairs: int, steps: int = 40) -> int:
+    """The loop time (first step's start to last step's end) of a short job under
+    `diagnose run` over plain, in interleaved pairs (module docstring)."""
+    work = tempfile.mkdtemp(prefix="diagnose-whole-job-")
+    command, read_steps = jobs(steps, pin=False)["ddp_mlp"]
+    ratios = []
+    try:
+        for i in range(pairs):
+            loops = {}
+            for mode in (("plain", "diagnose") if i % 2 == 0 else ("diagnose", "plain")):
+                log = os.path.join(work, f"{mode}.log")
+                proc, run_dir = start(command(log), mode, work)
+                output, _ = proc.communicate(timeout=600)
+                if proc.returncode:
+                    raise SystemExit(f"{mode} run failed ({proc.returncode}):\n{output[-3000:]}")
+                rows = read_steps(log)
+                loops[mode] = rows[-1][1] - (rows[0][1] - rows[0][0])
+                if run_dir:
+                    shutil.rmtree(run_dir, ignore_errors=True)
+            ratios.append(loops["diagnose"] / loops["plain"])
+            print(f"pair {i + 1}/{pairs}: loop {loops['plain']:.3f} s plain, {loops['diagnose']:.3f} s under "
+                  f"diagnose run: {ratios[-1]:.4f}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    median = statistics.median(ratios)
+    print(f"whole_job: pairs={pairs} steps={steps} median_ratio={median:.4f} "
+          f"ratios={' '.join(f'{r:.4f}' for r in ratios)}")
+    return 0 if median <= 1.05 else 1
 
 
 def report(chosen, ratios, twin_s, sizes, costs, args) -> int:

@@ -56,6 +56,20 @@ def run_diagnose(args, timeout=300, env=None, check=True) -> subprocess.Complete
     return proc
 
 
+@pytest.fixture(scope="session")
+def demo_scenario(tmp_path_factory):
+    """name -> (run dir, CompletedProcess) of `diagnose demo --scenario name`,
+    launched once per session (test_scenarios and a detector's own test read the same run)."""
+    runs = {}
+
+    def launch(name: str):
+        if name not in runs:
+            out = tmp_path_factory.mktemp("demo") / name
+            runs[name] = (out, run_diagnose(["demo", "--scenario", name, "--out", out], timeout=600))
+        return runs[name]
+    return launch
+
+
 def imported_findings(out, traces) -> list:
     """Kineto traces imported into `out` (a run directory), analyzed: its findings."""
     run_diagnose(["import", "kineto", *traces, "--out", out])

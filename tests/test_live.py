@@ -249,7 +249,8 @@ def test_node_health_reaches_mlflow_while_a_minute_long_job_runs(tmp_path):
     from conftest import DIAGNOSE, REPO, job_env, torchrun
     out = tmp_path / "minute"
     # 480 steps of 16 samples at 8 ms each: over 60 s of data wait alone
-    proc = subprocess.Popen([*DIAGNOSE, "run", "--out", str(out), "--",
+    # (no analysis after it: what is checked is the live stream)
+    proc = subprocess.Popen([*DIAGNOSE, "run", "--out", str(out), "--no-analyze", "--",
                              *torchrun(2, "samples/ddp_mlp.py", "--steps", 480, "--batch-size", 8,
                                        "--slow-data-ms", 8)],
                             cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

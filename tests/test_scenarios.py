@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import diagnose
-from conftest import run_diagnose
 from reference_trainer.scenarios import SCENARIOS
 
 EXPECTED_CALLSITE = {"hidden_sync": "reference_trainer/faults.py", "blocking_p2p": "reference_trainer/p2p.py"}
@@ -49,10 +48,9 @@ def summary_table():
 
 
 @pytest.mark.parametrize("name", MATRIX)
-def test_demo_scenario_yields_expected_finding(name, tmp_path, monkeypatch):
+def test_demo_scenario_yields_expected_finding(name, demo_scenario, monkeypatch):
     scenario = SCENARIOS[name]
-    out = tmp_path / name
-    proc = run_diagnose(["demo", "--scenario", name, "--out", out], timeout=600)
+    out, proc = demo_scenario(name)
     findings = json.loads((out / "analysis" / "findings.json").read_text())
     serious = [f for f in findings if f["severity"] != "info"]
     expected = (f"{scenario.expected_kind} ranks={list(scenario.expected_ranks)} stage={scenario.expected_stage}"

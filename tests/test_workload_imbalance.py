@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import load_run, run_diagnose
+from conftest import load_run
 from diagnose.analysis.run_detectors import Context, detect
 from diagnose.analysis.detectors import workload_imbalance
 from synthetic_run import write_synthetic_run
@@ -15,10 +15,9 @@ def _serious(findings, kind):
     return [f for f in findings if f["kind"] == kind and f["severity"] != "info"]
 
 
-def test_varlen_scenario_is_a_workload_imbalance_and_no_straggler(tmp_path):
-    """One 4-rank launch: dp4, 4 micro-batches, lengths drawn in 1-7x."""
-    out = tmp_path / "varlen"
-    run_diagnose(["demo", "--scenario", "varlen", "--out", out], timeout=600)
+def test_varlen_scenario_is_a_workload_imbalance_and_no_straggler(demo_scenario):
+    """One 4-rank launch (shared with test_scenarios): dp4, 4 micro-batches, lengths drawn in 1-7x."""
+    out, _ = demo_scenario("varlen")
     findings = json.loads((out / "analysis" / "findings.json").read_text())
     assert _serious(findings, "straggler") == [], findings
     (found,) = _serious(findings, "workload_imbalance")
