@@ -58,7 +58,8 @@ def one_round(work: str, args, index: int) -> dict:
             "first": first and {k: first[k] for k in ("rank", "kind", "step")},
             "named": bool(first) and first["rank"] == args.slow_rank,
             "others": sorted({a["rank"] for a in late if a["rank"] != args.slow_rank}),
-            "early": len(early), "step_ms_before": step_ms}
+            "early": len(early), "step_ms_before": step_ms,
+            "notes": [line for line in (proc.stdout + proc.stderr).splitlines() if "diagnose: note:" in line]}
 
 
 def main() -> int:
@@ -69,8 +70,10 @@ def main() -> int:
     p.add_argument("--slow-from", type=int, default=35)
     p.add_argument("--slow-rank", type=int, default=2)
     p.add_argument("--slow-ms", type=float, default=100.0, help="per micro-batch (2 per step)")
+    p.add_argument("--keep", metavar="DIR", help="keep the runs here instead of a temporary folder")
     args = p.parse_args()
-    work = tempfile.mkdtemp(prefix="alert-latency-")
+    work = os.path.abspath(args.keep) if args.keep else tempfile.mkdtemp(prefix="alert-latency-")
+    os.makedirs(work, exist_ok=True)
     try:
         results = []
         for i in range(args.rounds):
@@ -80,8 +83,11 @@ def main() -> int:
             print(f"round {i}: first alert {lat} after the slowdown began: {r['first']}; steps before "
                   f"{r['step_ms_before']:.0f} ms; alerts before it {r['early']}; other ranks named "
                   f"{r['others']}", flush=True)
+            for note in r["notes"]:
+                print(f"  {note}")
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
     latencies = [r["latency_s"] for r in results if r["latency_s"] is not None]
     named = all(r["named"] and not r["others"] for r in results)
     early = sum(r["early"] for r in results)

@@ -10,7 +10,8 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from diagnose.live.monitor import EVENT_POLL_S, QUIET_POLL_S, Baseline, LiveMonitor
+from diagnose.live.baseline import Baseline
+from diagnose.live.monitor import DEPARTING_POLL_S, EVENT_POLL_S, QUIET_POLL_S, LiveMonitor
 
 
 def test_live_alert_names_the_slowed_rank_during_the_run(straggler_run):
@@ -142,7 +143,7 @@ def test_compute_names_one_slow_rank_but_not_a_job_wide_slowdown(tmp_path, slow_
 
 def test_events_are_polled_rarely_until_a_step_time_departs(tmp_path):
     """A poll's pandas breakdown was half this process's CPU: while no step time
-    departs it runs every QUIET_POLL_S, and at once (then every EVENT_POLL_S)
+    departs it runs every QUIET_POLL_S, and at once (then every DEPARTING_POLL_S)
     when one does, so the slow rank is still named within a few steps."""
     clock = Clock()
     mon, stream = monitor(tmp_path, clock)
@@ -160,9 +161,36 @@ def test_events_are_polled_rarely_until_a_step_time_departs(tmp_path):
     quiet = [b - a for a, b in zip(polled_at, polled_at[1:]) if 20 <= a and b < 150]
     assert quiet and min(quiet) * 0.5 >= QUIET_POLL_S >= 5 * EVENT_POLL_S, polled_at
     departed = [p for p in polled_at if p >= 150]
-    assert departed[0] - 150 <= EVENT_POLL_S / 0.5 and departed[1] - departed[0] <= EVENT_POLL_S / 0.5, polled_at
+    assert departed[0] - 150 <= DEPARTING_POLL_S / 0.5 and departed[1] - departed[0] <= DEPARTING_POLL_S / 0.5, \
+        polled_at
     alerts = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
     assert [(a["rank"], a["kind"]) for a in alerts] == [(1, "compute")] and alerts[0]["step"] <= 156, alerts
+
+
+def test_a_doubled_step_under_the_step_alert_polls_fast_and_names_the_rank_soon(tmp_path):
+    """A rank whose compute more than doubles doubles the job's step: under the step
+    alert's limit (median + 5 x 25%), so only WATCH_RATIO brings the polls forward;
+    before, the alert waited for a quiet poll (5 s on average, bench/live_alert_latency.py)."""
+    from diagnose.live.monitor import WATCH_RATIO
+    clock = Clock()
+    mon, _ = monitor(tmp_path, clock)
+    mon.reader = ComputeFeed(lambda r, s: 50.0 + (s % 3) + (70.0 if r == 1 and s >= 100 else 0.0))
+    steps, polled_at = {0: [], 1: [], 2: []}, []
+    for s in range(115):
+        for r in steps:
+            steps[r].append((s, 70.0 + (s % 3) + (70.0 if s >= 100 else 0.0)))
+        clock.t += 0.25   # ~4 steps a second: one tick a step
+        mon.reader.latest = s
+        polls = mon.reader.polls
+        mon.tick(snapshot(steps, {r: s for r in steps}, clock))
+        if mon.reader.polls > polls:
+            polled_at.append(s)
+    assert not mon.pending_step_alerts and WATCH_RATIO < 1.9  # the steps never alerted: a watch only
+    after = [p for p in polled_at if p >= 100]
+    assert after and after[0] - 100 <= DEPARTING_POLL_S / 0.25, polled_at
+    alerts = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    assert [(a["rank"], a["kind"]) for a in alerts] == [(1, "compute")], alerts
+    assert alerts[0]["step"] <= 101 + 2 * DEPARTING_POLL_S / 0.25, alerts  # within ~2 s
 
 
 def test_a_rank_that_stops_recording_while_others_go_on_is_reported(tmp_path):

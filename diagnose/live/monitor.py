@@ -28,68 +28,28 @@ MLflow tag + metric. Cadence, priority and cost: docs/outputs.md#live-alerts.
 import collections
 import json
 import os
-import statistics
 import sys
 import time
 
 import numpy as np
 
 from diagnose import rundir
+from diagnose.live.baseline import CONFIRM, WINDOW, rank_baselines
 from diagnose.live.compute_reader import ComputeReader
 from diagnose.live.mlflow_stream import MlflowStreamer
 from diagnose.live.node_health import NodeHealth
 
 WARMUP_STEPS = 2          # the first steps of a job are always slow
-WINDOW = 32               # a rank's own recent steps that define its normal
-MIN_HISTORY = 5
-CONFIRM = 2               # consecutive departing steps before an alert
 MAX_EVENT_RANKS = 64      # above this, alerts use progress.json only
 EVENT_POLL_S = 2.0        # a poll costs ~20 ms of CPU (pandas), almost all fixed per call...
-QUIET_POLL_S = 10.0       # ...so while nothing departs, polls are rarer (see _poll_interval_s)
+QUIET_POLL_S = 10.0       # ...so while nothing departs, polls are rarer (see _poll_interval_s),
+DEPARTING_POLL_S = 1.0    # and while a step departs, more frequent: the first alert within 3 s
+# A step WATCH_RATIO x its rank's median polls at DEPARTING_POLL_S for WATCH_S: a rank
+# whose compute doubled raised the step ~2x, under the step alert's limit (median + 5 x
+# 25%), and waited for a quiet poll: 5 s on average (bench/live_alert_latency.py). At
+# 1.2x, 4-25% of a noisy 2-core job's steps polled fast; at 1.5x, 0-7%.
+WATCH_RATIO, WATCH_S = 1.5, 3.0
 UNITS = {"gpu_util": "pct", "network": "mb_per_s"}  # an alert's values; ms for the others
-
-
-class Baseline:
-    """A series' robust recent spread: value departs when above
-    median + k * max(1.4826 * MAD, rel_floor * median, abs_floor)."""
-
-    def __init__(self, k: float, rel_floor: float, abs_floor: float, window: int = WINDOW):
-        self.k, self.rel_floor, self.abs_floor = k, rel_floor, abs_floor
-        self.values = collections.deque(maxlen=window)
-        self.streak = 0
-        self.active = False
-
-    def threshold(self) -> tuple[float, float] | None:
-        if len(self.values) < MIN_HISTORY:
-            return None
-        # statistics, not numpy: on 32 values a call of numpy costs 5x more
-        median = statistics.median(self.values)
-        mad = statistics.median([abs(v - median) for v in self.values])
-        scale = max(1.4826 * mad, self.rel_floor * median, self.abs_floor)
-        return median, median + self.k * scale
-
-    def update(self, value: float) -> tuple[bool, float, float] | None:
-        """Feed one value. Returns (confirmed new departure, median, threshold)
-        once per episode, None otherwise."""
-        limits = self.threshold()
-        self.values.append(value)
-        if limits is None:
-            return None
-        median, limit = limits
-        if value <= limit:
-            self.streak, self.active = 0, False
-            return None
-        self.streak += 1
-        if self.streak >= CONFIRM and not self.active:
-            self.active = True
-            return True, median, limit
-        return None
-
-
-def _baselines() -> dict:
-    return {"compute": Baseline(k=5.0, rel_floor=0.25, abs_floor=5.0),
-            "step": Baseline(k=5.0, rel_floor=0.25, abs_floor=5.0),
-            "data_wait": Baseline(k=5.0, rel_floor=0.5, abs_floor=10.0)}
 
 
 class LiveMonitor:
@@ -102,7 +62,7 @@ class LiveMonitor:
         self.warned: set = set()
         self.disabled = False
         self.alerts: list = []
-        self.baselines: dict = collections.defaultdict(_baselines)
+        self.baselines: dict = collections.defaultdict(rank_baselines)
         self.last_step: dict = {}                 # rank -> last step seen in progress
         self.step_ms: dict = collections.defaultdict(dict)   # step -> rank -> (step_ms, dw)
         self.logged_step = -1
@@ -116,6 +76,7 @@ class LiveMonitor:
         self.stale_alerted: set = set()
         self.reader = ComputeReader(run_dir) if read_events else None
         self.last_event_poll = 0.0
+        self.watch_until = 0.0  # poll at DEPARTING_POLL_S until then (a step WATCH_RATIO x its median)
         self.event_polls = 0
         self.streamer = None
         self.manifest = manifest
@@ -192,7 +153,7 @@ class LiveMonitor:
                 self.last_step[rank] = step
                 self._new_step(rank, step, step_ms, data_wait_ms, now)
         if self.reader is not None and len(progress) <= MAX_EVENT_RANKS and \
-                (final or now - self.last_event_poll >= self._poll_interval_s()):
+                (final or now - self.last_event_poll >= self._poll_interval_s(now)):
             self.last_event_poll = now
             self.event_polls += 1
             for rank, rows in self.reader.poll(sorted(progress)).items():
@@ -206,16 +167,15 @@ class LiveMonitor:
             self._heartbeat(progress, now)
             self.health.tick(progress)
 
-    def _poll_interval_s(self) -> float:
+    def _poll_interval_s(self, now: float) -> float:
         """Compute is what names a slow rank, and it is needed quickly only once a
         step time departs (in a synchronous job a slow rank slows every step): the
         quiet polls just feed the compute baselines, which lose no step by waiting.
         Half of this process's CPU was the 2 s polls (py-spy, ddp_mlp)."""
-        if not self.compute_ok or self.pending_step_alerts or self.pending_compute_alerts:
-            return EVENT_POLL_S
-        if any(b["step"].streak or b["compute"].streak for b in self.baselines.values()):
-            return EVENT_POLL_S
-        return QUIET_POLL_S
+        if self.pending_step_alerts or self.pending_compute_alerts or now < self.watch_until or \
+                any(b["step"].streak or b["compute"].streak for b in self.baselines.values()):
+            return DEPARTING_POLL_S  # (bench/live_alert_latency.py: 2 s polls gave up to 3.5 s)
+        return EVENT_POLL_S if not self.compute_ok else QUIET_POLL_S
 
     def _new_step(self, rank, step, step_ms, data_wait_ms, now) -> None:
         self.step_ms[step][rank] = (step_ms, data_wait_ms)
@@ -230,6 +190,8 @@ class LiveMonitor:
                         f"({data_wait_ms / step_ms:.0%} of it; its usual {median:.0f} ms, "
                         f"alert above {limit:.0f} ms): its input pipeline stalls")
         hit = base["step"].update(step_ms)
+        if base["step"].median and step_ms > WATCH_RATIO * base["step"].median:
+            self.watch_until = now + WATCH_S
         if hit:
             _, median, limit = hit
             self.pending_step_alerts[rank] = (step, step_ms, median, limit, now, self.event_polls)

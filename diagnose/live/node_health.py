@@ -35,12 +35,10 @@ import statistics
 import time
 
 from diagnose import rundir
+from diagnose.live.baseline import CONFIRM, MIN_HISTORY, WINDOW
 
 SYSTEM_INTERVAL_S = 5.0
 ALERT_INTERVAL_S = 1.0
-WINDOW = 32
-MIN_HISTORY = 5
-CONFIRM = 2
 GPU_DROP_FRAC, GPU_MIN_PCT, PEER_KEEP_FRAC = 0.5, 20.0, 0.8
 NET_DROP_FRAC, NET_MIN_MB_S, STEP_RISE_FRAC = 0.2, 1.0, 1.25
 
