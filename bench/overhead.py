@@ -63,6 +63,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
@@ -232,9 +233,11 @@ def main() -> int:
     p.add_argument("--jobs", default="reference,ddp_mlp")
     p.add_argument("--whole-job", action="store_true", help="the 40-step whole-job pairs instead")
     p.add_argument("--pairs", type=int, default=8, help="--whole-job: plain/diagnose pairs")
+    p.add_argument("--tested", default="diagnose", choices=("diagnose", "collectors"),
+                   help="--whole-job: what runs beside plain (collectors: the ranks' side alone)")
     args = p.parse_args()
     if args.whole_job:
-        return whole_job(args.pairs)
+        return whole_job(args.pairs, args.tested)
     pin = shutil.which("taskset") is not None and (os.cpu_count() or 1) >= 2
     if not pin:
         print("note: ranks not pinned (no taskset or one core): the twins share cores less evenly")
@@ -264,32 +267,36 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def whole_job(pairs: int, steps: int = 40) -> int:
+def whole_job(pairs: int, tested: str = "diagnose", steps: int = 40) -> int:
     """The loop time (first step's start to last step's end) of a short job under
     `diagnose run` over plain, in interleaved pairs (module docstring)."""
     work = tempfile.mkdtemp(prefix="diagnose-whole-job-")
     command, read_steps = jobs(steps, pin=False)["ddp_mlp"]
-    ratios = []
+    ratios, first_step_s = [], {"plain": [], tested: []}
     try:
         for i in range(pairs):
             loops = {}
-            for mode in (("plain", "diagnose") if i % 2 == 0 else ("diagnose", "plain")):
+            for mode in (("plain", tested) if i % 2 == 0 else (tested, "plain")):
                 log = os.path.join(work, f"{mode}.log")
+                began = time.time()
                 proc, run_dir = start(command(log), mode, work)
                 output, _ = proc.communicate(timeout=600)
                 if proc.returncode:
                     raise SystemExit(f"{mode} run failed ({proc.returncode}):\n{output[-3000:]}")
                 rows = read_steps(log)
                 loops[mode] = rows[-1][1] - (rows[0][1] - rows[0][0])
+                first_step_s[mode].append(rows[0][1] - rows[0][0] - began)  # launch to first step
                 if run_dir:
                     shutil.rmtree(run_dir, ignore_errors=True)
-            ratios.append(loops["diagnose"] / loops["plain"])
-            print(f"pair {i + 1}/{pairs}: loop {loops['plain']:.3f} s plain, {loops['diagnose']:.3f} s under "
-                  f"diagnose run: {ratios[-1]:.4f}", flush=True)
+            ratios.append(loops[tested] / loops["plain"])
+            print(f"pair {i + 1}/{pairs}: loop {loops['plain']:.3f} s plain, {loops[tested]:.3f} s {tested}: "
+                  f"{ratios[-1]:.4f}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     median = statistics.median(ratios)
-    print(f"whole_job: pairs={pairs} steps={steps} median_ratio={median:.4f} "
+    print(f"launch to first step, median: {statistics.median(first_step_s['plain']):.2f} s plain, "
+          f"{statistics.median(first_step_s[tested]):.2f} s {tested}")
+    print(f"whole_job: tested={tested} pairs={pairs} steps={steps} median_ratio={median:.4f} "
           f"ratios={' '.join(f'{r:.4f}' for r in ratios)}")
     return 0 if median <= 1.05 else 1
 

@@ -18,8 +18,12 @@ class LiveProcess:
     never hold the launcher's GIL or delay its loop (exit-order tracking and the
     hang watchdog depend on that loop). The child writes alerts to the
     launcher's stderr; close() sends the job's exit status and waits for it. The child
-    starts at the first tick where a rank has recorded (not during start-up and
-    rendezvous; not at all for a job that never gets that far)."""
+    starts at the launcher's first tick, while the ranks import and rendezvous: its
+    own imports and the MLflow store (seconds of CPU, at a rank's weight until the
+    run exists) are then done before the job's first step. Started once a rank had
+    recorded a step, they slowed a 40-step job's loop by 39% (bench/overhead.py
+    --whole-job). A job that fails before its first step gets an MLflow run too,
+    marked FAILED."""
 
     def __init__(self, run_dir: str):
         self.run_dir = run_dir
@@ -35,14 +39,12 @@ class LiveProcess:
 
     def tick(self, progress) -> None:
         if self.proc is None:
-            if progress:  # started once the ranks record: not during their start-up
-                try:
-                    self._spawn()
-                except Exception as exc:
-                    self.reported = True
-                    self.proc = False
-                    sys.stderr.write(f"diagnose: warning: live monitor off: "
-                                     f"{type(exc).__name__}: {exc}\n")
+            try:
+                self._spawn()
+            except Exception as exc:
+                self.reported = True
+                self.proc = False
+                sys.stderr.write(f"diagnose: warning: live monitor off: {type(exc).__name__}: {exc}\n")
             return
         if not self.proc:
             return
@@ -54,7 +56,7 @@ class LiveProcess:
     def close(self, exit_status=None, timeout: float = CLOSE_TIMEOUT_S) -> None:
         import subprocess
         if not self.proc:
-            return  # the job ended before any rank recorded: nothing to follow
+            return  # the job ended before the first tick, or the child could not start
         try:
             self.proc.stdin.write(f"{'' if exit_status is None else exit_status}\n")
             self.proc.stdin.close()
