@@ -21,16 +21,18 @@ def _serious(run_dir):
             for f in findings if f["severity"] != "info"}
 
 
-def _demo(name, out, phases: bool):
-    env = job_env(**({} if phases else {"REFERENCE_TRAINER_PHASES": "0"}))
-    run_diagnose(["demo", "--scenario", name, "--out", out], timeout=600, env=env)
+def _unmarked_demo(name, out):
+    """The scenario with the trainer's phases off: no stage or micro-batch marked."""
+    run_diagnose(["demo", "--scenario", name, "--out", out], timeout=600,
+                 env=job_env(REFERENCE_TRAINER_PHASES="0"))
     return out
 
 
 @pytest.fixture(scope="module")
-def slow_stage_runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("topology")
-    return _demo("slow_stage", root / "marked", True), _demo("slow_stage", root / "unmarked", False)
+def slow_stage_runs(tmp_path_factory, demo_scenario):
+    """(marked: the session's slow_stage demo run, shared with test_scenarios; unmarked)."""
+    return demo_scenario("slow_stage")[0], _unmarked_demo("slow_stage",
+                                                          tmp_path_factory.mktemp("topology") / "unmarked")
 
 
 def test_slow_stage_without_phases_gives_the_same_findings(slow_stage_runs):
@@ -51,7 +53,7 @@ def test_slow_stage_without_phases_gives_the_same_findings(slow_stage_runs):
 
 
 def test_bubble_without_phases_is_found_on_inferred_micro_batches(tmp_path):
-    run_dir = _demo("bubble", tmp_path / "bubble", False)
+    run_dir = _unmarked_demo("bubble", tmp_path / "bubble")
     assert load_run(run_dir).stage_source == "inferred: 4 stages x 1 pipelines"
     (bubble,) = [f for f in json.loads((run_dir / "analysis" / "findings.json").read_text())
                  if f["kind"] == "pipeline_bubble"]
