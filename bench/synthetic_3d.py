@@ -76,6 +76,9 @@ class _Rows:
         dictionary = pa.array(sorted(self.strings, key=self.strings.get), pa.string())
         arrays = []
         for name, typ in EVENT_FIELDS:
+            if name not in cols:  # a field the simulation has no value for (queued_ns): -1, as the recorder's default
+                arrays.append(pa.array(np.full(len(ranks), -1, typ.to_pandas_dtype()), type=typ))
+                continue
             values = cols[name][order]
             arrays.append(pa.DictionaryArray.from_arrays(pa.array(values), dictionary)
                           if name in _STR else pa.array(values, type=typ))
