@@ -16,8 +16,10 @@ WALL0 = 1_800_000_000_000_000_000
 def write_synthetic_run(out: str, ranks: int = 8, steps: int = 50, pp: int = 1,
                         microbatches: int = 4, slow_rank: int | None = None,
                         slow_factor: float = 1.5, data_ms: float = 1.0, seed: int = 0,
-                        name: str = "synthetic", extra_events: dict | None = None) -> str:
-    """extra_events: {rank: [event tuples in EVENT_COLUMNS order]} appended verbatim."""
+                        name: str = "synthetic", extra_events: dict | None = None,
+                        slow_steps=None) -> str:
+    """extra_events: {rank: [event tuples in EVENT_COLUMNS order]} appended verbatim;
+    slow_steps: the steps slow_rank is slow in (None: all of them)."""
     rng = random.Random(seed)
     dp = ranks // pp
     stage_of = {r: r // dp for r in range(ranks)}          # ranks 0..dp-1 are stage 0
@@ -34,7 +36,8 @@ def write_synthetic_run(out: str, ranks: int = 8, steps: int = 50, pp: int = 1,
 
     t = 10 * ms
     for step in range(steps):
-        factor = {r: (slow_factor if r == slow_rank else 1.0) * rng.uniform(0.97, 1.03)
+        slow_now = slow_steps is None or step in slow_steps
+        factor = {r: (slow_factor if r == slow_rank and slow_now else 1.0) * rng.uniform(0.97, 1.03)
                   for r in range(ranks)}
         for r in range(ranks):
             rows[r].append(event_row("data", "data_wait", t, int(t + data_ms * ms * rng.uniform(0.8, 1.2)),

@@ -46,6 +46,23 @@ def test_a_persistent_straggler_is_a_straggler_not_a_workload_imbalance(tmp_path
     assert [f for f in findings if f["kind"] == "workload_imbalance"] == [], findings
 
 
+def test_a_rank_slow_in_a_third_of_the_steps_is_an_intermittent_straggler(tmp_path):
+    """Equal micro-batches, rank 1 at 2x in every third step (a periodic stall on its
+    host): the straggler path judged on the steps it straggled in, not a workload
+    imbalance (lengths do not vary)."""
+    run = load_run(write_synthetic_run(str(tmp_path / "run"), ranks=4, steps=40, slow_rank=1, slow_factor=2.0,
+                                       slow_steps=set(range(0, 40, 3))))
+    findings = detect(run)
+    (found,) = _serious(findings, "straggler")
+    assert found["ranks"] == [1] and "an intermittent straggler" in found["title"], found["title"]
+    m = found["metrics"]
+    # last in ~half the steps (its third, and a share of the rest by jitter), yet
+    # normal on its median step: before, judged as persistent on that median, unnamed
+    assert m["persistent"] == 0.0 and m["last_in_steps_frac"] >= 0.2, m
+    assert m["busy_ratio_x"] >= 1.4, m   # on the steps it straggled in: ~2x
+    assert [f for f in findings if f["kind"] == "workload_imbalance"] == [], findings
+
+
 def test_a_clean_run_has_neither(tmp_path):
     run = load_run(write_synthetic_run(str(tmp_path / "run"), ranks=4, steps=20))
     findings = detect(run)

@@ -8,8 +8,9 @@ are used: across stages, arriving last is the schedule, not a straggler.
 
 Threshold: the rank must cause >= 2x the median of what its stage peers cause
 plus 0.5 ms per step (jitter makes everyone last sometimes), be the top
-waiter-maker among its peers in >= 50% of steady steps ("persistent"; 20-50%
-"intermittent"; not when the run's micro-batches differ in work beyond jitter,
+waiter-maker among its peers in >= 50% of steady steps and slow on the median
+step ("persistent"), or in >= 20% and slow on the steps it was last in
+("intermittent"; not when the run's micro-batches differ in work beyond jitter,
 workload_imbalance's signal: then the rank was slow on the steps its batches
 were long),
 its busy time (step minus time blocked waiting on others) must be >= 1.4x the
@@ -151,21 +152,29 @@ def detect(ctx):
             continue
         straggling = caused.loc[peers].idxmax(axis=0) == top
         top_in_steps = float(straggling.mean())
+        if top_in_steps < INTERMITTENT_FRAC:
+            continue
         # a persistent straggler is judged on every step; an intermittent one on
-        # the steps it straggled in (its median over all steps is a normal step)
-        judged = straggling.index if top_in_steps >= PERSISTENT_FRAC else straggling[straggling].index
-        busy_ratio, excess_busy_ms, breakdown = _busy_ratio(ctx, top, stages, judged)
-        gate = DEVICE_BUSY_RATIO if "device_compute_ms" in breakdown.columns else BUSY_RATIO
-        if top_in_steps >= INTERMITTENT_FRAC and busy_ratio is not None and busy_ratio >= gate:
+        # the steps it straggled in (its median over all steps is a normal step).
+        # Last in most steps yet normal on the median step is intermittent too: slow
+        # in a third of the steps, with 3 peers it is also last in a quarter of the rest
+        judgements = ([(straggling.index, True)] if top_in_steps >= PERSISTENT_FRAC else []) \
+            + [(straggling[straggling].index, False)]
+        for judged, persistent in judgements:
+            busy_ratio, excess_busy_ms, breakdown = _busy_ratio(ctx, top, stages, judged)
+            gate = DEVICE_BUSY_RATIO if "device_compute_ms" in breakdown.columns else BUSY_RATIO
+            if busy_ratio is None or busy_ratio < gate:
+                continue
             # slow only on some steps, in a run whose micro-batches differ in work:
             # those were its long batches (workload_imbalance), not a slow rank
-            if top_in_steps < PERSISTENT_FRAC and lengths_vary(ctx):
-                continue
-            passed.append((excess_busy_ms, top, baseline_ms, top_ms, top_in_steps, busy_ratio, breakdown))
+            if not persistent and lengths_vary(ctx):
+                break
+            passed.append((excess_busy_ms, top, baseline_ms, top_ms, top_in_steps, busy_ratio, breakdown,
+                           persistent))
+            break
     if not passed:
         return []
-    _, top, baseline_ms, top_ms, top_in_steps, busy_ratio, breakdown = max(passed, key=lambda c: c[0])
-    persistent = top_in_steps >= PERSISTENT_FRAC
+    _, top, baseline_ms, top_ms, top_in_steps, busy_ratio, breakdown, persistent = max(passed, key=lambda c: c[0])
     seen, group_size = members_seen(ctx)
     on_device = "device_compute_ms" in breakdown.columns
     compute = (breakdown["device_compute_ms"] if on_device
