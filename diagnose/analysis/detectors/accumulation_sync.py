@@ -64,15 +64,18 @@ def extra_rounds(ctx) -> pd.DataFrame | None:
 
 
 def _extra_rounds(ctx) -> pd.DataFrame | None:
+    # Masks over the whole table, rows copied only once picked: a steady-step copy of
+    # every event and its strings as Python objects cost 1,024 ranks x 200 steps
+    # ~450 MB and ~2.5 s (bench/results/2026-12-05-analysis-memory.md)
     events = ctx.run.events()
-    events = events[events["step"].isin(ctx.steady)]
-    kind = as_str(events["kind"])
-    backwards = events[kind == "backward"].reset_index(drop=True)
+    steady = events["step"].isin(ctx.steady).to_numpy()
+    kind, device = events["kind"], timed_on_device(events["detail"])
+    backwards = events[steady & (kind == "backward").to_numpy()].reset_index(drop=True)
     if backwards.empty:
         return None
-    calls = events[(kind == "collective") & events["async_op"].astype(bool)
-                   & as_str(events["name"]).isin(REDUCTIONS) & (as_str(events["detail"]) != FUNCTIONAL)
-                   & ~timed_on_device(events["detail"]) & (events["seq"] >= 0)]
+    calls = events[steady & (kind == "collective").to_numpy() & events["async_op"].astype(bool).to_numpy()
+                   & events["name"].isin(REDUCTIONS).to_numpy() & (events["detail"] != FUNCTIONAL).to_numpy()
+                   & ~device & (events["seq"] >= 0).to_numpy()]
     inside = _in_backward(calls, backwards)
     calls = calls.assign(_bw=inside)[inside >= 0]
     per_step = backwards.groupby(["rank", "step"]).size().rename("backwards").to_frame()
@@ -89,7 +92,7 @@ def _extra_rounds(ctx) -> pd.DataFrame | None:
     extra = calls.loc[~is_last, ["rank", "step", "group", "seq", "start_ns", "end_ns"]]
     # what those rounds blocked the rank: the issue call, and the wait on it (DDP's reducer
     # row has no wait of its own: the replay models it)
-    waits = events[(kind == "wait") & ~timed_on_device(events["detail"])]
+    waits = events[steady & (kind == "wait").to_numpy() & ~device]
     waits = waits.assign(_wait_ns=waits["end_ns"] - waits["start_ns"]).groupby(["rank", "group", "seq"],
                                                                                 observed=True)["_wait_ns"].sum()
     waited = waits.reindex(pd.MultiIndex.from_arrays([extra["rank"], extra["group"], extra["seq"]])).fillna(0)
