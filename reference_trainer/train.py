@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     debug = JsonlWriter(os.path.join(cfg.debug_dir, f"rank-{mesh.rank:05d}.jsonl") if cfg.debug_dir else None)
     tokens_per_step = cfg.global_batch_samples * cfg.seq_len
 
+    async_copies = not faults.unpinned_copies  # pinned and not waited for, unless the fault is on
     for step in range(cfg.steps):
         t0 = time.perf_counter()
         faults.step = step
@@ -136,10 +137,8 @@ def main(argv: list[str] | None = None) -> None:
             with phase("data", stage=stage):
                 for _ in range(cfg.microbatches):
                     tokens, targets = next(loader_iter)
-                    # pinned and not waited for, unless the unpinned_copies fault is on
-                    blocking = faults.unpinned_copies
-                    batches.append((tokens.to(device, non_blocking=not blocking),
-                                    targets.to(device, non_blocking=not blocking)))
+                    batches.append((tokens.to(device, non_blocking=async_copies),
+                                    targets.to(device, non_blocking=async_copies)))
             data_s = time.perf_counter() - t0
         buckets.zero_grad()
         runner.start_step(batches)

@@ -141,23 +141,31 @@ def test_compute_names_one_slow_rank_but_not_a_job_wide_slowdown(tmp_path, slow_
     assert ("slowed down together" in text) == (not alerted), text
 
 
-def test_events_are_polled_rarely_until_a_step_time_departs(tmp_path):
-    """A poll's pandas breakdown was half this process's CPU: while no step time
-    departs it runs every QUIET_POLL_S, and at once (then every DEPARTING_POLL_S)
-    when one does, so the slow rank is still named within a few steps."""
+def _steps_polled(tmp_path, n_steps, tick_s, step_ms, compute_ms):
+    """Three ranks, one step each per tick of tick_s: step_ms(step) on every rank and
+    compute_ms(rank, step) from a ComputeFeed. (steps at which events were polled, monitor)"""
     clock = Clock()
-    mon, stream = monitor(tmp_path, clock)
-    mon.reader = ComputeFeed(lambda r, s: 100.0 + (s % 3) + (300.0 if r == 1 and s >= 150 else 0.0))
+    mon, _ = monitor(tmp_path, clock)
+    mon.reader = ComputeFeed(compute_ms)
     steps, polled_at = {0: [], 1: [], 2: []}, []
-    for s in range(170):
+    for s in range(n_steps):
         for r in steps:
-            steps[r].append((s, 120.0 + (s % 3) + (300.0 if s >= 150 else 0.0)))
-        clock.t += 0.5
+            steps[r].append((s, step_ms(s)))
+        clock.t += tick_s
         mon.reader.latest = s
         polls = mon.reader.polls
         mon.tick(snapshot(steps, {r: s for r in steps}, clock))
         if mon.reader.polls > polls:
             polled_at.append(s)
+    return polled_at, mon
+
+
+def test_events_are_polled_rarely_until_a_step_time_departs(tmp_path):
+    """A poll's pandas breakdown was half this process's CPU: while no step time
+    departs it runs every QUIET_POLL_S, and at once (then every DEPARTING_POLL_S)
+    when one does, so the slow rank is still named within a few steps."""
+    polled_at, _ = _steps_polled(tmp_path, 170, 0.5, lambda s: 120.0 + (s % 3) + (300.0 if s >= 150 else 0.0),
+                                 lambda r, s: 100.0 + (s % 3) + (300.0 if r == 1 and s >= 150 else 0.0))
     quiet = [b - a for a, b in zip(polled_at, polled_at[1:]) if 20 <= a and b < 150]
     assert quiet and min(quiet) * 0.5 >= QUIET_POLL_S >= 5 * EVENT_POLL_S, polled_at
     departed = [p for p in polled_at if p >= 150]
@@ -172,19 +180,9 @@ def test_a_doubled_step_under_the_step_alert_polls_fast_and_names_the_rank_soon(
     alert's limit (median + 5 x 25%), so only WATCH_RATIO brings the polls forward;
     before, the alert waited for a quiet poll (5 s on average, bench/live_alert_latency.py)."""
     from diagnose.live.monitor import WATCH_RATIO
-    clock = Clock()
-    mon, _ = monitor(tmp_path, clock)
-    mon.reader = ComputeFeed(lambda r, s: 50.0 + (s % 3) + (70.0 if r == 1 and s >= 100 else 0.0))
-    steps, polled_at = {0: [], 1: [], 2: []}, []
-    for s in range(115):
-        for r in steps:
-            steps[r].append((s, 70.0 + (s % 3) + (70.0 if s >= 100 else 0.0)))
-        clock.t += 0.25   # ~4 steps a second: one tick a step
-        mon.reader.latest = s
-        polls = mon.reader.polls
-        mon.tick(snapshot(steps, {r: s for r in steps}, clock))
-        if mon.reader.polls > polls:
-            polled_at.append(s)
+    # ~4 steps a second: one tick a step
+    polled_at, mon = _steps_polled(tmp_path, 115, 0.25, lambda s: 70.0 + (s % 3) + (70.0 if s >= 100 else 0.0),
+                                   lambda r, s: 50.0 + (s % 3) + (70.0 if r == 1 and s >= 100 else 0.0))
     assert not mon.pending_step_alerts and WATCH_RATIO < 1.9  # the steps never alerted: a watch only
     after = [p for p in polled_at if p >= 100]
     assert after and after[0] - 100 <= DEPARTING_POLL_S / 0.25, polled_at
