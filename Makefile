@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml setup.py diagnose/importers/_kineto_c.c Makef
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,cluster]"
 	touch $@
 
 setup: $(VENV)/.installed browser mpi

@@ -11,16 +11,20 @@ the analysis (tables, findings.json) and skips the merged Chrome trace, the
 HTML report and the MLflow run, whose size grows with every event: a 10^7-event
 Chrome trace is gigabytes that no trace viewer opens.
 
-The last line is machine-readable:
-    scale: ranks=R events=N analyze_s=S peak_rss_mb=M straggler_found=True|False
+`--engines in-process,processes,dask` analyzes the same run once per engine
+(diagnose/analysis/engines.py; `--workers` local processes or LocalCluster
+workers) and prints each one's wall time and the peak of the SUM of the
+resident memory of every process involved (the CLI, its worker processes,
+Dask's scheduler and nannies: bench/measure.py samples the process tree).
+
+The last line per engine is machine-readable:
+    scale: ranks=R events=N engine=E analyze_s=S peak_rss_mb=M straggler_found=True|False
 Targets (issue 8): 1,024 ranks x 200 steps in under 60 s and 4 GB on 2 cores.
 """
 import argparse
 import json
 import os
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +32,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]
 
+from measure import run_measured  # noqa: E402
 from synthetic_3d import write_3d_run  # noqa: E402
+
+ENGINE_OPTIONS = {"in-process": lambda n: [], "processes": lambda n: ["--processes", str(n)],
+                  "dask": lambda n: ["--dask-workers", str(n)]}
 
 
 def layout(ranks: int, tp: int, pp: int) -> tuple[int, int, int]:
@@ -47,17 +55,22 @@ def trace_bytes(run_dir: str) -> int:
     return total
 
 
-def analyze(run_dir: str, extra=()) -> tuple[float, float, subprocess.CompletedProcess]:
-    """Wall seconds and peak RSS (MB) of `diagnose analyze` in its own process."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "diagnose", "analyze", run_dir, "--quiet", *extra],
-                          cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    if peak_kb <= before:  # ru_maxrss is the max over children: an earlier bigger child hides it
-        peak_kb = float("nan")
-    return wall, peak_kb / 1024, proc
+def analyze(run_dir: str, extra=()) -> dict:
+    """`diagnose analyze` in its own process: wall seconds, peak of its process tree's RSS (MB)."""
+    return run_measured([sys.executable, "-m", "diagnose", "analyze", run_dir, "--quiet", *extra],
+                        cwd=ROOT, interval_s=0.05)
+
+
+def planted_straggler_found(run_dir: str, straggler: int) -> bool:
+    try:
+        with open(os.path.join(run_dir, "analysis", "findings.json"), encoding="utf-8") as f:
+            findings = json.load(f)
+    except (OSError, ValueError) as exc:
+        print(f"no findings.json: {exc}")
+        return False
+    for finding in findings:
+        print(f"  {finding['severity']:8s} {finding['kind']:16s} {finding['title'][:110]}")
+    return any(f["kind"] == "straggler" and f["ranks"] == [straggler] for f in findings)
 
 
 def main() -> int:
@@ -71,7 +84,12 @@ def main() -> int:
     p.add_argument("--outputs", action="store_true",
                    help="also write the Chrome trace, report and MLflow run (plain `diagnose analyze`)")
     p.add_argument("--keep", default="", help="write the run here and keep it")
+    p.add_argument("--engines", default="in-process", help="comma-separated: in-process, processes, dask")
+    p.add_argument("--workers", type=int, default=2, help="worker processes of the processes and dask engines")
     args = p.parse_args()
+    engines = args.engines.split(",")
+    if unknown := [e for e in engines if e not in ENGINE_OPTIONS]:
+        p.error(f"unknown engine(s) {unknown}; known: {', '.join(ENGINE_OPTIONS)}")
     dp, pp, tp = layout(args.ranks, args.tp, args.pp)
     straggler = args.straggler if args.straggler is not None else args.ranks * 3 // 10
     out = args.keep or tempfile.mkdtemp(prefix="diagnose-scale-")
@@ -84,21 +102,18 @@ def main() -> int:
         print(f"wrote dp {dp} x pp {pp} x tp {tp} = {args.ranks} ranks x {args.steps} steps: "
               f"{events:,} events in {time.perf_counter() - t0:.1f} s; {size / 2**20:.1f} MiB on disk, "
               f"{size / events:.1f} bytes/event (incl. meta.json)", flush=True)
-        wall, peak_mb, proc = analyze(out, () if args.outputs else ("--no-outputs",))
-        if proc.returncode:
-            print(proc.stdout[-2000:], proc.stderr[-2000:], sep="\n")
-        found = False
-        try:
-            with open(os.path.join(out, "analysis", "findings.json"), encoding="utf-8") as f:
-                findings = json.load(f)
-            for finding in findings:
-                print(f"  {finding['severity']:8s} {finding['kind']:16s} {finding['title'][:110]}")
-            found = any(f["kind"] == "straggler" and f["ranks"] == [straggler] for f in findings)
-        except (OSError, ValueError) as exc:
-            print(f"no findings.json: {exc}")
-        print(f"scale: ranks={args.ranks} events={events} analyze_s={wall:.1f} "
-              f"peak_rss_mb={peak_mb:.0f} straggler_found={found}")
-        return 0 if found and proc.returncode == 0 else 1
+        ok = True
+        for engine in engines:
+            extra = ENGINE_OPTIONS[engine](args.workers) + ([] if args.outputs else ["--no-outputs"])
+            shutil.rmtree(os.path.join(out, "analysis"), ignore_errors=True)  # no earlier engine's findings
+            result = analyze(out, extra)
+            if result["returncode"]:
+                print(result["stdout"][-2000:], result["stderr"][-2000:], sep="\n")
+            found = planted_straggler_found(out, straggler)
+            ok &= found and result["returncode"] == 0
+            print(f"scale: ranks={args.ranks} events={events} engine={engine} analyze_s={result['wall_s']:.1f} "
+                  f"peak_rss_mb={result['peak_mb']:.0f} straggler_found={found}", flush=True)
+        return 0 if ok else 1
     finally:
         if not args.keep:
             shutil.rmtree(out, ignore_errors=True)

@@ -9,23 +9,21 @@ import glob
 import json
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 
 from diagnose import rundir
 from diagnose.analysis import clock_align, device_collectives, pipeline_topology
+from diagnose.analysis.engines import InProcess
 from diagnose.errors import UserError
-from diagnose.rundir import rank_reader
-
-STRING_COLUMNS = ("kind", "name", "group", "group_ranks", "callsite", "detail")
 
 
 class Run:
-    def __init__(self, run_dirs, warn=None, on_rank=None):
-        """on_rank(done, total): called as each rank's parts are read (a progress bar)."""
+    def __init__(self, run_dirs, warn=None, on_rank=None, engine=None):
+        """on_rank(done, total): called as each rank's parts are read (a progress bar).
+        engine: where the per-rank pass runs (diagnose/analysis/engines.py; default
+        in this process)."""
         if isinstance(run_dirs, (str, os.PathLike)):
             run_dirs = [run_dirs]
         self.run_dirs = [rundir.require_run_dir(str(d)) for d in run_dirs]
@@ -52,20 +50,24 @@ class Run:
                 self.rank_dirs[rank] = rank_dir
                 todo.append((rank, rank_dir))
         event_tables, sample_tables = [], []
-        for item, result in zip(todo, _read_ranks(todo, on_rank)):
+        ranks_todo = [item for item in todo if not isinstance(item, str)]
+        total = len(ranks_todo)
+        results = iter((engine or InProcess()).map_ranks(
+            ranks_todo, on_rank and (lambda done: on_rank(done, total))))
+        for item in todo:  # warnings in the order a sequential read would have said them
             if isinstance(item, str):
                 self.warn(item)
                 continue
-            (rank, rank_dir), (meta, events, samples, notes) = item, result
-            for note in notes:  # in the order a sequential read would have said them
+            (rank, rank_dir), (meta, events, samples, notes) = item, next(results)
+            for note in notes:
                 self.warn(note)
             self.rank_meta[rank] = meta
             if events is None:
                 self.warn(f"{rank_dir}: no readable events")
             else:
-                event_tables.append(_with_rank(events, rank))
+                event_tables.append(events)
             if samples is not None:
-                sample_tables.append(_with_rank(samples, rank))
+                sample_tables.append(samples)
         self._events = _to_pandas(event_tables, _empty_events())
         self._samples = _to_pandas(sample_tables, None)
         self.offsets_ns, self.offset_errors_ns, bounded = clock_align.measured_offsets(self.rank_meta)
@@ -281,44 +283,6 @@ class Run:
         return f"Run({self.root!r}, ranks={len(self.rank_dirs)}, events={len(self._events)})"
 
 
-def _read_rank(item):
-    if isinstance(item, str):
-        return None
-    notes = []
-    _, rank_dir = item
-    meta = rank_reader.read_meta(rank_dir, notes.append)
-    events = rank_reader.read_events(rank_dir, notes.append)
-    samples = rank_reader.read_samples(rank_dir, lambda m: None)
-    return meta, events, samples, notes
-
-
-def _read_ranks(todo, on_rank=None) -> list:
-    """Rank folders read by a few threads (Parquet decoding releases the GIL):
-    on 1,024 ranks the per-file overhead, not the bytes, is what costs."""
-    total = sum(1 for item in todo if not isinstance(item, str))
-    results, done = [], 0
-    if len(todo) < 8:
-        results_iter = (_read_rank(item) for item in todo)
-        pool = None
-    else:
-        pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1))
-        results_iter = pool.map(_read_rank, todo)
-    try:
-        for item, result in zip(todo, results_iter):
-            results.append(result)
-            if on_rank is not None and not isinstance(item, str):
-                done += 1
-                on_rank(done, total)
-    finally:
-        if pool is not None:
-            pool.shutdown()
-    return results
-
-
-def _with_rank(table: pa.Table, rank: int) -> pa.Table:
-    return table.append_column("rank", pa.array(np.full(table.num_rows, rank, np.int32)))
-
-
 def _empty_events() -> pd.DataFrame:
     from collectors.schema import EVENT_SCHEMA
     frame = EVENT_SCHEMA.empty_table().to_pandas()
@@ -327,8 +291,8 @@ def _empty_events() -> pd.DataFrame:
 
 
 def _to_pandas(tables, empty):
-    """One frame for all ranks: STRING_COLUMNS become categoricals (the readers
-    hand them over dictionary-encoded), other string columns plain objects.
+    """One frame for all ranks: the per-rank pass's dictionary columns become
+    categoricals, its plain string columns plain objects.
     Converted on this thread: Arrow's thread pool made a process's first
     conversion cost 0.16 s of CPU instead of 0.014 s (8 Kineto ranks, 210k rows:
     its threads touch fresh memory), and was no faster on 9.8 M rows (2.6-2.8 s
@@ -337,9 +301,6 @@ def _to_pandas(tables, empty):
         return empty
     table = pa.concat_tables(tables, promote_options="none")
     del tables[:]  # the per-rank tables are in `table` now; let them go as it converts
-    for index, field in enumerate(table.schema):
-        if pa.types.is_dictionary(field.type) and field.name not in STRING_COLUMNS:
-            table = table.set_column(index, field.name, table.column(index).cast(pa.string()))
     table = table.unify_dictionaries()
     frame = table.to_pandas(split_blocks=True, self_destruct=True, use_threads=False)
     del table
@@ -347,10 +308,11 @@ def _to_pandas(tables, empty):
     return frame
 
 
-def load(*run_dirs, warn=None, on_rank=None) -> Run:
+def load(*run_dirs, warn=None, on_rank=None, engine=None) -> Run:
     """Load one run (or one per node of a multi-node run) for analysis;
-    on_rank(done, total) follows the reading of the ranks."""
+    on_rank(done, total) follows the reading of the ranks, which run on
+    `engine` (diagnose.analysis.engines; default: this process)."""
     if warn is None:
         def warn(message):
             print(f"diagnose: warning: {message}", file=sys.stderr)
-    return Run(list(run_dirs), warn=warn, on_rank=on_rank)
+    return Run(list(run_dirs), warn=warn, on_rank=on_rank, engine=engine)

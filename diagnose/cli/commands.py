@@ -102,11 +102,27 @@ def analyze(runs: List[str] = typer.Argument(..., help="run directory (several: 
             quiet: bool = typer.Option(False, "--quiet", help="findings only, no breakdown"),
             no_outputs: bool = typer.Option(False, "--no-outputs",
                                             help="write only findings.json and the analysis tables: no merged "
-                                                 "trace, report or MLflow run (for very large runs)")):
-    """Analyze a run directory: breakdown per rank and findings."""
+                                                 "trace, report or MLflow run (for very large runs)"),
+            processes: Optional[int] = typer.Option(None, "--processes", metavar="N",
+                                                    help="read the ranks in N local worker processes"),
+            scheduler: Optional[str] = typer.Option(None, "--scheduler", metavar="ADDRESS",
+                                                    help="read the ranks on a Dask cluster (tcp://HOST:8786); "
+                                                         "its workers must see the run directory at this path"),
+            dask_workers: Optional[int] = typer.Option(None, "--dask-workers", metavar="N",
+                                                       help="read the ranks on a Dask LocalCluster of N workers")):
+    """Analyze a run directory: breakdown per rank and findings. The per-rank
+    pass runs in this process unless an engine option says otherwise
+    (docs/large-runs.md); the cross-rank pass always runs here."""
+    from diagnose.analysis.engines import make_engine
     from diagnose.cli.after_run import analyze_run
     from diagnose.cli.console import print_breakdown, print_findings, print_step_figures
-    run, findings = analyze_run(runs, outputs=not (as_json or no_outputs))
+    engine = make_engine(processes=processes, scheduler=scheduler, dask_workers=dask_workers)
+    try:
+        if getattr(engine, "dashboard", None):
+            print(f"diagnose: per-rank pass on {engine.name}; Dask dashboard: {engine.dashboard}", file=sys.stderr)
+        run, findings = analyze_run(runs, outputs=not (as_json or no_outputs), engine=engine)
+    finally:
+        engine.close()
     if as_json:
         print(json.dumps(findings, indent=1))
         return 0

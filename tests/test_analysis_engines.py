@@ -1,0 +1,115 @@
+"""Issue 25: the per-rank pass runs on an engine (in-process, local processes,
+Dask distributed) and the results are the same whatever the engine. Real Dask:
+a LocalCluster of 2 worker processes, its scheduler's task log read back."""
+import json
+import os
+import shutil
+import signal
+
+import distributed
+import pandas as pd
+import pytest
+from conftest import load_run, run_diagnose
+from pandas.testing import assert_frame_equal
+from synthetic_run import write_synthetic_run
+
+
+TABLES = ("steps", "breakdown", "collectives", "arrivals")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as local, distributed.Client(local) as client:
+        yield local, client
+
+
+@pytest.fixture(scope="module")
+def synthetic_64(tmp_path_factory):
+    """64 data-parallel ranks, rank 37 1.6x slow."""
+    return write_synthetic_run(str(tmp_path_factory.mktemp("engines") / "run64"), ranks=64, steps=30,
+                               slow_rank=37, slow_factor=1.6)
+
+
+def _analyzed(source, dest, *engine_args) -> tuple[list, dict]:
+    """A copy of `source` analyzed by the CLI with the engine options: (findings, tables)."""
+    shutil.copytree(source, dest)
+    shutil.rmtree(os.path.join(dest, "analysis"), ignore_errors=True)
+    run_diagnose(["analyze", dest, "--quiet", "--no-outputs", *engine_args])
+    findings = json.loads(open(os.path.join(dest, "analysis", "findings.json"), encoding="utf-8").read())
+    tables = {name: pd.read_parquet(os.path.join(dest, "analysis", f"{name}.parquet")) for name in TABLES}
+    return findings, tables
+
+
+def _assert_same(a, b):
+    assert a[0] == b[0]
+    for name in TABLES:
+        assert_frame_equal(a[1][name], b[1][name], obj=name)
+
+
+def _rank_tasks(stream) -> list:
+    return [task for task in stream.data if str(task["key"]).startswith("rank_tables-")]
+
+
+def test_a_dask_cluster_reads_every_rank_and_the_findings_are_the_in_process_ones(
+        synthetic_64, cluster, tmp_path):
+    local, client = cluster
+    in_process = _analyzed(synthetic_64, tmp_path / "in_process")
+    with distributed.get_task_stream(client) as stream:
+        on_dask = _analyzed(synthetic_64, tmp_path / "dask", "--scheduler", local.scheduler_address)
+    _assert_same(in_process, on_dask)
+    tasks = _rank_tasks(stream)
+    # one task per rank, each run by one of the cluster's worker processes (not the CLI)
+    assert sorted(t["key"] for t in tasks) == sorted(f"rank_tables-{r}" for r in range(64))
+    assert {t["worker"] for t in tasks} <= set(local.scheduler_info["workers"])
+    assert len({t["worker"] for t in tasks}) == 2  # both workers took a share
+    assert [(f["kind"], f["ranks"]) for f in on_dask[0] if f["kind"] == "straggler"] == [("straggler", [37])]
+
+
+def test_local_processes_give_the_in_process_findings(synthetic_64, tmp_path):
+    _assert_same(_analyzed(synthetic_64, tmp_path / "in_process"),
+                 _analyzed(synthetic_64, tmp_path / "processes", "--processes", "2"))
+
+
+def test_a_real_run_on_a_local_cluster_of_the_clis_own(demo_scenario, tmp_path):
+    """A real 4-rank torchrun (the straggler demo), --dask-workers: the CLI starts
+    and stops its own LocalCluster."""
+    source, _ = demo_scenario("straggler")
+    in_process = _analyzed(source, tmp_path / "in_process")
+    on_dask = _analyzed(source, tmp_path / "dask", "--dask-workers", "2")
+    _assert_same(in_process, on_dask)
+    assert [(f["kind"], f["ranks"]) for f in on_dask[0] if f["kind"] == "straggler"] == [("straggler", [2])]
+
+
+def test_a_worker_killed_mid_pass_is_replaced_and_the_result_is_unchanged(synthetic_64, cluster):
+    from diagnose.analysis.engines import Dask
+    local, client = cluster
+    expected = load_run(synthetic_64)
+    pids = client.run(os.getpid)  # worker address -> its process
+    killed = []
+
+    def kill_one_worker(done, total):
+        if not killed:
+            address, pid = sorted(pids.items())[0]
+            os.kill(pid, signal.SIGKILL)
+            killed.append((address, done, total))
+
+    engine = Dask(scheduler=local.scheduler_address)
+    try:
+        with distributed.get_task_stream(client) as stream:
+            import diagnose
+            run = diagnose.load(synthetic_64, warn=lambda message: None, on_rank=kill_one_worker, engine=engine)
+    finally:
+        engine.close()
+    address, done_at_kill, total = killed[0]
+    assert done_at_kill < total  # killed mid-pass
+    assert_frame_equal(run.events(), expected.events())
+    assert_frame_equal(run.samples(), expected.samples())
+    # the scheduler saw the worker go with ranks it had not delivered, and another worker ran those
+    removed = [event for _, event in client.get_events(address) if event.get("action") == "remove-worker"]
+    lost = {key for event in removed for key in (*event["processing-tasks"], *event["lost-computed-tasks"])}
+    assert lost, removed
+    finished_on = {t["key"]: t["worker"] for t in _rank_tasks(stream)}
+    assert set(finished_on) == {f"rank_tables-{r}" for r in range(64)}
+    assert all(finished_on[key] != address for key in lost), (lost, finished_on)
+    client.wait_for_workers(2, timeout=60)  # the nanny restarted it (the module's cluster stays whole)
