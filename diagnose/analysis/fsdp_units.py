@@ -17,8 +17,7 @@ def fsdp_unit_comm(calls: pd.DataFrame, steady: list) -> pd.DataFrame:
     """unit, op, exposed_ms_per_step, overlapped_ms_per_step, overlapped_frac (of
     exposed + overlapped); sorted by exposed time, the most exposed first; empty
     when the job has no FSDP2 rows in its steady steps."""
-    detail = calls["detail"].astype(str)
-    calls = calls[detail.str.startswith(FSDP_PREFIX) & calls["step"].isin(steady)]
+    calls = calls[calls["detail"].str.startswith(FSDP_PREFIX, na=False) & calls["step"].isin(steady)]
     if calls.empty or not steady:
         return pd.DataFrame(columns=COLUMNS)
     waited = calls["wait_start_ns"].notna()
@@ -26,8 +25,10 @@ def fsdp_unit_comm(calls: pd.DataFrame, steady: list) -> pd.DataFrame:
     waiting = (calls["wait_end_ns"] - calls["wait_start_ns"]).where(waited, 0).fillna(0).clip(lower=0)
     exposed = (issuing + waiting) / 1e6
     overlapped = ((calls["wait_start_ns"] - calls["return_ns"]).where(waited, 0).fillna(0).clip(lower=0) / 1e6)
-    table = pd.DataFrame({"unit": calls["detail"].astype(str).str[len(FSDP_PREFIX):], "op": calls["name"],
-                          "rank": calls["rank"], "exposed": exposed, "overlapped": overlapped})
+    # op as plain strings, as unit: a small table that dashboards and findings read
+    table = pd.DataFrame({"unit": calls["detail"].astype(str).str[len(FSDP_PREFIX):],
+                          "op": calls["name"].astype(str), "rank": calls["rank"], "exposed": exposed,
+                          "overlapped": overlapped})
     per_rank = table.groupby(["unit", "op", "rank"])[["exposed", "overlapped"]].sum() / len(steady)
     out = per_rank.groupby(level=[0, 1]).median().reset_index().rename(
         columns={"exposed": "exposed_ms_per_step", "overlapped": "overlapped_ms_per_step"})

@@ -7,6 +7,9 @@ arriver, its wait (last arrival - own arrival) and the transfer time (exit -
 last arrival). A p2p instance is the n-th message of one src->dst pair, whose
 two members are the send and the recv. A call recorded both on the host and on
 the device (a live CUDA run) is matched by its device row.
+Both tables' string columns are categoricals of the values they hold, in
+lexical order (_compact): compare them with strings; two such columns have
+different categories, so compare or mix them as strings (as_str).
 """
 import numpy as np
 import pandas as pd
@@ -27,6 +30,26 @@ def as_str(series: pd.Series) -> pd.Series:
     return pd.Series(values, index=series.index, name=series.name)
 
 
+def _compact(series: pd.Series) -> pd.Series:
+    """A string column of the collectives table: a categorical of only the values it
+    holds, in lexical order, so that sorting and grouping order its rows as strings
+    would (the loader's categories are in order of appearance), at an integer per
+    row: as str columns the seven cost 1,024 ranks x 200 steps ~600 MB of the
+    analysis' peak (bench/results/2026-12-05-categorical-collectives.md).
+    Recoded by hand: pandas' remove_unused_categories and reorder_categories took
+    4x as long (0.7 s for the seven columns). Not a categorical of strings: as_str."""
+    categories = series.cat.categories if isinstance(series.dtype, pd.CategoricalDtype) else None
+    if categories is None or not pd.api.types.is_string_dtype(categories):
+        return as_str(series)
+    codes = series.cat.codes.to_numpy()
+    held = np.flatnonzero(np.bincount(codes[codes >= 0], minlength=len(categories)))
+    held = held[np.argsort(np.asarray(categories[held], dtype=object))]
+    recode = np.full(len(categories) + 1, -1, codes.dtype)  # its last entry keeps code -1 (missing)
+    recode[held] = np.arange(len(held))
+    return pd.Series(pd.Categorical.from_codes(recode[codes], categories[held]), index=series.index,
+                     name=series.name)
+
+
 def _codes(series: pd.Series) -> np.ndarray:
     """Integer codes with equal codes exactly where the strings are equal."""
     if isinstance(series.dtype, pd.CategoricalDtype):
@@ -43,12 +66,12 @@ def collectives_table(events: pd.DataFrame) -> pd.DataFrame:
     calls = calls[["rank", "kind", "name", "group", "group_ranks", "seq", "peer", "bytes",
                    "async_op", "step", "microbatch", "stage", "callsite", "detail", "start_ns",
                    "end_ns", "_group", "_name"]]
-    calls = calls.assign(**{column: as_str(calls[column]) for column in STRING_COLUMNS})
+    calls = calls.assign(**{column: _compact(calls[column]) for column in STRING_COLUMNS})
     calls = calls.rename(columns={"start_ns": "issue_ns", "end_ns": "return_ns"})
     waits = _one_row_per_call(events[events["kind"] == "wait"])
     waits = pd.DataFrame({"rank": waits["rank"], "_group": waits["_group"], "seq": waits["seq"],
                           "_name": waits["_name"], "wait_start_ns": waits["start_ns"],
-                          "wait_end_ns": waits["end_ns"], "wait_callsite": as_str(waits["callsite"])})
+                          "wait_end_ns": waits["end_ns"], "wait_callsite": _compact(waits["callsite"])})
     waits = waits.drop_duplicates(_CODED_KEY)
     dones = _one_row_per_call(events[events["kind"] == "done"])  # DDP's: the device's, not the callback's
     dones = pd.DataFrame({"rank": dones["rank"], "_group": dones["_group"], "seq": dones["seq"],

@@ -20,6 +20,7 @@ import pandas as pd
 
 from diagnose.analysis.device_collectives import NCCL_TIMED, WAIT_BOUND
 from diagnose.analysis.findings import Finding
+from diagnose.analysis.matching import as_str
 
 IMMEDIATE_NS = 500_000
 IMMEDIATE_FRAC = 0.8
@@ -34,9 +35,12 @@ def async_waits(calls: pd.DataFrame) -> pd.DataFrame:
     # a batch (batch_isend_irecv) is the ops one rank issued at one instant
     batch = pd.MultiIndex.from_frame(calls[["rank", "issue_ns"]])
     calls = calls[~batch.isin(pd.MultiIndex.from_frame(recvs))]
+    # as strings: the two callsite columns are categoricals of different categories,
+    # which neither compare nor mix
+    wait_site, call_site = as_str(calls["wait_callsite"]), as_str(calls["callsite"])
     return calls.assign(gap_ns=calls["wait_start_ns"] - calls["return_ns"],
                         wait_ms=(calls["wait_end_ns"] - calls["wait_start_ns"]) / 1e6,
-                        site=calls["wait_callsite"].where(calls["wait_callsite"] != "", calls["callsite"]))
+                        site=wait_site.where(wait_site != "", call_site))
 
 
 def detect(ctx):

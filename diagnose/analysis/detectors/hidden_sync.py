@@ -43,16 +43,18 @@ def candidates(ctx):
 
 
 def _candidates(ctx):
+    # Masks over the whole table (on the categoricals' codes), rows copied only once
+    # picked, as accumulation_sync does: the kind, detail and callsite of every
+    # steady collective, sync and forward/backward row as strings cost 1,024 ranks x
+    # 200 steps ~330 MB and 0.3 s (bench/results/2026-12-05-categorical-collectives.md)
     events = ctx.run.events()
-    # the rows that can matter, first: the steady-step filter then copies few rows
-    events = events[events["kind"].isin(["collective", "sync", "forward", "backward"])
-                    & events["step"].isin(ctx.steady)]
-    kind, detail = as_str(events["kind"]), as_str(events["detail"])
-    calls = events[(kind == "collective") & (events["bytes"] <= SMALL_BYTES)
-                   & (as_str(events["callsite"]) != "") & ~detail.str.startswith("ddp")
-                   & ~timed_on_device(events["detail"])]  # a live CUDA run's device rows: the host's are here
-    syncs = events[(kind == "sync") & (detail == "cuda")]
-    windows = events[events["kind"].isin(["forward", "backward"])]
+    steady = events["step"].isin(ctx.steady).to_numpy()
+    kind, detail = events["kind"], events["detail"]
+    calls = events[steady & (kind == "collective").to_numpy() & (events["bytes"] <= SMALL_BYTES).to_numpy()
+                   & (events["callsite"] != "").to_numpy() & ~detail.str.startswith("ddp", na=False).to_numpy()
+                   & ~timed_on_device(detail)]  # a live CUDA run's device rows: the host's are here
+    syncs = events[steady & (kind == "sync").to_numpy() & (detail == "cuda").to_numpy()]
+    windows = events[steady & kind.isin(["forward", "backward"]).to_numpy()]
     found = pd.concat([calls[~started_inside(calls, windows)], syncs[started_inside(syncs, windows)]])
     found = found.assign(dur_ms=(found["end_ns"] - found["start_ns"]) / 1e6,
                          callsite=as_str(found["callsite"]), name=as_str(found["name"]))
