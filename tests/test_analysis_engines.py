@@ -31,6 +31,11 @@ def synthetic_64(tmp_path_factory):
                                slow_rank=37, slow_factor=1.6)
 
 
+@pytest.fixture(scope="module")
+def in_process_64(synthetic_64, tmp_path_factory):
+    return _analyzed(synthetic_64, tmp_path_factory.mktemp("engines") / "in_process")
+
+
 def _analyzed(source, dest, *engine_args) -> tuple[list, dict]:
     """A copy of `source` analyzed by the CLI with the engine options: (findings, tables)."""
     shutil.copytree(source, dest)
@@ -52,12 +57,11 @@ def _rank_tasks(stream) -> list:
 
 
 def test_a_dask_cluster_reads_every_rank_and_the_findings_are_the_in_process_ones(
-        synthetic_64, cluster, tmp_path):
+        synthetic_64, in_process_64, cluster, tmp_path):
     local, client = cluster
-    in_process = _analyzed(synthetic_64, tmp_path / "in_process")
     with distributed.get_task_stream(client) as stream:
         on_dask = _analyzed(synthetic_64, tmp_path / "dask", "--scheduler", local.scheduler_address)
-    _assert_same(in_process, on_dask)
+    _assert_same(in_process_64, on_dask)
     tasks = _rank_tasks(stream)
     # one task per rank, each run by one of the cluster's worker processes (not the CLI)
     assert sorted(t["key"] for t in tasks) == sorted(f"rank_tables-{r}" for r in range(64))
@@ -66,9 +70,8 @@ def test_a_dask_cluster_reads_every_rank_and_the_findings_are_the_in_process_one
     assert [(f["kind"], f["ranks"]) for f in on_dask[0] if f["kind"] == "straggler"] == [("straggler", [37])]
 
 
-def test_local_processes_give_the_in_process_findings(synthetic_64, tmp_path):
-    _assert_same(_analyzed(synthetic_64, tmp_path / "in_process"),
-                 _analyzed(synthetic_64, tmp_path / "processes", "--processes", "2"))
+def test_local_processes_give_the_in_process_findings(synthetic_64, in_process_64, tmp_path):
+    _assert_same(in_process_64, _analyzed(synthetic_64, tmp_path / "processes", "--processes", "2"))
 
 
 def test_a_real_run_on_a_local_cluster_of_the_clis_own(demo_scenario, tmp_path):
@@ -113,3 +116,12 @@ def test_a_worker_killed_mid_pass_is_replaced_and_the_result_is_unchanged(synthe
     assert set(finished_on) == {f"rank_tables-{r}" for r in range(64)}
     assert all(finished_on[key] != address for key in lost), (lost, finished_on)
     client.wait_for_workers(2, timeout=60)  # the nanny restarted it (the module's cluster stays whole)
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--scheduler", "head-node"], "cannot reach the Dask scheduler head-node: missing port number in address 'head-node'"),
+    (["--processes", "2", "--dask-workers", "2"], "give one of --processes, --scheduler and --dask-workers"),
+])
+def test_a_bad_engine_option_is_one_line(synthetic_64, options, message):
+    proc = run_diagnose(["analyze", synthetic_64, "--quiet", "--no-outputs", *options], check=False)
+    assert (proc.returncode, proc.stderr.strip()) == (2, f"diagnose: error: {message}")

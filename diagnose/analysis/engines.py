@@ -82,7 +82,7 @@ class Dask:
                                             dashboard_address=":0" if _has_dashboard() else None)
                 self.client = Client(self.cluster)
                 self.name = f"Dask LocalCluster of {workers} workers"
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, ValueError) as exc:  # ValueError: not an address
             self.close()
             raise UserError(f"cannot reach the Dask scheduler {scheduler or ''}: {exc}") from None
 

@@ -49,25 +49,7 @@ class Run:
                     continue
                 self.rank_dirs[rank] = rank_dir
                 todo.append((rank, rank_dir))
-        event_tables, sample_tables = [], []
-        ranks_todo = [item for item in todo if not isinstance(item, str)]
-        total = len(ranks_todo)
-        results = iter((engine or InProcess()).map_ranks(
-            ranks_todo, on_rank and (lambda done: on_rank(done, total))))
-        for item in todo:  # warnings in the order a sequential read would have said them
-            if isinstance(item, str):
-                self.warn(item)
-                continue
-            (rank, rank_dir), (meta, events, samples, notes) = item, next(results)
-            for note in notes:
-                self.warn(note)
-            self.rank_meta[rank] = meta
-            if events is None:
-                self.warn(f"{rank_dir}: no readable events")
-            else:
-                event_tables.append(events)
-            if samples is not None:
-                sample_tables.append(samples)
+        event_tables, sample_tables = self._read_ranks(todo, engine or InProcess(), on_rank)
         self._events = _to_pandas(event_tables, _empty_events())
         self._samples = _to_pandas(sample_tables, None)
         self.offsets_ns, self.offset_errors_ns, bounded = clock_align.measured_offsets(self.rank_meta)
@@ -98,6 +80,33 @@ class Run:
             if rank in corrections or error_ns < self.offset_errors_ns.get(rank, error_ns + 1):
                 self.offset_errors_ns[rank] = error_ns
         return corrections
+
+    def _read_ranks(self, todo: list, engine, on_rank) -> tuple[list, list]:
+        """The per-rank pass over `todo` ((rank, rank_dir) or a warning), on the
+        engine: (event tables, sample tables). Its own method so that nothing
+        else holds the per-rank tables once the caller's lists let them go: a
+        leftover reference kept all of them alive while they were converted
+        (1,024 ranks x 200 steps: +850 MB at the peak)."""
+        ranks_todo = [item for item in todo if not isinstance(item, str)]
+        total = len(ranks_todo)
+        results = engine.map_ranks(ranks_todo, on_rank and (lambda done: on_rank(done, total)))
+        results.reverse()  # popped in rank order, each list entry dropped as it is taken
+        event_tables, sample_tables = [], []
+        for item in todo:  # warnings in the order a sequential read would have said them
+            if isinstance(item, str):
+                self.warn(item)
+                continue
+            (rank, rank_dir), (meta, events, samples, notes) = item, results.pop()
+            for note in notes:
+                self.warn(note)
+            self.rank_meta[rank] = meta
+            if events is None:
+                self.warn(f"{rank_dir}: no readable events")
+            else:
+                event_tables.append(events)
+            if samples is not None:
+                sample_tables.append(samples)
+        return event_tables, sample_tables
 
     # -- plumbing -----------------------------------------------------------
     def warn(self, message: str) -> None:
