@@ -85,7 +85,7 @@ def test_a_real_run_on_a_local_cluster_of_the_clis_own(demo_scenario, tmp_path):
 
 
 def test_a_worker_killed_mid_pass_is_replaced_and_the_result_is_unchanged(synthetic_64, cluster):
-    from diagnose.analysis.engines import Dask
+    from diagnose.analysis.rank_pass_engines import Dask
     local, client = cluster
     expected = load_run(synthetic_64)
     pids = client.run(os.getpid)  # worker address -> its process

@@ -15,14 +15,14 @@ import pyarrow as pa
 
 from diagnose import rundir
 from diagnose.analysis import clock_align, device_collectives, pipeline_topology
-from diagnose.analysis.engines import InProcess
+from diagnose.analysis.rank_pass_engines import InProcess
 from diagnose.errors import UserError
 
 
 class Run:
     def __init__(self, run_dirs, warn=None, on_rank=None, engine=None):
         """on_rank(done, total): called as each rank's parts are read (a progress bar).
-        engine: where the per-rank pass runs (diagnose/analysis/engines.py; default
+        engine: where the per-rank pass runs (diagnose/analysis/rank_pass_engines.py; default
         in this process)."""
         if isinstance(run_dirs, (str, os.PathLike)):
             run_dirs = [run_dirs]
@@ -320,7 +320,7 @@ def _to_pandas(tables, empty):
 def load(*run_dirs, warn=None, on_rank=None, engine=None) -> Run:
     """Load one run (or one per node of a multi-node run) for analysis;
     on_rank(done, total) follows the reading of the ranks, which run on
-    `engine` (diagnose.analysis.engines; default: this process)."""
+    `engine` (diagnose.analysis.rank_pass_engines; default: this process)."""
     if warn is None:
         def warn(message):
             print(f"diagnose: warning: {message}", file=sys.stderr)

@@ -1,5 +1,5 @@
 """The per-rank pass: one rank's folder in, that rank's tables out, touching no
-other rank. It is what an engine (diagnose/analysis/engines.py) maps over the
+other rank. It is what an engine (diagnose/analysis/rank_pass_engines.py) maps over the
 ranks, in this process, in local worker processes or on Dask workers: so it is
 a module-level function of plain arguments whose result pickles (Arrow tables,
 dicts, strings), and it never raises for bad data (the readers turn every bad

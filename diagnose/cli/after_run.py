@@ -15,7 +15,7 @@ PROGRESS_MIN_RANKS = 48  # below this, reading the ranks takes a second or two: 
 def analyze_run(run_dirs, outputs: bool = True, warn=None, engine=None):
     """Analyze and write findings.json and the tables; with `outputs`, also the
     merged trace, report.html and the MLflow run. Returns (run, findings).
-    engine: where the per-rank pass runs (diagnose.analysis.engines)."""
+    engine: where the per-rank pass runs (diagnose.analysis.rank_pass_engines)."""
     with rank_progress(run_dirs) as on_rank:
         run = load(*run_dirs, warn=warn, on_rank=on_rank, engine=engine)
     findings = write_analysis(run)

@@ -113,7 +113,7 @@ def analyze(runs: List[str] = typer.Argument(..., help="run directory (several: 
     """Analyze a run directory: breakdown per rank and findings. The per-rank
     pass runs in this process unless an engine option says otherwise
     (docs/large-runs.md); the cross-rank pass always runs here."""
-    from diagnose.analysis.engines import make_engine
+    from diagnose.analysis.rank_pass_engines import make_engine
     from diagnose.cli.after_run import analyze_run
     from diagnose.cli.console import print_breakdown, print_findings, print_step_figures
     engine = make_engine(processes=processes, scheduler=scheduler, dask_workers=dask_workers)
