@@ -4,9 +4,9 @@
 
 Writes the run with the collectors' own PartWriter (bench/synthetic_3d.py: a
 simulated Megatron-style timeline with one planted straggler whose compute is
-1.5x), reports its size on disk per event, then times `diagnose analyze RUN
---no-outputs` in a subprocess (wall time and that process's peak RSS) and
-checks that findings.json names the planted straggler. `--no-outputs` keeps
+1.5x and a slow last stage at 1.3x), reports its size on disk per event, then
+times `diagnose analyze RUN --no-outputs` in a subprocess and checks that
+findings.json names the planted straggler and the slow stage. `--no-outputs` keeps
 the analysis (tables, findings.json) and skips the merged Chrome trace, the
 HTML report and the MLflow run, whose size grows with every event: a 10^7-event
 Chrome trace is gigabytes that no trace viewer opens.
@@ -18,7 +18,7 @@ resident memory of every process involved (the CLI, its worker processes,
 Dask's scheduler and nannies: bench/measure.py samples the process tree).
 
 The last line per engine is machine-readable:
-    scale: ranks=R events=N engine=E analyze_s=S peak_rss_mb=M straggler_found=True|False
+    scale: ranks=R events=N engine=E analyze_s=S peak_rss_mb=M straggler_found=B slow_stage_found=B
 Targets (issue 8): 1,024 ranks x 200 steps in under 60 s and 4 GB on 2 cores.
 """
 import argparse
@@ -61,16 +61,19 @@ def analyze(run_dir: str, extra=()) -> dict:
                         cwd=ROOT, interval_s=0.05)
 
 
-def planted_straggler_found(run_dir: str, straggler: int) -> bool:
+def planted_found(run_dir: str, straggler: int, slow_stage: int | None) -> tuple[bool, bool | None]:
+    """(the straggler named, the slow stage named; None when none was planted)."""
     try:
         with open(os.path.join(run_dir, "analysis", "findings.json"), encoding="utf-8") as f:
             findings = json.load(f)
     except (OSError, ValueError) as exc:
         print(f"no findings.json: {exc}")
-        return False
+        return False, False
     for finding in findings:
         print(f"  {finding['severity']:8s} {finding['kind']:16s} {finding['title'][:110]}")
-    return any(f["kind"] == "straggler" and f["ranks"] == [straggler] for f in findings)
+    stage_found = None if slow_stage is None else any(
+        f["kind"] == "stage_imbalance" and f["stage"] == slow_stage for f in findings)
+    return any(f["kind"] == "straggler" and f["ranks"] == [straggler] for f in findings), stage_found
 
 
 def main() -> int:
@@ -81,6 +84,7 @@ def main() -> int:
     p.add_argument("--pp", type=int, default=4)
     p.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--straggler", type=int, default=None, help="planted rank (default: ranks * 3 // 10)")
+    p.add_argument("--slow-stage", type=int, default=None, help="planted slow stage (default: the last; -1: none)")
     p.add_argument("--outputs", action="store_true",
                    help="also write the Chrome trace, report and MLflow run (plain `diagnose analyze`)")
     p.add_argument("--keep", default="", help="write the run here and keep it")
@@ -92,11 +96,13 @@ def main() -> int:
         p.error(f"unknown engine(s) {unknown}; known: {', '.join(ENGINE_OPTIONS)}")
     dp, pp, tp = layout(args.ranks, args.tp, args.pp)
     straggler = args.straggler if args.straggler is not None else args.ranks * 3 // 10
+    slow_stage = pp - 1 if args.slow_stage is None else args.slow_stage
+    slow_stage = slow_stage if 0 <= slow_stage < pp and pp > 1 else None
     out = args.keep or tempfile.mkdtemp(prefix="diagnose-scale-")
     try:
         t0 = time.perf_counter()
         written = write_3d_run(out, dp=dp, pp=pp, tp=tp, steps=args.steps,
-                               microbatches=args.microbatches, straggler=straggler)
+                               microbatches=args.microbatches, straggler=straggler, slow_stage=slow_stage)
         events = written["events"]
         size = trace_bytes(out)
         print(f"wrote dp {dp} x pp {pp} x tp {tp} = {args.ranks} ranks x {args.steps} steps: "
@@ -109,10 +115,11 @@ def main() -> int:
             result = analyze(out, extra)
             if result["returncode"]:
                 print(result["stdout"][-2000:], result["stderr"][-2000:], sep="\n")
-            found = planted_straggler_found(out, straggler)
-            ok &= found and result["returncode"] == 0
+            found, stage_found = planted_found(out, straggler, slow_stage)
+            ok &= found and stage_found is not False and result["returncode"] == 0
             print(f"scale: ranks={args.ranks} events={events} engine={engine} analyze_s={result['wall_s']:.1f} "
-                  f"peak_rss_mb={result['peak_mb']:.0f} straggler_found={found}", flush=True)
+                  f"peak_rss_mb={result['peak_mb']:.0f} straggler_found={found} slow_stage_found={stage_found}",
+                  flush=True)
         return 0 if ok else 1
     finally:
         if not args.keep:

@@ -15,6 +15,8 @@ that waiting is caused the way it is in a real job:
 - during the last backward, 4 DDP-style async bucket all-reduces per DP group
   with completion ("done") rows; backward returns when the last bucket is done;
 - optimizer, a `.item()` sync, the step row;
+- a slow stage (`slow_stage`, e.g. the last one with the loss head): every rank
+  of it computes `stage_factor` times as long, so the other stages wait in p2p;
 - the straggler rank's compute takes `factor` times as long: its TP peers wait
   in every TP all-reduce, its pipeline replica waits in p2p, its DP group
   waits in the bucket all-reduces. Every op has +-3% jitter.
@@ -93,15 +95,17 @@ class _Rows:
 class _Sim:
     """The simulated job: per-stage rank arrays, group names, sequence counters."""
 
-    def __init__(self, out, dp, pp, tp, microbatches, straggler, factor, seed):
+    def __init__(self, out, dp, pp, tp, microbatches, straggler, factor, seed, slow_stage, stage_factor):
         self.dp, self.pp, self.tp, self.microbatches = dp, pp, tp, microbatches
         self.world, self.n = dp * pp * tp, dp * tp
         self.rng = np.random.default_rng(seed)
         d, t = np.divmod(np.arange(self.n), tp)                   # position within a stage
         self.ranks = [(d * pp + s) * tp + t for s in range(pp)]   # reference_trainer/mesh.py
         self.slow = np.ones(self.world)
+        if slow_stage is not None:
+            self.slow[self.ranks[slow_stage]] *= stage_factor
         if straggler is not None:
-            self.slow[straggler] = factor
+            self.slow[straggler] *= factor
         self.writers = [PartWriter(os.path.join(out, "traces", rank_dir_name(r)))
                         for r in range(self.world)]
         self.rows = _Rows({})
@@ -204,9 +208,9 @@ class _Sim:
 
 def write_3d_run(out: str, dp: int, pp: int, tp: int, steps: int, microbatches: int = 4,
                  straggler: int | None = None, factor: float = 1.5, flush_steps: int = 25,
-                 seed: int = 0) -> dict:
+                 seed: int = 0, slow_stage: int | None = None, stage_factor: float = 1.3) -> dict:
     """Write the run dir; returns {"ranks", "events", "straggler"}."""
-    sim = _Sim(out, dp, pp, tp, microbatches, straggler, factor, seed)
+    sim = _Sim(out, dp, pp, tp, microbatches, straggler, factor, seed, slow_stage, stage_factor)
     events = 0
     for step in range(steps):
         sim.step(step)

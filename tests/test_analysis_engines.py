@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 
 import distributed
 import pandas as pd
@@ -53,7 +54,9 @@ def _assert_same(a, b):
 
 
 def _rank_tasks(stream) -> list:
-    return [task for task in stream.data if str(task["key"]).startswith("rank_tables-")]
+    """The per-rank tasks of a task stream, keyed by rank (keys: rank_tables-RANK-TOKEN)."""
+    return [dict(task, key=str(task["key"]).rsplit("-", 1)[0]) for task in stream.data
+            if str(task["key"]).startswith("rank_tables-")]
 
 
 def test_a_dask_cluster_reads_every_rank_and_the_findings_are_the_in_process_ones(
@@ -97,25 +100,35 @@ def test_a_worker_killed_mid_pass_is_replaced_and_the_result_is_unchanged(synthe
             os.kill(pid, signal.SIGKILL)
             killed.append((address, done, total))
 
-    engine = Dask(scheduler=local.scheduler_address)
-    try:
-        with distributed.get_task_stream(client) as stream:
-            import diagnose
-            run = diagnose.load(synthetic_64, warn=lambda message: None, on_rank=kill_one_worker, engine=engine)
-    finally:
-        engine.close()
+    import diagnose
+    # the module's own client (one client per process: two clients' futures in one
+    # process wait on each other's event loops)
+    with distributed.get_task_stream(client) as stream:
+        run = _within(120, lambda: diagnose.load(synthetic_64, warn=lambda message: None,
+                                                 on_rank=kill_one_worker, engine=Dask(client=client)))
     address, done_at_kill, total = killed[0]
     assert done_at_kill < total  # killed mid-pass
     assert_frame_equal(run.events(), expected.events())
     assert_frame_equal(run.samples(), expected.samples())
     # the scheduler saw the worker go with ranks it had not delivered, and another worker ran those
     removed = [event for _, event in client.get_events(address) if event.get("action") == "remove-worker"]
-    lost = {key for event in removed for key in (*event["processing-tasks"], *event["lost-computed-tasks"])}
+    lost = {str(key).rsplit("-", 1)[0] for event in removed
+            for key in (*event["processing-tasks"], *event["lost-computed-tasks"])}
     assert lost, removed
     finished_on = {t["key"]: t["worker"] for t in _rank_tasks(stream)}
     assert set(finished_on) == {f"rank_tables-{r}" for r in range(64)}
     assert all(finished_on[key] != address for key in lost), (lost, finished_on)
     client.wait_for_workers(2, timeout=60)  # the nanny restarted it (the module's cluster stays whole)
+
+
+def _within(seconds, fn):
+    """fn() on a daemon thread: a pass that never ends fails the test instead of hanging the suite."""
+    out = []
+    thread = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert out, f"the per-rank pass did not end within {seconds} s"
+    return out[0]
 
 
 @pytest.mark.parametrize("options, message", [

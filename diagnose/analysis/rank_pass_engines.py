@@ -18,6 +18,7 @@ of the rank's folder.
 Dask is optional (`pip install diagnose[cluster]`): only its engine imports it.
 """
 import os
+import uuid
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from multiprocessing import get_context
 
@@ -65,12 +66,17 @@ class Processes:
 class Dask:
     """Dask distributed: connect to a scheduler, or start a LocalCluster of `workers` processes."""
 
-    def __init__(self, scheduler: str | None = None, workers: int | None = None):
+    def __init__(self, scheduler: str | None = None, workers: int | None = None, client=None):
+        """client: a distributed.Client the caller already has (library use, e.g. in a
+        notebook): used as it is and left open by close()."""
+        self.cluster, self.own_client = None, client is None
+        if client is not None:
+            self.client, self.name = client, f"Dask scheduler {client.scheduler.address}"
+            return
         try:
             from distributed import Client, LocalCluster
         except ImportError:
             raise UserError("the Dask engine needs Dask distributed: pip install 'diagnose[cluster]'") from None
-        self.cluster = None
         try:
             if scheduler:
                 self.client = Client(scheduler, timeout="20s")
@@ -93,13 +99,14 @@ class Dask:
     def map_ranks(self, todo: list, on_done) -> list:
         from distributed import as_completed
         ranks, dirs = zip(*todo) if todo else ((), ())
-        futures = self.client.map(rank_tables, ranks, dirs, pure=False, key=[f"rank_tables-{r}" for r in ranks])
+        token = uuid.uuid4().hex[:12]  # keys of this pass only: a cluster outlives passes
+        futures = self.client.map(rank_tables, ranks, dirs, key=[f"rank_tables-{r}-{token}" for r in ranks])
         position = {future.key: i for i, future in enumerate(futures)}
         results = [None] * len(futures)
         done = 0
         try:
-            for future, result in as_completed(futures, with_results=True):
-                results[position[future.key]] = result
+            for future in as_completed(futures):  # a result lost with its worker is computed again
+                results[position[future.key]] = future.result()
                 future.release()  # its copy on the worker is no longer needed
                 done += 1
                 if on_done is not None:
@@ -109,7 +116,7 @@ class Dask:
         return results
 
     def close(self) -> None:
-        for part in (getattr(self, "client", None), self.cluster):
+        for part in (getattr(self, "client", None) if self.own_client else None, self.cluster):
             if part is not None:
                 part.close()
 
