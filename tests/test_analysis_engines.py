@@ -110,10 +110,10 @@ def test_a_worker_killed_mid_pass_is_replaced_and_the_result_is_unchanged(synthe
     assert done_at_kill < total  # killed mid-pass
     assert_frame_equal(run.events(), expected.events())
     assert_frame_equal(run.samples(), expected.samples())
-    # the scheduler saw the worker go with ranks it had not delivered, and another worker ran those
+    # the scheduler saw the worker go with ranks in its hands, and another worker ran those
+    # (not its computed results: one the client had just taken may count as lost there)
     removed = [event for _, event in client.get_events(address) if event.get("action") == "remove-worker"]
-    lost = {str(key).rsplit("-", 1)[0] for event in removed
-            for key in (*event["processing-tasks"], *event["lost-computed-tasks"])}
+    lost = {str(key).rsplit("-", 1)[0] for event in removed for key in event["processing-tasks"]}
     assert lost, removed
     finished_on = {t["key"]: t["worker"] for t in _rank_tasks(stream)}
     assert set(finished_on) == {f"rank_tables-{r}" for r in range(64)}
