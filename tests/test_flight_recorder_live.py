@@ -113,13 +113,15 @@ def test_the_users_own_settings_are_left_alone(tmp_path):
 
 
 def test_a_checkpoint_three_steps_long_is_not_a_hang(tmp_path):
-    """Steps slowed to ~0.9 s; every 5 steps a pause 3x the median step (~2.7 s).
-    With a 0.5 s floor a floor-only timeout would call it a hang (the pause is
-    longer than the floor plus the 0.8 s the last events may take to be flushed);
-    the derived one (10x the median step) does not. The user's own buffer size is kept."""
+    """Steps slowed to ~0.45-0.9 s (by the box); every 5 steps a pause 5x the median
+    step. With a 0.5 s floor a floor-only timeout would call it a hang (the pause
+    is longer than the floor plus the 0.8 s the last events may take to be
+    flushed: 6 steps > 1.3 s + a step for steps over 0.26 s; at 3x, a box with
+    0.45 s steps fell short of it); the derived one (10x the median step) does
+    not. The user's own buffer size is kept."""
     out = tmp_path / "ckpt"
     run_diagnose(["run", "--out", out, "--hang-floor", 0.5, "--", *_trainer(
-        "--steps", 12, "--fault", "slow_stage:stage=0,factor=15", "--fault", "checkpoint:every=5,factor=3")],
+        "--steps", 12, "--fault", "slow_stage:stage=0,factor=15", "--fault", "checkpoint:every=5,factor=5")],
         env=job_env(TORCH_FR_BUFFER_SIZE=500), timeout=300)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["hang"] is None and manifest["stall"] is None and manifest["exit_status"] == 0
