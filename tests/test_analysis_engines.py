@@ -41,7 +41,9 @@ def _analyzed(source, dest, *engine_args) -> tuple[list, dict]:
     """A copy of `source` analyzed by the CLI with the engine options: (findings, tables)."""
     shutil.copytree(source, dest)
     shutil.rmtree(os.path.join(dest, "analysis"), ignore_errors=True)
-    run_diagnose(["analyze", dest, "--quiet", "--no-outputs", *engine_args])
+    proc = run_diagnose(["analyze", dest, "--quiet", "--no-outputs", *engine_args])
+    # no loader or detector warning: a detector that failed would only say so there
+    assert "warning" not in proc.stderr, proc.stderr
     findings = json.loads(open(os.path.join(dest, "analysis", "findings.json"), encoding="utf-8").read())
     tables = {name: pd.read_parquet(os.path.join(dest, "analysis", f"{name}.parquet")) for name in TABLES}
     return findings, tables
@@ -104,8 +106,10 @@ def test_a_worker_killed_mid_pass_is_replaced_and_the_result_is_unchanged(synthe
     # the module's own client (one client per process: two clients' futures in one
     # process wait on each other's event loops)
     with distributed.get_task_stream(client) as stream:
-        run = _within(120, lambda: diagnose.load(synthetic_64, warn=lambda message: None,
+        warnings = []
+        run = _within(120, lambda: diagnose.load(synthetic_64, warn=warnings.append,
                                                  on_rank=kill_one_worker, engine=Dask(client=client)))
+    assert warnings == []
     address, done_at_kill, total = killed[0]
     assert done_at_kill < total  # killed mid-pass
     assert_frame_equal(run.events(), expected.events())

@@ -85,7 +85,7 @@ class Dask:
                 if workers is None or workers < 1:
                     raise UserError("--dask-workers must be >= 1")
                 self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                            dashboard_address=":0" if _has_dashboard() else None)
+                                            dashboard_address=":0")  # any free port: 8787 may be taken
                 self.client = Client(self.cluster)
                 self.name = f"Dask LocalCluster of {workers} workers"
         except (OSError, TimeoutError, ValueError) as exc:  # ValueError: not an address
