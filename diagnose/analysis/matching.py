@@ -15,10 +15,10 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analysis.device_collectives import timed_on_device
+from diagnose.analysis.rank_pass import CATEGORICAL_COLUMNS
 
 KEY = ["rank", "group", "seq", "name"]
 _CODED_KEY = ["rank", "_group", "seq", "_name"]  # KEY with group and name as integer codes
-STRING_COLUMNS = ("kind", "name", "group", "group_ranks", "callsite", "detail")
 
 
 def as_str(series: pd.Series) -> pd.Series:
@@ -66,7 +66,7 @@ def collectives_table(events: pd.DataFrame) -> pd.DataFrame:
     calls = calls[["rank", "kind", "name", "group", "group_ranks", "seq", "peer", "bytes",
                    "async_op", "step", "microbatch", "stage", "callsite", "detail", "start_ns",
                    "end_ns", "_group", "_name"]]
-    calls = calls.assign(**{column: _compact(calls[column]) for column in STRING_COLUMNS})
+    calls = calls.assign(**{column: _compact(calls[column]) for column in CATEGORICAL_COLUMNS})
     calls = calls.rename(columns={"start_ns": "issue_ns", "end_ns": "return_ns"})
     waits = _one_row_per_call(events[events["kind"] == "wait"])
     waits = pd.DataFrame({"rank": waits["rank"], "_group": waits["_group"], "seq": waits["seq"],
