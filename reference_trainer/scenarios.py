@@ -8,8 +8,7 @@ own command line (after `torchrun ... -m reference_trainer`).
 from dataclasses import dataclass
 
 WARMUP_STEPS = 2
-_MODEL = ["--d-model", "64", "--heads", "4", "--seq-len", "64", "--micro-batch-size", "2",
-          "--layers", "8"]
+_MODEL = ["--d-model", "64", "--heads", "4", "--seq-len", "64", "--micro-batch-size", "2"]
 
 
 @dataclass(frozen=True)
@@ -23,8 +22,8 @@ class Scenario:
     description: str = ""
 
 
-def _run(layout: list[str], steps: int = 16, faults: tuple[str, ...] = ()) -> list[str]:
-    argv = layout + ["--steps", str(steps), "--seed", "0"] + _MODEL
+def _run(layout: list[str], steps: int = 16, faults: tuple[str, ...] = (), layers: int = 8) -> list[str]:
+    argv = layout + ["--steps", str(steps), "--seed", "0", "--layers", str(layers)] + _MODEL
     for fault in faults:
         argv += ["--fault", fault]
     return argv
@@ -58,9 +57,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              "hidden_sync", (0, 1),
              description="loss all_reduce + .item() inside the micro-batch loop"),
     # 16 micro-batches: the schedule's bubble (3/19) stays under the bubble detector's
-    # gate, so the waited sends are the one cause (with 8 the bubble, 3/11, costs more)
-    Scenario("blocking_p2p", 4, _run(["--pp", "4", "--schedule", "1f1b", "--microbatches", "16"],
-                                     faults=("blocking_p2p",)), "blocking_async", (0, 1, 2, 3),
+    # gate, so the waited sends are the one cause (with 8 the bubble, 3/11, costs more).
+    # One layer fewer on the last stage: its LM head and loss cost about a layer, and with
+    # 2 layers everywhere it computed 1.2-1.36x the others, a real stage imbalance that a
+    # slower box's what-if put over the warning gate
+    Scenario("blocking_p2p", 4, _run(["--pp", "4", "--schedule", "1f1b", "--microbatches", "16",
+                                      "--layers-per-stage", "2,2,2,1"], faults=("blocking_p2p",), layers=7),
+             "blocking_async", (0, 1, 2, 3),
              description="pipeline sends waited at once instead of overlapped with compute"),
     Scenario("hang", 4, _run(_DP2_PP2, faults=("hang:rank=1,step=6",)), "hang", (1,), 1,
              description="rank 1 (stage 1) stops before its gradient all-reduce at step 6"),
