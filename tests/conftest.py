@@ -20,13 +20,14 @@ def fixture_path(*parts) -> Path:
     return path
 
 
-def load_run(*run_dirs, expected_warnings=()):
+def load_run(*run_dirs, expected_warnings=(), **options):
     """diagnose.load, failing on a loader warning the test did not expect (one could
     be a part or a detector's input gone missing) and on an expected one that did not
-    come. `expected_warnings`: substrings, each matching at least one warning."""
+    come. `expected_warnings`: substrings, each matching at least one warning;
+    options: load()'s own (engine, max_events)."""
     import diagnose
     warnings = []
-    run = diagnose.load(*map(str, run_dirs), warn=warnings.append)
+    run = diagnose.load(*map(str, run_dirs), warn=warnings.append, **options)
     assert [w for w in warnings if not any(e in w for e in expected_warnings)] == [], warnings
     assert [e for e in expected_warnings if not any(e in w for w in warnings)] == [], warnings
     return run

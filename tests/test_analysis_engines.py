@@ -37,13 +37,15 @@ def in_process_64(synthetic_64, tmp_path_factory):
     return _analyzed(synthetic_64, tmp_path_factory.mktemp("engines") / "in_process")
 
 
-def _analyzed(source, dest, *engine_args) -> tuple[list, dict]:
-    """A copy of `source` analyzed by the CLI with the engine options: (findings, tables)."""
+def _analyzed(source, dest, *engine_args, warnings=()) -> tuple[list, dict]:
+    """A copy of `source` analyzed by the CLI with the engine options: (findings, tables).
+    warnings: the stderr lines expected, each a substring of its own line."""
     shutil.copytree(source, dest)
     shutil.rmtree(os.path.join(dest, "analysis"), ignore_errors=True)
     proc = run_diagnose(["analyze", dest, "--quiet", "--no-outputs", *engine_args])
-    # no loader or detector warning: a detector that failed would only say so there
-    assert "warning" not in proc.stderr, proc.stderr
+    # no other loader or detector warning: a detector that failed would only say so there
+    said = [line for line in proc.stderr.splitlines() if "warning" in line]
+    assert len(said) == len(warnings) and all(w in line for w, line in zip(warnings, said)), proc.stderr
     findings = json.loads(open(os.path.join(dest, "analysis", "findings.json"), encoding="utf-8").read())
     tables = {name: pd.read_parquet(os.path.join(dest, "analysis", f"{name}.parquet")) for name in TABLES}
     return findings, tables
@@ -77,6 +79,30 @@ def test_a_dask_cluster_reads_every_rank_and_the_findings_are_the_in_process_one
 
 def test_local_processes_give_the_in_process_findings(synthetic_64, in_process_64, tmp_path):
     _assert_same(in_process_64, _analyzed(synthetic_64, tmp_path / "processes", "--processes", "2"))
+
+
+def test_a_run_over_the_event_budget_is_analyzed_over_its_last_steps(synthetic_64, in_process_64, tmp_path):
+    """--max-events: the run's last steps that fit the budget, cut on the workers (local
+    processes here), the user told which; the straggler is still found there."""
+    full = load_run(synthetic_64)
+    budget = len(full.events()) // 3  # ~10 of the 30 steps
+    first_rank = full.events()[full.events()["rank"] == 0]
+    per_step = (first_rank["step"] >= 0).sum() / first_rank["step"].nunique()
+    keep = int((budget - 64 * (first_rank["step"] < 0).sum()) // (64 * per_step))
+    assert 8 <= keep < 30
+    said = (f"64 ranks x 30 steps is ~{len(full.events()):,} events, over the analysis' budget of {budget:,} "
+            f"(--max-events): analyzing the last {keep} steps ({30 - keep}-29) only")
+    cut = _analyzed(synthetic_64, tmp_path / "cut", "--max-events", budget, warnings=[said])
+    assert sorted(cut[1]["steps"]["step"].unique()) == list(range(30 - keep, 30))
+    assert set(cut[1]["collectives"]["step"]) <= set(range(30 - keep, 30)) | {-1}
+    # none of the window is taken as warm-up: every step of it is a steady one
+    assert load_run(tmp_path / "cut", max_events=budget, expected_warnings=[said]).steady_steps() == \
+        list(range(30 - keep, 30))
+    assert [(f["kind"], f["ranks"]) for f in cut[0] if f["kind"] == "straggler"] == [("straggler", [37])]
+    _assert_same(cut, _analyzed(synthetic_64, tmp_path / "cut_processes", "--max-events", budget,
+                                "--processes", "2", warnings=[said]))
+    # under the budget, nothing is cut
+    _assert_same(in_process_64, _analyzed(synthetic_64, tmp_path / "whole", "--max-events", len(full.events())))
 
 
 def test_a_real_run_on_a_local_cluster_of_the_clis_own(demo_scenario, tmp_path):

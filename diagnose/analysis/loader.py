@@ -3,6 +3,13 @@
 Times in every table are ns since the run's first event, on rank 0's clock
 (`Run.wall_t0_ns` converts back to wall time). Derived tables are computed on
 first use and cached.
+
+The event budget: the cross-rank pass holds every event it analyzes (~240 B
+each at its peak, bench/results/2026-12-05-engines-scale.md). A run whose
+events would pass `max_events` (estimated from its first rank's rows per step)
+is analyzed over its last steps only, as many as fit, at least
+MIN_WINDOW_STEPS: the per-rank pass drops the earlier steps' events on its
+worker, and `Run.window` says which steps were kept (docs/large-runs.md).
 """
 import functools
 import glob
@@ -15,15 +22,20 @@ import pyarrow as pa
 
 from diagnose import rundir
 from diagnose.analysis import clock_align, device_collectives, pipeline_topology
+from diagnose.analysis.rank_pass import rank_tables
 from diagnose.analysis.rank_pass_engines import InProcess
 from diagnose.errors import UserError
 
+MAX_EVENTS = 25_000_000  # ~6 GB at the cross-rank pass' peak
+MIN_WINDOW_STEPS = 8     # fewer steps say little about a step's usual shape
+
 
 class Run:
-    def __init__(self, run_dirs, warn=None, on_rank=None, engine=None):
+    def __init__(self, run_dirs, warn=None, on_rank=None, engine=None, max_events=None):
         """on_rank(done, total): called as each rank's parts are read (a progress bar).
         engine: where the per-rank pass runs (diagnose/analysis/rank_pass_engines.py; default
-        in this process)."""
+        in this process). max_events: the event budget (module docstring; None:
+        MAX_EVENTS, 0: none)."""
         if isinstance(run_dirs, (str, os.PathLike)):
             run_dirs = [run_dirs]
         self.run_dirs = [rundir.require_run_dir(str(d)) for d in run_dirs]
@@ -38,6 +50,9 @@ class Run:
         self.manifest = rundir.read_manifest(self.root)
         self.rank_meta: dict[int, dict] = {}
         self.rank_dirs: dict[int, str] = {}
+        # {"from_step", "last_step", "estimated_events"} when the event budget cut the run to
+        # its last steps; None when every step is analyzed
+        self.window: dict | None = None
         todo = []  # (rank, rank_dir) to read, or a warning, in directory order
         for run_dir in self.run_dirs:
             for rank_dir in rundir.rank_dirs(run_dir):
@@ -49,7 +64,8 @@ class Run:
                     continue
                 self.rank_dirs[rank] = rank_dir
                 todo.append((rank, rank_dir))
-        event_tables, sample_tables = self._read_ranks(todo, engine or InProcess(), on_rank)
+        event_tables, sample_tables = self._read_ranks(todo, engine or InProcess(), on_rank,
+                                                       MAX_EVENTS if max_events is None else max_events)
         self._events = _to_pandas(event_tables, _empty_events())
         self._samples = _to_pandas(sample_tables, None)
         self.offsets_ns, self.offset_errors_ns, bounded = clock_align.measured_offsets(self.rank_meta)
@@ -81,7 +97,7 @@ class Run:
                 self.offset_errors_ns[rank] = error_ns
         return corrections
 
-    def _read_ranks(self, todo: list, engine, on_rank) -> tuple[list, list]:
+    def _read_ranks(self, todo: list, engine, on_rank, max_events) -> tuple[list, list]:
         """The per-rank pass over `todo` ((rank, rank_dir) or a warning), on the
         engine: (event tables, sample tables). Its own method so that nothing
         else holds the per-rank tables once the caller's lists let them go: a
@@ -89,7 +105,9 @@ class Run:
         (1,024 ranks x 200 steps: +850 MB at the peak)."""
         ranks_todo = [item for item in todo if not isinstance(item, str)]
         total = len(ranks_todo)
-        results = engine.map_ranks(ranks_todo, on_rank and (lambda done: on_rank(done, total)))
+        from_step = self._window_start(ranks_todo, max_events)
+        results = engine.map_ranks([(rank, rank_dir, from_step) for rank, rank_dir in ranks_todo],
+                                   on_rank and (lambda done: on_rank(done, total)))
         results.reverse()  # popped in rank order, each list entry dropped as it is taken
         event_tables, sample_tables = [], []
         for item in todo:  # warnings in the order a sequential read would have said them
@@ -107,6 +125,35 @@ class Run:
             if samples is not None:
                 sample_tables.append(samples)
         return event_tables, sample_tables
+
+    def _window_start(self, ranks_todo: list, max_events: int) -> int | None:
+        """The first step to keep when the run's events would pass max_events, else
+        None. Sized from the first rank, read once more here (1/N of the pass);
+        every rank is taken to record as many rows per step as it does."""
+        if not max_events or not ranks_todo:
+            return None
+        events = rank_tables(*ranks_todo[0])[1]
+        if events is None or events.num_rows == 0:
+            return None
+        steps = events.column("step").to_numpy()
+        in_steps = steps[steps >= 0]
+        if not len(in_steps):
+            return None
+        first, last = int(in_steps.min()), int(in_steps.max())
+        ranks, per_step = len(ranks_todo), len(in_steps) / (last - first + 1)
+        estimate = ranks * len(steps)
+        if estimate <= max_events:
+            return None
+        outside = ranks * (len(steps) - len(in_steps))
+        keep = max(MIN_WINDOW_STEPS, int((max_events - outside) // (ranks * per_step)))
+        if keep >= last - first + 1:
+            return None
+        from_step = last - keep + 1
+        self.window = {"from_step": from_step, "last_step": last, "estimated_events": estimate}
+        self.warn(f"{ranks} ranks x {last - first + 1} steps is ~{estimate:,} events, over the analysis' "
+                  f"budget of {max_events:,} (--max-events): analyzing the last {keep} steps "
+                  f"({from_step}-{last}) only")
+        return from_step
 
     # -- plumbing -----------------------------------------------------------
     def warn(self, message: str) -> None:
@@ -184,7 +231,7 @@ class Run:
     @functools.lru_cache(maxsize=None)
     def steady_steps(self) -> list[int]:
         from diagnose.analysis.step_tables import steady_state_steps
-        return steady_state_steps(self.steps())
+        return steady_state_steps(self.steps(), warmup=self.window is None)
 
     @functools.cached_property
     def progress(self) -> dict[int, dict]:
@@ -317,11 +364,13 @@ def _to_pandas(tables, empty):
     return frame
 
 
-def load(*run_dirs, warn=None, on_rank=None, engine=None) -> Run:
+def load(*run_dirs, warn=None, on_rank=None, engine=None, max_events=None) -> Run:
     """Load one run (or one per node of a multi-node run) for analysis;
     on_rank(done, total) follows the reading of the ranks, which run on
-    `engine` (diagnose.analysis.rank_pass_engines; default: this process)."""
+    `engine` (diagnose.analysis.rank_pass_engines; default: this process);
+    max_events: the event budget (module docstring; None: MAX_EVENTS; 0: every step,
+    whatever it costs)."""
     if warn is None:
         def warn(message):
             print(f"diagnose: warning: {message}", file=sys.stderr)
-    return Run(list(run_dirs), warn=warn, on_rank=on_rank, engine=engine)
+    return Run(list(run_dirs), warn=warn, on_rank=on_rank, engine=engine, max_events=max_events)

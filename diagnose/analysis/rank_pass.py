@@ -8,12 +8,15 @@ part into a note; the notes travel back and are said in rank order).
 Out, per rank: its meta.json, its events and samples as Arrow tables with a
 `rank` column (the string columns dictionary-encoded, as the readers hand them
 over, except the samples' metric name, which the loader keeps as plain text),
-and the warnings reading it produced.
+and the warnings reading it produced. With `from_step` (a run over the
+loader's event budget), the events of earlier steps are dropped here, on the
+worker, so that they never reach the cross-rank pass.
 """
 import os
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from diagnose.rundir import rank_reader
 
@@ -22,8 +25,9 @@ from diagnose.rundir import rank_reader
 CATEGORICAL_COLUMNS = ("kind", "name", "group", "group_ranks", "callsite", "detail")
 
 
-def rank_tables(rank: int, rank_dir: str) -> tuple:
-    """(meta, events or None, samples or None, notes) of one rank."""
+def rank_tables(rank: int, rank_dir: str, from_step: int | None = None) -> tuple:
+    """(meta, events or None, samples or None, notes) of one rank; with from_step,
+    only the events of steps >= from_step and those outside any step (step -1)."""
     notes = []
     if not os.path.isdir(rank_dir):  # a worker of a cluster that does not share the run's storage
         return {}, None, None, [f"{rank_dir}: not found where the per-rank pass ran "
@@ -31,6 +35,9 @@ def rank_tables(rank: int, rank_dir: str) -> tuple:
     meta = rank_reader.read_meta(rank_dir, notes.append)
     events = rank_reader.read_events(rank_dir, notes.append)
     samples = rank_reader.read_samples(rank_dir, lambda message: None)
+    if from_step is not None and events is not None:
+        step = events.column("step")
+        events = events.filter(pc.or_(pc.less(step, 0), pc.greater_equal(step, from_step)))
     return meta, _with_rank(events, rank), _with_rank(samples, rank), notes
 
 

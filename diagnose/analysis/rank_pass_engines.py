@@ -1,9 +1,10 @@
 """Where the per-rank pass runs (diagnose/analysis/rank_pass.py): the loader
-hands an engine the ranks to read and gets their tables back in rank order;
-the cross-rank pass (clock alignment, matching, detectors, what-if) then runs
-in the calling process, whatever the engine. Results are the same for every
-engine (tests/test_analysis_engines.py): the per-rank pass is a pure function
-of the rank's folder.
+hands an engine the ranks to read (rank_tables' arguments, one tuple per rank)
+and gets their tables back in rank order; the cross-rank pass (clock
+alignment, matching, detectors, what-if) then runs in the calling process,
+whatever the engine. Results are the same for every engine
+(tests/test_analysis_engines.py): the per-rank pass is a pure function of the
+rank's folder.
 
     in-process   a few threads (Parquet decoding releases the GIL); the default
     processes    local worker processes: one machine's cores (--processes N)
@@ -98,9 +99,9 @@ class Dask:
 
     def map_ranks(self, todo: list, on_done) -> list:
         from distributed import as_completed
-        ranks, dirs = zip(*todo) if todo else ((), ())
+        columns = list(zip(*todo)) if todo else [(), ()]
         token = uuid.uuid4().hex[:12]  # keys of this pass only: a cluster outlives passes
-        futures = self.client.map(rank_tables, ranks, dirs, key=[f"rank_tables-{r}-{token}" for r in ranks])
+        futures = self.client.map(rank_tables, *columns, key=[f"rank_tables-{r}-{token}" for r in columns[0]])
         position = {future.key: i for i, future in enumerate(futures)}
         results = [None] * len(futures)
         done = 0

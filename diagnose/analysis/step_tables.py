@@ -22,10 +22,11 @@ def steps_table(events: pd.DataFrame) -> pd.DataFrame:
     return steps
 
 
-def steady_state_steps(steps: pd.DataFrame) -> list[int]:
+def steady_state_steps(steps: pd.DataFrame, warmup: bool = True) -> list[int]:
     """Steps every rank completed, minus warm-up (the first 2 when there are at
     least 6, else the first one): allocator growth, autotuning and lazy init
-    make early steps unrepresentative."""
+    make early steps unrepresentative. warmup=False: the steps are a window
+    from the middle of the run (the loader's event budget), none of them warm-up."""
     if steps.empty:
         return []
     n_ranks = steps["rank"].nunique()
@@ -33,7 +34,7 @@ def steady_state_steps(steps: pd.DataFrame) -> list[int]:
     complete = sorted(int(s) for s in per_step[per_step == n_ranks].index)
     if not complete:
         complete = sorted(int(s) for s in per_step.index)
-    skip = WARMUP_STEPS if len(complete) >= 6 else min(1, len(complete) - 1)
+    skip = 0 if not warmup else WARMUP_STEPS if len(complete) >= 6 else min(1, len(complete) - 1)
     return complete[skip:]
 
 

@@ -12,12 +12,13 @@ from diagnose.exporters.chrome_trace import write_chrome_trace
 PROGRESS_MIN_RANKS = 48  # below this, reading the ranks takes a second or two: no bar
 
 
-def analyze_run(run_dirs, outputs: bool = True, warn=None, engine=None):
+def analyze_run(run_dirs, outputs: bool = True, warn=None, engine=None, max_events=None):
     """Analyze and write findings.json and the tables; with `outputs`, also the
     merged trace, report.html and the MLflow run. Returns (run, findings).
-    engine: where the per-rank pass runs (diagnose.analysis.rank_pass_engines)."""
+    engine: where the per-rank pass runs (diagnose.analysis.rank_pass_engines);
+    max_events: the loader's event budget (diagnose.analysis.loader)."""
     with rank_progress(run_dirs) as on_rank:
-        run = load(*run_dirs, warn=warn, on_rank=on_rank, engine=engine)
+        run = load(*run_dirs, warn=warn, on_rank=on_rank, engine=engine, max_events=max_events)
     findings = write_analysis(run)
     if outputs:
         write_chrome_trace(run, os.path.join(run.root, rundir.CHROME_TRACE))

@@ -109,18 +109,25 @@ def analyze(runs: List[str] = typer.Argument(..., help="run directory (several: 
                                                     help="read the ranks on a Dask cluster (tcp://HOST:8786); "
                                                          "its workers must see the run directory at this path"),
             dask_workers: Optional[int] = typer.Option(None, "--dask-workers", metavar="N",
-                                                       help="read the ranks on a Dask LocalCluster of N workers")):
+                                                       help="read the ranks on a Dask LocalCluster of N workers"),
+            max_events: Optional[int] = typer.Option(None, "--max-events", metavar="N",
+                                                     help="a run with more events is analyzed over its last "
+                                                          "steps that fit N (default 25,000,000, ~6 GB; 0: "
+                                                          "every step, whatever the memory)")):
     """Analyze a run directory: breakdown per rank and findings. The per-rank
     pass runs in this process unless an engine option says otherwise
     (docs/large-runs.md); the cross-rank pass always runs here."""
     from diagnose.analysis.rank_pass_engines import make_engine
     from diagnose.cli.after_run import analyze_run
     from diagnose.cli.console import print_breakdown, print_findings, print_step_figures
+    if max_events is not None and max_events < 0:
+        raise UserError("--max-events must be >= 0 (0: no budget)")
     engine = make_engine(processes=processes, scheduler=scheduler, dask_workers=dask_workers)
     try:
         if getattr(engine, "dashboard", None):
             print(f"diagnose: per-rank pass on {engine.name}; Dask dashboard: {engine.dashboard}", file=sys.stderr)
-        run, findings = analyze_run(runs, outputs=not (as_json or no_outputs), engine=engine)
+        run, findings = analyze_run(runs, outputs=not (as_json or no_outputs), engine=engine,
+                                    max_events=max_events)
     finally:
         engine.close()
     if as_json:
