@@ -17,6 +17,11 @@ workers) and prints each one's wall time and the peak of the SUM of the
 resident memory of every process involved (the CLI, its worker processes,
 Dask's scheduler and nannies: bench/measure.py samples the process tree).
 
+Over the analysis' event budget (`diagnose analyze --max-events`, default 25 M)
+the run is analyzed over its last steps that fit; the loader's line saying
+which is printed. `--max-events 0` analyzes every step; `--keep DIR --reuse`
+analyzes a run an earlier call kept (16,384 ranks take ~220 s to write).
+
 The last line per engine is machine-readable:
     scale: ranks=R events=N engine=E analyze_s=S peak_rss_mb=M straggler_found=B slow_stage_found=B
 Targets (issue 8): 1,024 ranks x 200 steps in under 60 s and 4 GB on 2 cores.
@@ -90,6 +95,10 @@ def main() -> int:
     p.add_argument("--keep", default="", help="write the run here and keep it")
     p.add_argument("--engines", default="in-process", help="comma-separated: in-process, processes, dask")
     p.add_argument("--workers", type=int, default=2, help="worker processes of the processes and dask engines")
+    p.add_argument("--max-events", type=int, default=None,
+                   help="the analysis' event budget (default: diagnose analyze's; 0: every step)")
+    p.add_argument("--reuse", action="store_true", help="analyze the run --keep holds (written with the same "
+                                                        "options) instead of writing it again")
     args = p.parse_args()
     engines = args.engines.split(",")
     if unknown := [e for e in engines if e not in ENGINE_OPTIONS]:
@@ -101,20 +110,30 @@ def main() -> int:
     out = args.keep or tempfile.mkdtemp(prefix="diagnose-scale-")
     try:
         t0 = time.perf_counter()
-        written = write_3d_run(out, dp=dp, pp=pp, tp=tp, steps=args.steps,
-                               microbatches=args.microbatches, straggler=straggler, slow_stage=slow_stage)
-        events = written["events"]
+        if args.reuse and args.keep:
+            with open(os.path.join(out, "bench-events.json"), encoding="utf-8") as f:
+                events = json.load(f)["events"]
+        else:
+            written = write_3d_run(out, dp=dp, pp=pp, tp=tp, steps=args.steps,
+                                   microbatches=args.microbatches, straggler=straggler, slow_stage=slow_stage)
+            events = written["events"]
+            with open(os.path.join(out, "bench-events.json"), "w", encoding="utf-8") as f:
+                json.dump({"events": events}, f)
         size = trace_bytes(out)
-        print(f"wrote dp {dp} x pp {pp} x tp {tp} = {args.ranks} ranks x {args.steps} steps: "
-              f"{events:,} events in {time.perf_counter() - t0:.1f} s; {size / 2**20:.1f} MiB on disk, "
-              f"{size / events:.1f} bytes/event (incl. meta.json)", flush=True)
+        print(f"{'kept' if args.reuse else 'wrote'} dp {dp} x pp {pp} x tp {tp} = {args.ranks} ranks x "
+              f"{args.steps} steps: {events:,} events in {time.perf_counter() - t0:.1f} s; "
+              f"{size / 2**20:.1f} MiB on disk, {size / events:.1f} bytes/event (incl. meta.json)", flush=True)
+        budget = [] if args.max_events is None else ["--max-events", str(args.max_events)]
         ok = True
         for engine in engines:
-            extra = ENGINE_OPTIONS[engine](args.workers) + ([] if args.outputs else ["--no-outputs"])
+            extra = ENGINE_OPTIONS[engine](args.workers) + ([] if args.outputs else ["--no-outputs"]) + budget
             shutil.rmtree(os.path.join(out, "analysis"), ignore_errors=True)  # no earlier engine's findings
             result = analyze(out, extra)
             if result["returncode"]:
                 print(result["stdout"][-2000:], result["stderr"][-2000:], sep="\n")
+            for line in result["stderr"].splitlines():
+                if "--max-events" in line:  # the loader cut the run to its last steps
+                    print(f"  {line}")
             found, stage_found = planted_found(out, straggler, slow_stage)
             ok &= found and stage_found is not False and result["returncode"] == 0
             print(f"scale: ranks={args.ranks} events={events} engine={engine} analyze_s={result['wall_s']:.1f} "
