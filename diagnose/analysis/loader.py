@@ -6,7 +6,7 @@ first use and cached.
 
 The event budget: the cross-rank pass holds every event it analyzes (~240 B
 each at its peak, bench/results/2026-12-05-engines-scale.md). A run whose
-events would pass `max_events` (estimated from its first rank's rows per step)
+events would pass `max_events` (estimated from a sample of ranks' rows per step)
 is analyzed over its last steps only, as many as fit, at least
 MIN_WINDOW_STEPS: the per-rank pass drops the earlier steps' events on its
 worker, and `Run.window` says which steps were kept (docs/large-runs.md).
@@ -15,6 +15,7 @@ import functools
 import glob
 import json
 import os
+import random
 import sys
 
 import pandas as pd
@@ -28,6 +29,7 @@ from diagnose.errors import UserError
 
 MAX_EVENTS = 25_000_000  # ~6 GB at the cross-rank pass' peak
 MIN_WINDOW_STEPS = 8     # fewer steps say little about a step's usual shape
+SIZING_RANKS = 8         # read to size the run (a half of the ranks missed by all 8: 1 in 256)
 
 
 class Run:
@@ -128,24 +130,33 @@ class Run:
 
     def _window_start(self, ranks_todo: list, max_events: int) -> int | None:
         """The first step to keep when the run's events would pass max_events, else
-        None. Sized from the first rank, read once more here (1/N of the pass);
-        every rank is taken to record as many rows per step as it does."""
+        None. Sized from SIZING_RANKS ranks drawn at random (read once more here),
+        the most rows per step of them: ranks of different pipeline stages record
+        different rows per step, and evenly spaced ranks can all fall on one stage
+        (16,384 ranks as dp x pp4 x tp8: every 2,048th rank is a stage-0 rank).
+        Seeded: the same run is always cut at the same step."""
         if not max_events or not ranks_todo:
             return None
-        events = rank_tables(*ranks_todo[0])[1]
-        if events is None or events.num_rows == 0:
+        sampled = random.Random(0).sample(range(len(ranks_todo)), min(SIZING_RANKS, len(ranks_todo)))
+        per_step = outside = 0.0
+        first, last = None, None
+        for index in sorted(sampled):
+            events = rank_tables(*ranks_todo[index])[1]
+            steps = events.column("step").to_numpy() if events is not None else []
+            in_steps = steps[steps >= 0] if len(steps) else steps
+            if not len(in_steps):
+                continue
+            low, high = int(in_steps.min()), int(in_steps.max())
+            first, last = min(low, first if first is not None else low), max(high, last or high)
+            per_step = max(per_step, len(in_steps) / (high - low + 1))
+            outside = max(outside, float(len(steps) - len(in_steps)))
+        if first is None:  # no step markers: nothing to cut by
             return None
-        steps = events.column("step").to_numpy()
-        in_steps = steps[steps >= 0]
-        if not len(in_steps):
-            return None
-        first, last = int(in_steps.min()), int(in_steps.max())
-        ranks, per_step = len(ranks_todo), len(in_steps) / (last - first + 1)
-        estimate = ranks * len(steps)
+        ranks = len(ranks_todo)
+        estimate = int(ranks * (per_step * (last - first + 1) + outside))
         if estimate <= max_events:
             return None
-        outside = ranks * (len(steps) - len(in_steps))
-        keep = max(MIN_WINDOW_STEPS, int((max_events - outside) // (ranks * per_step)))
+        keep = max(MIN_WINDOW_STEPS, int((max_events - ranks * outside) // (ranks * per_step)))
         if keep >= last - first + 1:
             return None
         from_step = last - keep + 1
