@@ -1,6 +1,7 @@
 """Issue 25: the per-rank pass runs on an engine (in-process, local processes,
 Dask distributed) and the results are the same whatever the engine. Real Dask:
-a LocalCluster of 2 worker processes, its scheduler's task log read back."""
+a LocalCluster of 2 worker processes, its scheduler's task log read back. And
+the event budget: a run over it is analyzed over its last steps, whatever the engine."""
 import json
 import os
 import shutil
@@ -164,6 +165,7 @@ def _within(seconds, fn):
 @pytest.mark.parametrize("options, message", [
     (["--scheduler", "head-node"], "cannot reach the Dask scheduler head-node: missing port number in address 'head-node'"),
     (["--processes", "2", "--dask-workers", "2"], "give one of --processes, --scheduler and --dask-workers"),
+    (["--max-events", "-1"], "--max-events must be >= 0 (0: no budget)"),
 ])
 def test_a_bad_engine_option_is_one_line(synthetic_64, options, message):
     proc = run_diagnose(["analyze", synthetic_64, "--quiet", "--no-outputs", *options], check=False)

@@ -142,12 +142,15 @@ class Run:
         first, last = None, None
         for index in sorted(sampled):
             events = rank_tables(*ranks_todo[index])[1]
-            steps = events.column("step").to_numpy() if events is not None else []
-            in_steps = steps[steps >= 0] if len(steps) else steps
+            if events is None:
+                continue
+            steps = events.column("step").to_numpy()
+            in_steps = steps[steps >= 0]
             if not len(in_steps):
                 continue
             low, high = int(in_steps.min()), int(in_steps.max())
-            first, last = min(low, first if first is not None else low), max(high, last or high)
+            first = low if first is None else min(first, low)
+            last = high if last is None else max(last, high)
             per_step = max(per_step, len(in_steps) / (high - low + 1))
             outside = max(outside, float(len(steps) - len(in_steps)))
         if first is None:  # no step markers: nothing to cut by
