@@ -2,7 +2,8 @@
 the files under <run>/analysis/.
 
 Enters: a run directory, read through diagnose.rundir. loader merges the ranks
-onto rank 0's clock (clock_align) into pandas tables and serves the derived ones
+(rank_pass, on an engine; cut to the last steps by event_budget when the run is
+too large) onto rank 0's clock (clock_align) into pandas tables and serves the derived ones
 on demand: matching (every collective matched across its members, arrivals and
 waits), breakdown (where each step's time goes), step_tables (the one home of
 steady steps, step summaries, pipeline blocks and bubbles), gpu_tables (kernel

@@ -4,39 +4,31 @@ Times in every table are ns since the run's first event, on rank 0's clock
 (`Run.wall_t0_ns` converts back to wall time). Derived tables are computed on
 first use and cached.
 
-The event budget: the cross-rank pass holds every event it analyzes (~240 B
-each at its peak, bench/results/2026-12-05-engines-scale.md). A run whose
-events would pass `max_events` (estimated from a sample of ranks' rows per step)
-is analyzed over its last steps only, as many as fit, at least
-MIN_WINDOW_STEPS: the per-rank pass drops the earlier steps' events on its
-worker, and `Run.window` says which steps were kept (docs/large-runs.md).
+A run over the event budget (diagnose/analysis/event_budget.py) is analyzed
+over its last steps only: the per-rank pass drops the earlier steps' events on
+its worker, and `Run.window` says which steps were kept.
 """
 import functools
 import glob
 import json
 import os
-import random
 import sys
 
 import pandas as pd
 import pyarrow as pa
 
 from diagnose import rundir
-from diagnose.analysis import clock_align, device_collectives, pipeline_topology
-from diagnose.analysis.rank_pass import rank_tables
+from diagnose.analysis import clock_align, device_collectives, event_budget, pipeline_topology
+from diagnose.analysis.event_budget import MAX_EVENTS
 from diagnose.analysis.rank_pass_engines import InProcess
 from diagnose.errors import UserError
-
-MAX_EVENTS = 25_000_000  # ~6 GB at the cross-rank pass' peak
-MIN_WINDOW_STEPS = 8     # fewer steps say little about a step's usual shape
-SIZING_RANKS = 8         # read to size the run (a half of the ranks missed by all 8: 1 in 256)
 
 
 class Run:
     def __init__(self, run_dirs, warn=None, on_rank=None, engine=None, max_events=None):
         """on_rank(done, total): called as each rank's parts are read (a progress bar).
         engine: where the per-rank pass runs (diagnose/analysis/rank_pass_engines.py; default
-        in this process). max_events: the event budget (module docstring; None:
+        in this process). max_events: the event budget (event_budget.py; None:
         MAX_EVENTS, 0: none)."""
         if isinstance(run_dirs, (str, os.PathLike)):
             run_dirs = [run_dirs]
@@ -52,8 +44,8 @@ class Run:
         self.manifest = rundir.read_manifest(self.root)
         self.rank_meta: dict[int, dict] = {}
         self.rank_dirs: dict[int, str] = {}
-        # {"from_step", "last_step", "estimated_events"} when the event budget cut the run to
-        # its last steps; None when every step is analyzed
+        # event_budget.window's dict when the budget cut the run to its last steps;
+        # None when every step is analyzed
         self.window: dict | None = None
         todo = []  # (rank, rank_dir) to read, or a warning, in directory order
         for run_dir in self.run_dirs:
@@ -107,7 +99,10 @@ class Run:
         (1,024 ranks x 200 steps: +850 MB at the peak)."""
         ranks_todo = [item for item in todo if not isinstance(item, str)]
         total = len(ranks_todo)
-        from_step = self._window_start(ranks_todo, max_events)
+        self.window = event_budget.window(ranks_todo, max_events)
+        if self.window is not None:
+            self.warn(self.window["message"])
+        from_step = self.window["from_step"] if self.window else None
         results = engine.map_ranks([(rank, rank_dir, from_step) for rank, rank_dir in ranks_todo],
                                    on_rank and (lambda done: on_rank(done, total)))
         results.reverse()  # popped in rank order, each list entry dropped as it is taken
@@ -127,47 +122,6 @@ class Run:
             if samples is not None:
                 sample_tables.append(samples)
         return event_tables, sample_tables
-
-    def _window_start(self, ranks_todo: list, max_events: int) -> int | None:
-        """The first step to keep when the run's events would pass max_events, else
-        None. Sized from SIZING_RANKS ranks drawn at random (read once more here),
-        the most rows per step of them: ranks of different pipeline stages record
-        different rows per step, and evenly spaced ranks can all fall on one stage
-        (16,384 ranks as dp x pp4 x tp8: every 2,048th rank is a stage-0 rank).
-        Seeded: the same run is always cut at the same step."""
-        if not max_events or not ranks_todo:
-            return None
-        sampled = random.Random(0).sample(range(len(ranks_todo)), min(SIZING_RANKS, len(ranks_todo)))
-        per_step = outside = 0.0
-        first, last = None, None
-        for index in sorted(sampled):
-            events = rank_tables(*ranks_todo[index])[1]
-            if events is None:
-                continue
-            steps = events.column("step").to_numpy()
-            in_steps = steps[steps >= 0]
-            if not len(in_steps):
-                continue
-            low, high = int(in_steps.min()), int(in_steps.max())
-            first = low if first is None else min(first, low)
-            last = high if last is None else max(last, high)
-            per_step = max(per_step, len(in_steps) / (high - low + 1))
-            outside = max(outside, float(len(steps) - len(in_steps)))
-        if first is None:  # no step markers: nothing to cut by
-            return None
-        ranks = len(ranks_todo)
-        estimate = int(ranks * (per_step * (last - first + 1) + outside))
-        if estimate <= max_events:
-            return None
-        keep = max(MIN_WINDOW_STEPS, int((max_events - ranks * outside) // (ranks * per_step)))
-        if keep >= last - first + 1:
-            return None
-        from_step = last - keep + 1
-        self.window = {"from_step": from_step, "last_step": last, "estimated_events": estimate}
-        self.warn(f"{ranks} ranks x {last - first + 1} steps is ~{estimate:,} events, over the analysis' "
-                  f"budget of {max_events:,} (--max-events): analyzing the last {keep} steps "
-                  f"({from_step}-{last}) only")
-        return from_step
 
     # -- plumbing -----------------------------------------------------------
     def warn(self, message: str) -> None:
@@ -382,7 +336,7 @@ def load(*run_dirs, warn=None, on_rank=None, engine=None, max_events=None) -> Ru
     """Load one run (or one per node of a multi-node run) for analysis;
     on_rank(done, total) follows the reading of the ranks, which run on
     `engine` (diagnose.analysis.rank_pass_engines; default: this process);
-    max_events: the event budget (module docstring; None: MAX_EVENTS; 0: every step,
+    max_events: the event budget (event_budget.py; None: MAX_EVENTS; 0: every step,
     whatever it costs)."""
     if warn is None:
         def warn(message):
