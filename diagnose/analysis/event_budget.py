@@ -8,28 +8,30 @@ always kept; a run without step markers is never cut.
 """
 import random
 
-from diagnose.analysis.rank_pass import rank_tables
+from diagnose.rundir import rank_reader
 
 MAX_EVENTS = 25_000_000  # ~6 GB at the cross-rank pass' peak
 MIN_WINDOW_STEPS = 8     # fewer steps say little about a step's usual shape
 SIZING_RANKS = 8         # read to size the run (a half of the ranks missed by all 8: 1 in 256)
 
 
-def window(ranks_todo: list, max_events: int) -> dict | None:
+def window(ranks_todo: list, max_events: int | None) -> dict | None:
     """{"from_step", "last_step", "estimated_events", "message"} when the run's
-    events would pass max_events, else None. ranks_todo: (rank, rank_dir) of
-    every rank. Sized from SIZING_RANKS ranks drawn at random (read once more here),
+    events would pass max_events (None: MAX_EVENTS; 0: no budget), else None.
+    ranks_todo: (rank, rank_dir) of every rank. Sized from SIZING_RANKS ranks drawn
+    at random (their events read once more here, bad parts left for the pass to say),
     the most rows per step of them: ranks of different pipeline stages record
     different rows per step, and evenly spaced ranks can all fall on one stage
     (16,384 ranks as dp x pp4 x tp8: every 2,048th rank is a stage-0 rank).
     Seeded: the same run is always cut at the same step."""
+    max_events = MAX_EVENTS if max_events is None else max_events
     if not max_events or not ranks_todo:
         return None
     sampled = random.Random(0).sample(range(len(ranks_todo)), min(SIZING_RANKS, len(ranks_todo)))
     per_step = outside = 0.0
     first, last = None, None
     for index in sorted(sampled):
-        events = rank_tables(*ranks_todo[index])[1]
+        events = rank_reader.read_events(ranks_todo[index][1], lambda message: None)
         if events is None:
             continue
         steps = events.column("step").to_numpy()

@@ -19,7 +19,6 @@ import pyarrow as pa
 
 from diagnose import rundir
 from diagnose.analysis import clock_align, device_collectives, event_budget, pipeline_topology
-from diagnose.analysis.event_budget import MAX_EVENTS
 from diagnose.analysis.rank_pass_engines import InProcess
 from diagnose.errors import UserError
 
@@ -28,8 +27,8 @@ class Run:
     def __init__(self, run_dirs, warn=None, on_rank=None, engine=None, max_events=None):
         """on_rank(done, total): called as each rank's parts are read (a progress bar).
         engine: where the per-rank pass runs (diagnose/analysis/rank_pass_engines.py; default
-        in this process). max_events: the event budget (event_budget.py; None:
-        MAX_EVENTS, 0: none)."""
+        in this process). max_events: the event budget (event_budget.py: None is its
+        MAX_EVENTS, 0 none)."""
         if isinstance(run_dirs, (str, os.PathLike)):
             run_dirs = [run_dirs]
         self.run_dirs = [rundir.require_run_dir(str(d)) for d in run_dirs]
@@ -58,8 +57,7 @@ class Run:
                     continue
                 self.rank_dirs[rank] = rank_dir
                 todo.append((rank, rank_dir))
-        event_tables, sample_tables = self._read_ranks(todo, engine or InProcess(), on_rank,
-                                                       MAX_EVENTS if max_events is None else max_events)
+        event_tables, sample_tables = self._read_ranks(todo, engine or InProcess(), on_rank, max_events)
         self._events = _to_pandas(event_tables, _empty_events())
         self._samples = _to_pandas(sample_tables, None)
         self.offsets_ns, self.offset_errors_ns, bounded = clock_align.measured_offsets(self.rank_meta)
@@ -336,8 +334,8 @@ def load(*run_dirs, warn=None, on_rank=None, engine=None, max_events=None) -> Ru
     """Load one run (or one per node of a multi-node run) for analysis;
     on_rank(done, total) follows the reading of the ranks, which run on
     `engine` (diagnose.analysis.rank_pass_engines; default: this process);
-    max_events: the event budget (event_budget.py; None: MAX_EVENTS; 0: every step,
-    whatever it costs)."""
+    max_events: the event budget (event_budget.py: None is its MAX_EVENTS; 0 every
+    step, whatever it costs)."""
     if warn is None:
         def warn(message):
             print(f"diagnose: warning: {message}", file=sys.stderr)
