@@ -59,9 +59,10 @@ def _assert_same(a, b):
 
 
 def _rank_tasks(stream) -> list:
-    """The per-rank tasks of a task stream, keyed by rank (keys: rank_tables-RANK-TOKEN)."""
+    """The per-rank pass' tasks of a task stream, keyed by their first rank (keys:
+    rank_batch-RANK-TOKEN; up to 64 ranks, a task reads one rank)."""
     return [dict(task, key=str(task["key"]).rsplit("-", 1)[0]) for task in stream.data
-            if str(task["key"]).startswith("rank_tables-")]
+            if str(task["key"]).startswith("rank_batch-")]
 
 
 def test_a_dask_cluster_reads_every_rank_and_the_findings_are_the_in_process_ones(
@@ -72,7 +73,7 @@ def test_a_dask_cluster_reads_every_rank_and_the_findings_are_the_in_process_one
     _assert_same(in_process_64, on_dask)
     tasks = _rank_tasks(stream)
     # one task per rank, each run by one of the cluster's worker processes (not the CLI)
-    assert sorted(t["key"] for t in tasks) == sorted(f"rank_tables-{r}" for r in range(64))
+    assert sorted(t["key"] for t in tasks) == sorted(f"rank_batch-{r}" for r in range(64))
     assert {t["worker"] for t in tasks} <= set(local.scheduler_info["workers"])
     assert len({t["worker"] for t in tasks}) == 2  # both workers took a share
     assert [(f["kind"], f["ranks"]) for f in on_dask[0] if f["kind"] == "straggler"] == [("straggler", [37])]
@@ -84,7 +85,8 @@ def test_local_processes_give_the_in_process_findings(synthetic_64, in_process_6
 
 def test_a_run_over_the_event_budget_is_analyzed_over_its_last_steps(synthetic_64, in_process_64, tmp_path):
     """--max-events: the run's last steps that fit the budget, cut on the workers (local
-    processes here), the user told which; the straggler is still found there."""
+    processes here), the user told which; the straggler is still found there, and
+    the step tables (steps, breakdown: made by the per-rank pass) cover every step."""
     full = load_run(synthetic_64)
     budget = len(full.events()) // 3  # ~10 of the 30 steps
     first_rank = full.events()[full.events()["rank"] == 0]
@@ -94,8 +96,9 @@ def test_a_run_over_the_event_budget_is_analyzed_over_its_last_steps(synthetic_6
     said = (f"64 ranks x 30 steps is ~{len(full.events()):,} events, over the analysis' budget of {budget:,} "
             f"(--max-events): analyzing the last {keep} steps ({30 - keep}-29) only")
     cut = _analyzed(synthetic_64, tmp_path / "cut", "--max-events", budget, warnings=[said])
-    assert sorted(cut[1]["steps"]["step"].unique()) == list(range(30 - keep, 30))
     assert set(cut[1]["collectives"]["step"]) <= set(range(30 - keep, 30)) | {-1}
+    for name in ("steps", "breakdown"):  # every step, as without a budget
+        assert_frame_equal(cut[1][name], in_process_64[1][name], obj=name)
     # none of the window is taken as warm-up: every step of it is a steady one
     assert load_run(tmp_path / "cut", max_events=budget, expected_warnings=[said]).steady_steps() == \
         list(range(30 - keep, 30))
@@ -104,6 +107,27 @@ def test_a_run_over_the_event_budget_is_analyzed_over_its_last_steps(synthetic_6
                                 "--processes", "2", warnings=[said]))
     # under the budget, nothing is cut
     _assert_same(in_process_64, _analyzed(synthetic_64, tmp_path / "whole", "--max-events", len(full.events())))
+
+
+def test_a_window_unlike_the_steps_before_it_is_said(tmp_path):
+    """A straggler in the first half of the run only: a budget that keeps the last
+    10 steps cannot see it, so the loader says that the earlier steps (their step
+    times come from the step table, which covers every step) were slower."""
+    run_dir = write_synthetic_run(str(tmp_path / "early"), ranks=16, steps=30, slow_rank=5,
+                                  slow_factor=1.6, slow_steps=range(15))
+    full = load_run(run_dir)
+    assert [f["ranks"] for f in full.findings if f["kind"] == "straggler"] == [[5]]
+    per_step = full.steps().groupby("step")["dur_ms"].median()
+    before, window = per_step.loc[2:19].median(), per_step.loc[20:].median()
+    assert before / window - 1 > 0.3  # the planted slowdown, as the step table has it
+    budget = len(full.events()) * 10 // 30 + 16  # the last 10 steps
+    said = (f"steps 2-19, before the analyzed window, took a median {before:.1f} ms per step, the window "
+            f"{window:.1f} ms (+{before / window - 1:.0%}): the findings describe the window "
+            "(--max-events 0 analyzes every step)")
+    cut = load_run(run_dir, max_events=budget, expected_warnings=["analyzing the last 10 steps (20-29)", said])
+    assert sorted(cut.steps()["step"].unique()) == list(range(30))
+    assert not [f for f in cut.findings if f["kind"] == "straggler"]
+    # a window like the steps before it: nothing said (the 64-rank test above: one warning)
 
 
 def test_a_real_run_on_a_local_cluster_of_the_clis_own(demo_scenario, tmp_path):
@@ -147,7 +171,7 @@ def test_a_worker_killed_mid_pass_is_replaced_and_the_result_is_unchanged(synthe
     lost = {str(key).rsplit("-", 1)[0] for event in removed for key in event["processing-tasks"]}
     assert lost, removed
     finished_on = {t["key"]: t["worker"] for t in _rank_tasks(stream)}
-    assert set(finished_on) == {f"rank_tables-{r}" for r in range(64)}
+    assert set(finished_on) == {f"rank_batch-{r}" for r in range(64)}
     assert all(finished_on[key] != address for key in lost), (lost, finished_on)
     client.wait_for_workers(2, timeout=60)  # the nanny restarted it (the module's cluster stays whole)
 

@@ -19,7 +19,10 @@ import pyarrow as pa
 
 from diagnose import rundir
 from diagnose.analysis import clock_align, device_collectives, event_budget, pipeline_topology
+from diagnose.analysis.breakdown import step_breakdown
+from diagnose.analysis.rank_pass import ranks_per_task
 from diagnose.analysis.rank_pass_engines import InProcess
+from diagnose.analysis.step_tables import steady_state_steps, steps_table, window_shift
 from diagnose.errors import UserError
 
 
@@ -66,15 +69,21 @@ class Run:
         self._shift(self._events, self.refinements_ns, ("start_ns", "end_ns"))
         for rank, extra in self.refinements_ns.items():
             self.offsets_ns[rank] = self.offsets_ns.get(rank, 0) + extra
-        self.t0_ns = int(self._events["start_ns"].min()) if len(self._events) else 0
-        self._events["start_ns"] -= self.t0_ns
-        self._events["end_ns"] -= self.t0_ns
+        self._shift(self._steps, self.offsets_ns, ("start_ns", "end_ns"))
+        # the first event, or a step before the window of a run over the budget
+        starts = [int(t["start_ns"].min()) for t in (self._events, self._steps) if len(t)]
+        self.t0_ns = min(starts) if starts else 0
+        for table in (self._events, self._steps):
+            table["start_ns"] -= self.t0_ns
+            table["end_ns"] -= self.t0_ns
         # stages the job did not mark, from its sends and receives
         self.stage_source = pipeline_topology.stamp_inferred_stages(self._events, self.warn)
         if self._samples is not None:
             self._shift(self._samples, self.offsets_ns, ("ts_ns",))
             self._samples["ts_ns"] -= self.t0_ns
         self.wall_t0_ns = self._wall_of(self.t0_ns)
+        if self.window is not None and (shift := window_shift(self._steps, self.window["from_step"])):
+            self.warn(shift)
 
     def _refine(self, bounded: set) -> dict:
         """Clock corrections from collective end times, after the device
@@ -91,34 +100,47 @@ class Run:
 
     def _read_ranks(self, todo: list, engine, on_rank, max_events) -> tuple[list, list]:
         """The per-rank pass over `todo` ((rank, rank_dir) or a warning), on the
-        engine: (event tables, sample tables). Its own method so that nothing
-        else holds the per-rank tables once the caller's lists let them go: a
-        leftover reference kept all of them alive while they were converted
-        (1,024 ranks x 200 steps: +850 MB at the peak)."""
+        engine: (event tables, sample tables); the step tables go to self._steps
+        and self._breakdown. Its own method so that nothing else holds the
+        per-rank tables once the caller's lists let them go: a leftover
+        reference kept all of them alive while they were converted (1,024 ranks
+        x 200 steps: +850 MB at the peak)."""
         ranks_todo = [item for item in todo if not isinstance(item, str)]
         total = len(ranks_todo)
         self.window = event_budget.window(ranks_todo, max_events)
         if self.window is not None:
             self.warn(self.window["message"])
         from_step = self.window["from_step"] if self.window else None
-        results = engine.map_ranks([(rank, rank_dir, from_step) for rank, rank_dir in ranks_todo],
-                                   on_rank and (lambda done: on_rank(done, total)))
-        results.reverse()  # popped in rank order, each list entry dropped as it is taken
-        event_tables, sample_tables = [], []
+        size = ranks_per_task(total)
+        batches = [ranks_todo[i:i + size] for i in range(0, total, size)]
+        done = [0]
+
+        def on_done(index):
+            done[0] += len(batches[index])
+            on_rank(done[0], total)
+        results = engine.map_tasks([(batch, from_step) for batch in batches], on_rank and on_done)
+        per_rank = [entry for result in results for entry in result[0]]
+        per_rank.reverse()  # popped in rank order
+        event_tables, sample_tables, step_frames, breakdown_frames = [], [], [], []
+        for _, events, samples, steps, breakdown in results:
+            event_tables += [events] if events is not None else []
+            sample_tables += [samples] if samples is not None else []
+            step_frames += [steps] if steps is not None else []
+            breakdown_frames += [breakdown] if breakdown is not None else []
+        del results[:]
         for item in todo:  # warnings in the order a sequential read would have said them
             if isinstance(item, str):
                 self.warn(item)
                 continue
-            (rank, rank_dir), (meta, events, samples, notes) = item, results.pop()
+            (rank, rank_dir), (meta, has_events, notes) = item, per_rank.pop()
             for note in notes:
                 self.warn(note)
             self.rank_meta[rank] = meta
-            if events is None:
+            if not has_events:
                 self.warn(f"{rank_dir}: no readable events")
-            else:
-                event_tables.append(events)
-            if samples is not None:
-                sample_tables.append(samples)
+        self._steps = _by_rank(step_frames, lambda: steps_table(_empty_events()), ["rank", "step"])
+        self._breakdown = _by_rank(breakdown_frames, lambda: step_breakdown(_empty_events(), self._steps),
+                                   ["rank"])
         return event_tables, sample_tables
 
     # -- plumbing -----------------------------------------------------------
@@ -174,10 +196,10 @@ class Run:
         return self._samples if self._samples is not None else pd.DataFrame(
             {"ts_ns": [], "metric": [], "value": [], "rank": []})
 
-    @functools.lru_cache(maxsize=None)
     def steps(self) -> pd.DataFrame:
-        from diagnose.analysis.step_tables import steps_table
-        return steps_table(self._events)
+        """One row per (rank, step): every step recorded, also those before the
+        window of a run over the event budget (in_window keeps the analyzed ones)."""
+        return self._steps
 
     @functools.lru_cache(maxsize=None)
     def collectives(self) -> pd.DataFrame:
@@ -189,15 +211,21 @@ class Run:
         from diagnose.analysis.matching import arrivals_table
         return arrivals_table(self.collectives())
 
-    @functools.lru_cache(maxsize=None)
     def breakdown(self) -> pd.DataFrame:
-        from diagnose.analysis.breakdown import step_breakdown
-        return step_breakdown(self._events, self.steps())
+        """Where each rank's step time went (diagnose/analysis/breakdown.py), per
+        (rank, step), made by the per-rank pass: every step, as steps()."""
+        return self._breakdown
+
+    def in_window(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """The rows of a per-step table (a `step` column) in the steps whose events
+        are analyzed: all of them unless the event budget cut the run."""
+        if self.window is None or frame.empty:
+            return frame
+        return frame[frame["step"] >= self.window["from_step"]]
 
     @functools.lru_cache(maxsize=None)
     def steady_steps(self) -> list[int]:
-        from diagnose.analysis.step_tables import steady_state_steps
-        return steady_state_steps(self.steps(), warmup=self.window is None)
+        return steady_state_steps(self.in_window(self.steps()), warmup=self.window is None)
 
     @functools.cached_property
     def progress(self) -> dict[int, dict]:
@@ -244,7 +272,7 @@ class Run:
     @functools.lru_cache(maxsize=None)
     def temporal_breakdown(self) -> pd.DataFrame:
         from diagnose.analysis.gpu_tables import temporal_breakdown
-        return temporal_breakdown(self.kernels(), self.steps())
+        return temporal_breakdown(self.kernels(), self.in_window(self.steps()))
 
     @functools.lru_cache(maxsize=None)
     def device_compute(self) -> pd.DataFrame:
@@ -264,7 +292,7 @@ class Run:
     @functools.lru_cache(maxsize=None)
     def comm_comp_overlap(self) -> pd.DataFrame:
         from diagnose.analysis.gpu_tables import comm_comp_overlap
-        return comm_comp_overlap(self.kernels(), self.steps())
+        return comm_comp_overlap(self.kernels(), self.in_window(self.steps()))
 
     @functools.lru_cache(maxsize=None)
     def device_idle_behind_syncs(self) -> pd.DataFrame:
@@ -274,7 +302,7 @@ class Run:
     @functools.lru_cache(maxsize=None)
     def device_step_breakdown(self) -> pd.DataFrame:
         from diagnose.analysis.gpu_tables import device_step_breakdown
-        return device_step_breakdown(self.kernels(), self.steps())
+        return device_step_breakdown(self.kernels(), self.in_window(self.steps()))
 
     @functools.lru_cache(maxsize=None)
     def fsdp_unit_comm(self) -> pd.DataFrame:
@@ -289,7 +317,8 @@ class Run:
     @functools.lru_cache(maxsize=None)
     def input_wait(self) -> pd.DataFrame:
         from diagnose.analysis.gpu_tables import input_wait
-        return input_wait(self.breakdown(), self.steps(), self.kernels(), self.device_data_wait())
+        return input_wait(self.in_window(self.breakdown()), self.in_window(self.steps()), self.kernels(),
+                          self.device_data_wait())
 
     @property
     def findings(self) -> list[dict]:
@@ -309,6 +338,17 @@ def _empty_events() -> pd.DataFrame:
     from collectors.schema import EVENT_SCHEMA
     frame = EVENT_SCHEMA.empty_table().to_pandas()
     frame["rank"] = pd.Series([], dtype="int32")
+    return frame
+
+
+def _by_rank(frames: list, empty, order: list) -> pd.DataFrame:
+    """The per-task step tables as one, in rank order (a multi-node run's tasks
+    need not come in it); empty() when there are none."""
+    if not frames:
+        return empty()
+    frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    if len(frames) > 1 and not frame["rank"].is_monotonic_increasing:
+        frame = frame.sort_values(order, kind="stable", ignore_index=True)
     return frame
 
 

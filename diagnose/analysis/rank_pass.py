@@ -1,16 +1,21 @@
-"""The per-rank pass: one rank's folder in, that rank's tables out, touching no
-other rank. It is what an engine (diagnose/analysis/rank_pass_engines.py) maps over the
-ranks, in this process, in local worker processes or on Dask workers: so it is
-a module-level function of plain arguments whose result pickles (Arrow tables,
+"""The per-rank pass: a few ranks' folders in, their tables out, touching no
+other rank. It is what an engine (diagnose/analysis/rank_pass_engines.py) maps
+over the run's ranks, a task per batch of ranks (ranks_per_task), in this
+process, in local worker processes or on Dask workers: so it is a module-level
+function of plain arguments whose result pickles (Arrow tables, pandas frames,
 dicts, strings), and it never raises for bad data (the readers turn every bad
 part into a note; the notes travel back and are said in rank order).
 
 Out, per rank: its meta.json, its events and samples as Arrow tables with a
 `rank` column (the string columns dictionary-encoded, as the readers hand them
 over, except the samples' metric name, which the loader keeps as plain text),
-and the warnings reading it produced. With `from_step` (a run over the
-loader's event budget), the events of earlier steps are dropped here, on the
-worker, so that they never reach the cross-rank pass.
+and the warnings reading it produced. Out, per batch: the compact step tables
+of its ranks, the steps and the breakdown (a rank's breakdown needs only its
+own events: diagnose/analysis/breakdown.py), over every step the ranks
+recorded. With `from_step` (a run over the loader's event budget), the events
+of earlier steps are dropped here, on the worker, after the step tables are
+made: they never reach the cross-rank pass, and the step tables still cover
+the whole run.
 """
 import os
 
@@ -18,6 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from diagnose.analysis.breakdown import step_breakdown
+from diagnose.analysis.step_tables import steps_table
 from diagnose.rundir import rank_reader
 
 # string columns the loader turns into pandas categoricals; other dictionary
@@ -25,9 +32,52 @@ from diagnose.rundir import rank_reader
 CATEGORICAL_COLUMNS = ("kind", "name", "group", "group_ranks", "callsite", "detail")
 
 
-def rank_tables(rank: int, rank_dir: str, from_step: int | None = None) -> tuple:
-    """(meta, events or None, samples or None, notes) of one rank; with from_step,
-    only the events of steps >= from_step and those outside any step (step -1)."""
+# the columns the step tables read
+STEP_TABLE_COLUMNS = ("rank", "kind", "name", "group", "detail", "step", "start_ns", "end_ns")
+# Ranks per task: the step tables cost ~7 ms per rank made one rank at a time (pandas'
+# fixed costs) and ~2.4 ms per rank made 256 at once; one task per rank up to 64 ranks
+# (a lost worker costs the fewest ranks), then up to 32 per task.
+MAX_RANKS_PER_TASK = 32
+
+
+def ranks_per_task(ranks: int) -> int:
+    return max(1, min(MAX_RANKS_PER_TASK, ranks // 64))
+
+
+def rank_batch(batch: list, from_step: int | None = None) -> tuple:
+    """The pass over `batch`, (rank, rank_dir) pairs: (per rank (meta, has events,
+    notes) in batch order, the batch's events or None, samples or None, steps,
+    breakdown). with from_step, only the events of steps >= from_step and those
+    outside any step (step -1); the step tables keep every step."""
+    per_rank, events, samples = [], [], []
+    for rank, rank_dir in batch:
+        meta, rank_events, rank_samples, notes = rank_tables(rank, rank_dir)
+        per_rank.append((meta, rank_events is not None, notes))
+        if rank_events is not None:
+            events.append(rank_events)
+        if rank_samples is not None:
+            samples.append(rank_samples)
+    events = pa.concat_tables(events, promote_options="none") if events else None
+    steps, breakdown = step_tables(events)
+    if from_step is not None and events is not None:
+        step = events.column("step")
+        events = events.filter(pc.or_(pc.less(step, 0), pc.greater_equal(step, from_step)))
+    samples = pa.concat_tables(samples, promote_options="none") if samples else None
+    return per_rank, events, samples, steps, breakdown
+
+
+def step_tables(events: pa.Table | None) -> tuple:
+    """(steps, breakdown) of the ranks in `events` (None: none), as the loader's
+    Run.steps() and Run.breakdown(), on each rank's own clock."""
+    if events is None:
+        return None, None
+    frame = events.select(list(STEP_TABLE_COLUMNS)).unify_dictionaries().to_pandas(use_threads=False)
+    steps = steps_table(frame)
+    return steps, step_breakdown(frame, steps)
+
+
+def rank_tables(rank: int, rank_dir: str) -> tuple:
+    """(meta, events or None, samples or None, notes) of one rank."""
     notes = []
     if not os.path.isdir(rank_dir):  # a worker of a cluster that does not share the run's storage
         return {}, None, None, [f"{rank_dir}: not found where the per-rank pass ran "
@@ -35,9 +85,6 @@ def rank_tables(rank: int, rank_dir: str, from_step: int | None = None) -> tuple
     meta = rank_reader.read_meta(rank_dir, notes.append)
     events = rank_reader.read_events(rank_dir, notes.append)
     samples = rank_reader.read_samples(rank_dir, lambda message: None)
-    if from_step is not None and events is not None:
-        step = events.column("step")
-        events = events.filter(pc.or_(pc.less(step, 0), pc.greater_equal(step, from_step)))
     return meta, _with_rank(events, rank), _with_rank(samples, rank), notes
 
 

@@ -1,6 +1,6 @@
 """Where the per-rank pass runs (diagnose/analysis/rank_pass.py): the loader
-hands an engine the ranks to read (rank_tables' arguments, one tuple per rank)
-and gets their tables back in rank order; the cross-rank pass (clock
+hands an engine its tasks (rank_batch's arguments: a batch of ranks, and the
+first step to keep) and gets their tables back in task order; the cross-rank pass (clock
 alignment, matching, detectors, what-if) then runs in the calling process,
 whatever the engine. Results are the same for every engine
 (tests/test_analysis_engines.py): the per-rank pass is a pure function of the
@@ -23,21 +23,22 @@ import uuid
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from multiprocessing import get_context
 
-from diagnose.analysis.rank_pass import rank_tables
+from diagnose.analysis.rank_pass import rank_batch
 from diagnose.errors import UserError
 
-THREADS_FROM_RANKS = 8  # fewer ranks are read one after the other: threads cost more than they save
+THREADS_FROM_TASKS = 8  # fewer tasks run one after the other: threads cost more than they save
 
 
 class InProcess:
     name = "in-process"
 
-    def map_ranks(self, todo: list, on_done) -> list:
-        if len(todo) < THREADS_FROM_RANKS:
-            return _in_order((rank_tables(*item) for item in todo), on_done)
+    def map_tasks(self, tasks: list, on_done) -> list:
+        """rank_batch(*task) for each task, in task order; on_done(index) as each ends."""
+        if len(tasks) < THREADS_FROM_TASKS:
+            return _in_order((rank_batch(*task) for task in tasks), on_done)
         # On 1,024 ranks the per-file overhead, not the bytes, is what costs.
         with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-            return _in_order(pool.map(rank_tables, *zip(*todo)), on_done)
+            return _in_order(pool.map(rank_batch, *zip(*tasks)), on_done)
 
     def close(self) -> None:
         pass
@@ -52,11 +53,11 @@ class Processes:
         self.workers = workers
         self.name = f"{workers} local processes"
 
-    def map_ranks(self, todo: list, on_done) -> list:
-        chunk = max(1, len(todo) // (8 * self.workers))
+    def map_tasks(self, tasks: list, on_done) -> list:
+        chunk = max(1, len(tasks) // (8 * self.workers))
         try:
             with ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn")) as pool:
-                return _in_order(pool.map(rank_tables, *zip(*todo), chunksize=chunk), on_done)
+                return _in_order(pool.map(rank_batch, *zip(*tasks), chunksize=chunk), on_done)
         except Exception as exc:  # e.g. a worker killed by the OOM killer
             raise UserError(f"the per-rank pass failed in a worker process: {type(exc).__name__}: {exc}") from None
 
@@ -97,21 +98,22 @@ class Dask:
     def dashboard(self) -> str | None:
         return self.client.dashboard_link if _has_dashboard() else None
 
-    def map_ranks(self, todo: list, on_done) -> list:
+    def map_tasks(self, tasks: list, on_done) -> list:
         from distributed import as_completed
-        columns = list(zip(*todo)) if todo else [(), ()]
+        columns = list(zip(*tasks)) if tasks else [(), ()]
         token = uuid.uuid4().hex[:12]  # keys of this pass only: a cluster outlives passes
-        futures = self.client.map(rank_tables, *columns, key=[f"rank_tables-{r}-{token}" for r in columns[0]])
+        # a task's key names its first rank
+        keys = [f"rank_batch-{batch[0][0]}-{token}" for batch in columns[0]]
+        futures = self.client.map(rank_batch, *columns, key=keys)
         position = {future.key: i for i, future in enumerate(futures)}
         results = [None] * len(futures)
-        done = 0
         try:
             for future in as_completed(futures):  # a result lost with its worker is computed again
-                results[position[future.key]] = future.result()
+                index = position[future.key]
+                results[index] = future.result()
                 future.release()  # its copy on the worker is no longer needed
-                done += 1
                 if on_done is not None:
-                    on_done(done)
+                    on_done(index)
         except Exception as exc:  # e.g. KilledWorker: a rank whose workers died too often
             raise UserError(f"the per-rank pass failed on {self.name}: {type(exc).__name__}: {exc}") from None
         return results
@@ -138,7 +140,7 @@ def _in_order(results, on_done) -> list:
     for result in results:
         out.append(result)
         if on_done is not None:
-            on_done(len(out))
+            on_done(len(out) - 1)
     return out
 
 

@@ -38,6 +38,28 @@ def steady_state_steps(steps: pd.DataFrame, warmup: bool = True) -> list[int]:
     return complete[skip:]
 
 
+WINDOW_SHIFT_FRAC = 0.10  # a job's step time drifts a few % over a run; 10% is a change of regime
+
+
+def window_shift(steps: pd.DataFrame, from_step: int) -> str | None:
+    """When the event budget analyzes a run's last steps only (from_step on): a
+    line when the steps before the window, past warm-up, took a median step time
+    more than WINDOW_SHIFT_FRAC off the window's (the step table covers every
+    step: the per-rank pass makes it before the cut), else None. A cause
+    confined to the earlier steps is then out of the findings' sight."""
+    per_step = steps.groupby("step")["dur_ms"].median()
+    before = per_step[per_step.index < from_step].iloc[WARMUP_STEPS:]
+    window = per_step[per_step.index >= from_step]
+    if before.empty or window.empty or not window.median() > 0:
+        return None
+    before_ms, window_ms = float(before.median()), float(window.median())
+    if abs(before_ms / window_ms - 1) <= WINDOW_SHIFT_FRAC:
+        return None
+    return (f"steps {int(before.index[0])}-{from_step - 1}, before the analyzed window, took a median "
+            f"{before_ms:.1f} ms per step, the window {window_ms:.1f} ms ({before_ms / window_ms - 1:+.0%}): "
+            f"the findings describe the window (--max-events 0 analyzes every step)")
+
+
 # -- step summaries ----------------------------------------------------------
 def step_summary(breakdown: pd.DataFrame, steps: pd.DataFrame | None = None,
                  bubbles: pd.DataFrame | None = None) -> pd.DataFrame:

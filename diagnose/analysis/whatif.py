@@ -50,7 +50,7 @@ class WhatIf:
             self.model = StepModel(device_lanes.device_calls(run.collectives()),
                                    device_lanes.device_steps(kernels))
         else:
-            self.model = StepModel(run.collectives(), run.steps())
+            self.model = StepModel(run.collectives(), run.in_window(run.steps()))
         self.ok = self.model.ok
         if not self.ok:
             return
