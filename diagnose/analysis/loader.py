@@ -227,6 +227,15 @@ class Run:
     def steady_steps(self) -> list[int]:
         return steady_state_steps(self.in_window(self.steps()), warmup=self.window is None)
 
+    def rank_stages(self) -> dict[int, int]:
+        """rank -> pipeline stage (the most frequent one of its rows), for a run with stages."""
+        return dict(self._rank_stages)
+
+    @functools.cached_property
+    def _rank_stages(self) -> dict[int, int]:
+        from diagnose.analysis.detectors.run_structure import rank_stages
+        return rank_stages(self._events)
+
     @functools.cached_property
     def progress(self) -> dict[int, dict]:
         """rank -> its last progress.json (steps done, recent step times)."""

@@ -250,13 +250,12 @@ def apply(ctx, findings) -> dict | None:
     """Set each finding's impact to its what-if saving where the replay holds on this
     run (host lanes, or GPU lanes where kernels cover the steady steps), keeping the
     detector's own estimate as `estimate_ms_per_step`. Returns the run's step figures."""
-    from diagnose.analysis.detectors.run_structure import rank_stages
     if not ctx.steady:
         return None
     if ctx.on_device and ctx.kernel_steady != ctx.steady:
         return {"impact_from_replay": False,
                 "why": "collectives timed on the device, kernels recorded in too few steps to replay"}
-    w = WhatIf(ctx.run, ctx.steady, rank_stages(ctx.run.events()), device=ctx.on_device)
+    w = WhatIf(ctx.run, ctx.steady, ctx.run.rank_stages(), device=ctx.on_device)
     if not w.ok:
         return {"measured_step_ms": ctx.step_ms, "impact_from_replay": False,
                 "why": w.model.why or "the replay deadlocked: a dependency the trace does not show"}

@@ -11,7 +11,6 @@ line allocated it (and NVML counts the caching allocator's reserve, which only
 grows).
 """
 from collectors.instrument.gpu_common import GPU_MEM_USED_MB
-from diagnose.analysis.detectors.run_structure import rank_stages
 from diagnose.analysis.findings import Finding
 
 RATIO_WARNING, RATIO_CRITICAL, MIN_GAP_MB = 1.3, 1.6, 256.0
@@ -36,7 +35,7 @@ def detect(ctx):
     ratio = float(peaks.max() / median) if median > 0 else 1.0
     if ratio < RATIO_WARNING or peaks.max() - median < MIN_GAP_MB:
         return []
-    stage = rank_stages(ctx.run.events()).get(top)
+    stage = ctx.run.rank_stages().get(top)
     return [Finding(
         kind="memory_imbalance", ranks=[top], stage=stage,
         severity="critical" if ratio >= RATIO_CRITICAL else "warning",

@@ -30,7 +30,6 @@ phases' stage stamps, so an import without them has no pipeline to judge.
 """
 import math
 
-from diagnose.analysis.detectors.run_structure import rank_stages
 from diagnose.analysis.schedule_slots import recorded_schedule_idle_frac
 from diagnose.analysis.findings import Finding
 
@@ -42,7 +41,7 @@ ON_DEVICE_NOTE = "; idle: no compute kernel running, on the GPUs' clocks"
 
 def detect(ctx):
     events = ctx.run.events()
-    stages = rank_stages(events)
+    stages = ctx.run.rank_stages()
     n_stages = len(set(stages.values()))
     if n_stages < 2 or ctx.breakdown.empty:
         return []

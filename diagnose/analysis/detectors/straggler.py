@@ -25,7 +25,6 @@ the median rank, and which part of its step is slow.
 import numpy as np
 import pandas as pd
 
-from diagnose.analysis.detectors.run_structure import rank_stages
 from diagnose.analysis.detectors.workload_imbalance import lengths_vary
 from diagnose.analysis.findings import Finding
 
@@ -82,7 +81,7 @@ def waiting_caused(ctx):
     arrivals = arrivals[(arrivals["kind"] == "collective") & arrivals["step"].isin(ctx.steady)
                         & (arrivals["members"] == np.minimum(arrivals["expected_members"], seen))]
     arrivals = arrivals.drop(columns="kind").assign(group=pd.factorize(arrivals["group"])[0])
-    arrivals = _same_stage_groups(arrivals, rank_stages(ctx.run.events()))
+    arrivals = _same_stage_groups(arrivals, ctx.run.rank_stages())
     others = arrivals[(arrivals["rank"] != arrivals["last_rank"]) & (arrivals["wait_ms"] > 0)]
     if others.empty:
         return None
@@ -136,7 +135,7 @@ def detect(ctx):
     if caused is None or caused.empty or len(caused) < 2:
         return []
     per_rank_ms = caused.mean(axis=1)
-    stages = rank_stages(ctx.run.events())
+    stages = ctx.run.rank_stages()
     # A rank up- or downstream of a straggler in a pipeline arrives late at its own
     # stage's collectives too, and on a loaded host can pass the busy gate
     # (pipeline_straggler on 2 cores: rank 4, stage 0 of the slow rank's pipeline,
