@@ -19,7 +19,8 @@ Dask's scheduler and nannies: bench/measure.py samples the process tree).
 
 Over the analysis' event budget (`diagnose analyze --max-events`, default 25 M)
 the run is analyzed over its last steps that fit; the loader's line saying
-which is printed. `--max-events 0` analyzes every step; `--keep DIR --reuse`
+which is printed. `--max-events 0` analyzes every step at once, `--every-step`
+in windows that fit the budget, one after the other; `--keep DIR --reuse`
 analyzes a run an earlier call kept (16,384 ranks take ~220 s to write).
 
 The last line per engine is machine-readable:
@@ -97,6 +98,8 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=2, help="worker processes of the processes and dask engines")
     p.add_argument("--max-events", type=int, default=None,
                    help="the analysis' event budget (default: diagnose analyze's; 0: every step)")
+    p.add_argument("--every-step", action="store_true",
+                   help="a run over the budget is analyzed in windows of steps, one after the other")
     p.add_argument("--reuse", action="store_true", help="analyze the run --keep holds (written with the same "
                                                         "options) instead of writing it again")
     args = p.parse_args()
@@ -123,7 +126,8 @@ def main() -> int:
         print(f"{'kept' if args.reuse else 'wrote'} dp {dp} x pp {pp} x tp {tp} = {args.ranks} ranks x "
               f"{args.steps} steps: {events:,} events in {time.perf_counter() - t0:.1f} s; "
               f"{size / 2**20:.1f} MiB on disk, {size / events:.1f} bytes/event (incl. meta.json)", flush=True)
-        budget = [] if args.max_events is None else ["--max-events", str(args.max_events)]
+        budget = ([] if args.max_events is None else ["--max-events", str(args.max_events)]) + (
+            ["--every-step"] if args.every_step else [])
         ok = True
         for engine in engines:
             extra = ENGINE_OPTIONS[engine](args.workers) + ([] if args.outputs else ["--no-outputs"]) + budget

@@ -109,12 +109,18 @@ def test_a_run_over_the_event_budget_is_analyzed_over_its_last_steps(synthetic_6
     _assert_same(in_process_64, _analyzed(synthetic_64, tmp_path / "whole", "--max-events", len(full.events())))
 
 
-def test_a_window_unlike_the_steps_before_it_is_said(tmp_path):
+@pytest.fixture(scope="module")
+def early_straggler(tmp_path_factory):
+    """16 ranks x 30 steps, rank 5 1.6x slow in steps 0-14 only."""
+    return write_synthetic_run(str(tmp_path_factory.mktemp("early") / "run"), ranks=16, steps=30,
+                               slow_rank=5, slow_factor=1.6, slow_steps=range(15))
+
+
+def test_a_window_unlike_the_steps_before_it_is_said(early_straggler):
     """A straggler in the first half of the run only: a budget that keeps the last
     10 steps cannot see it, so the loader says that the earlier steps (their step
     times come from the step table, which covers every step) were slower."""
-    run_dir = write_synthetic_run(str(tmp_path / "early"), ranks=16, steps=30, slow_rank=5,
-                                  slow_factor=1.6, slow_steps=range(15))
+    run_dir = early_straggler
     full = load_run(run_dir)
     assert [f["ranks"] for f in full.findings if f["kind"] == "straggler"] == [[5]]
     per_step = full.steps().groupby("step")["dur_ms"].median()
@@ -128,6 +134,65 @@ def test_a_window_unlike_the_steps_before_it_is_said(tmp_path):
     assert sorted(cut.steps()["step"].unique()) == list(range(30))
     assert not [f for f in cut.findings if f["kind"] == "straggler"]
     # a window like the steps before it: nothing said (the 64-rank test above: one warning)
+
+
+def test_every_step_analyzes_the_run_window_by_window_and_finds_the_early_cause(early_straggler, tmp_path):
+    """--every-step: the same budget, the run's 30 steps in 3 windows of 10 analyzed
+    one after the other; the early straggler is found, with the steps it was found
+    in, and its impact is the run's average per step."""
+    import diagnose
+    from diagnose.analysis.run_detectors import detect
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(early_straggler, run_dir)
+    full = load_run(run_dir)
+    events = len(full.events())
+    budget = events * 10 // 30 + 16
+    proc = run_diagnose(["analyze", run_dir, "--quiet", "--no-outputs", "--max-events", budget, "--every-step"])
+    assert [line for line in proc.stderr.splitlines() if "warning" in line] == [
+        f"diagnose: warning: 16 ranks x 30 steps is ~{events:,} events, over the analysis' budget of {budget:,} "
+        "(--max-events): analyzing it in 3 windows of steps, one after the other (0-9, 10-19, 20-29)"]
+    analysis = os.path.join(run_dir, "analysis")
+    findings = json.loads(open(os.path.join(analysis, "findings.json"), encoding="utf-8").read())
+    [straggler] = [f for f in findings if f["kind"] == "straggler"]
+    # each window alone, as --every-step loads it
+    per_window = {}
+    for first in (0, 10, 20):
+        window = diagnose.load(run_dir, warn=None, window={"from_step": first, "last_step": first + 9,
+                                                            "warmup": first == 0})
+        assert set(window.collectives()["step"]) <= set(range(first, first + 10)) | {-1}
+        per_window[first] = [f for f in detect(window) if f["kind"] == "straggler"]
+    found = [first for first, fs in per_window.items() if fs]
+    assert found and 20 not in found and all(fs[0]["ranks"] == [5] for fs in per_window.values() if fs)
+    spans = ", ".join(f"{a}-{a + 9}" for a in found)
+    assert straggler["ranks"] == [5] and straggler["title"].endswith(f"(steps {spans} of 0-29)")
+    assert straggler["metrics"]["windows_found"] == spans
+    assert straggler["impact_ms_per_step"] == pytest.approx(
+        sum(per_window[a][0]["impact_ms_per_step"] * 10 for a in found) / 30, abs=1e-3)
+    # the step tables cover every step, as the whole run's
+    for name in ("steps", "breakdown"):
+        assert_frame_equal(pd.read_parquet(os.path.join(analysis, f"{name}.parquet")),
+                           getattr(full, name)().reset_index(drop=True), obj=name, check_dtype=False)
+    assert sorted(os.listdir(os.path.join(analysis, "windows"))) == ["steps-0-9", "steps-10-19", "steps-20-29"]
+    assert not os.path.exists(os.path.join(analysis, "collectives.parquet"))
+
+
+def test_merged_findings_keep_a_crash_critical_and_weigh_a_partial_cause_by_its_steps():
+    from diagnose.analysis.window_findings import merge
+
+    def finding(kind, severity, impact, ranks=(3,)):
+        return {"kind": kind, "severity": severity, "impact_ms_per_step": impact, "ranks": list(ranks),
+                "stage": None, "callsite": None, "title": kind, "recommendation": "", "metrics": {}}
+    merged = merge([((0, 9), [finding("straggler", "critical", 40.0), finding("exposed_comm", "warning", 4.0, [])]),
+                    ((10, 29), [finding("rank_failure", "critical", 0.0),
+                                finding("exposed_comm", "warning", 7.0, [])])], step_ms=100.0)
+    by_kind = {f["kind"]: f for f in merged}
+    # found in 10 of 30 steps: 40 ms there is 13.3 ms per step of the run: warning, not critical
+    assert (by_kind["straggler"]["impact_ms_per_step"], by_kind["straggler"]["severity"],
+            by_kind["straggler"]["title"]) == (13.333, "warning", "straggler (steps 0-9 of 0-29)")
+    assert by_kind["rank_failure"]["severity"] == "critical"  # the job did not end: whatever its steps
+    # in every window: one finding, the heaviest window's text, the steps' weighted impact
+    assert (by_kind["exposed_comm"]["impact_ms_per_step"], by_kind["exposed_comm"]["title"]) == (6.0, "exposed_comm")
+    assert [f["kind"] for f in merged] == ["rank_failure", "straggler", "exposed_comm"]  # by severity, impact
 
 
 def test_a_real_run_on_a_local_cluster_of_the_clis_own(demo_scenario, tmp_path):

@@ -17,13 +17,42 @@ SIZING_RANKS = 8         # read to size the run (a half of the ranks missed by a
 
 def window(ranks_todo: list, max_events: int | None) -> dict | None:
     """{"from_step", "last_step", "estimated_events", "message"} when the run's
-    events would pass max_events (None: MAX_EVENTS; 0: no budget), else None.
-    ranks_todo: (rank, rank_dir) of every rank. Sized from SIZING_RANKS ranks drawn
+    events would pass max_events (None: MAX_EVENTS; 0: no budget), else None."""
+    size = _size(ranks_todo, max_events)
+    if size is None:
+        return None
+    ranks, first, last, estimate, keep, max_events = size
+    from_step = last - keep + 1
+    return {"from_step": from_step, "last_step": last, "estimated_events": estimate,
+            "message": f"{ranks} ranks x {last - first + 1} steps is ~{estimate:,} events, over the "
+                       f"analysis' budget of {max_events:,} (--max-events): analyzing the last {keep} "
+                       f"steps ({from_step}-{last}) only"}
+
+
+def windows(ranks_todo: list, max_events: int | None) -> tuple[list, str] | None:
+    """([(first step, last step), ...], message): the run's steps cut into as few
+    windows of near-equal length as fit the budget (diagnose analyze --every-step), in
+    step order; None when the run fits it whole."""
+    size = _size(ranks_todo, max_events)
+    if size is None:
+        return None
+    ranks, first, last, estimate, keep, max_events = size
+    count = -(-(last - first + 1) // keep)
+    bounds = [first + (last - first + 1) * i // count for i in range(count + 1)]
+    spans = [(a, b - 1) for a, b in zip(bounds[:-1], bounds[1:])]
+    return spans, (f"{ranks} ranks x {last - first + 1} steps is ~{estimate:,} events, over the analysis' "
+                   f"budget of {max_events:,} (--max-events): analyzing it in {count} windows of steps, "
+                   f"one after the other (" + ", ".join(f"{a}-{b}" for a, b in spans) + ")")
+
+
+def _size(ranks_todo: list, max_events: int | None) -> tuple | None:
+    """(ranks, first step, last step, estimated events, steps per window, budget) of a
+    run over the budget, else None. Sized from SIZING_RANKS ranks drawn
     at random (their events read once more here, bad parts left for the pass to say),
     the most rows per step of them: ranks of different pipeline stages record
     different rows per step, and evenly spaced ranks can all fall on one stage
     (16,384 ranks as dp x pp4 x tp8: every 2,048th rank is a stage-0 rank).
-    Seeded: the same run is always cut at the same step."""
+    Seeded: the same run is always cut at the same steps."""
     max_events = MAX_EVENTS if max_events is None else max_events
     if not max_events or not ranks_todo:
         return None
@@ -52,8 +81,4 @@ def window(ranks_todo: list, max_events: int | None) -> dict | None:
     keep = max(MIN_WINDOW_STEPS, int((max_events - ranks * outside) // (ranks * per_step)))
     if keep >= last - first + 1:
         return None
-    from_step = last - keep + 1
-    return {"from_step": from_step, "last_step": last, "estimated_events": estimate,
-            "message": f"{ranks} ranks x {last - first + 1} steps is ~{estimate:,} events, over the "
-                       f"analysis' budget of {max_events:,} (--max-events): analyzing the last {keep} "
-                       f"steps ({from_step}-{last}) only"}
+    return ranks, first, last, estimate, keep, max_events

@@ -26,12 +26,29 @@ from diagnose.analysis.step_tables import steady_state_steps, steps_table, windo
 from diagnose.errors import UserError
 
 
+def _per_run(method):
+    """A derived table computed on first use and kept by its run, and freed with it:
+    functools.lru_cache on a method keeps every run it saw alive in a cache of its
+    class (16,384 ranks analyzed in 4 windows, one after the other: 13 GB at the
+    peak instead of one window's ~5.7 GB)."""
+    key = f"_table_{method.__name__}"
+
+    @functools.wraps(method)
+    def cached(self):
+        if key not in self.__dict__:
+            self.__dict__[key] = method(self)
+        return self.__dict__[key]
+    return cached
+
+
 class Run:
-    def __init__(self, run_dirs, warn=None, on_rank=None, engine=None, max_events=None):
+    def __init__(self, run_dirs, warn=None, on_rank=None, engine=None, max_events=None, window=None):
         """on_rank(done, total): called as each rank's parts are read (a progress bar).
         engine: where the per-rank pass runs (diagnose/analysis/rank_pass_engines.py; default
         in this process). max_events: the event budget (event_budget.py: None is its
-        MAX_EVENTS, 0 none)."""
+        MAX_EVENTS, 0 none). window: {"from_step", "last_step", "warmup"}: those steps
+        only, the step tables' too, and no budget (a window of `--every-step`; warmup:
+        whether its first steps are the run's warm-up)."""
         if isinstance(run_dirs, (str, os.PathLike)):
             run_dirs = [run_dirs]
         self.run_dirs = [rundir.require_run_dir(str(d)) for d in run_dirs]
@@ -45,21 +62,10 @@ class Run:
         self._warn_sink = warn
         self.manifest = rundir.read_manifest(self.root)
         self.rank_meta: dict[int, dict] = {}
-        self.rank_dirs: dict[int, str] = {}
-        # event_budget.window's dict when the budget cut the run to its last steps;
-        # None when every step is analyzed
-        self.window: dict | None = None
-        todo = []  # (rank, rank_dir) to read, or a warning, in directory order
-        for run_dir in self.run_dirs:
-            for rank_dir in rundir.rank_dirs(run_dir):
-                rank = rundir.rank_of_dir(rank_dir)
-                if rank is None:
-                    continue
-                if rank in self.rank_dirs:
-                    todo.append(f"{rank_dir}: rank {rank} already read from {self.rank_dirs[rank]}; ignored")
-                    continue
-                self.rank_dirs[rank] = rank_dir
-                todo.append((rank, rank_dir))
+        # the steps analyzed when not all of them are: event_budget.window's dict when
+        # the budget cut the run to its last steps, or the window asked for
+        self.window: dict | None = window
+        todo, self.rank_dirs = _rank_folders(self.run_dirs)
         event_tables, sample_tables = self._read_ranks(todo, engine or InProcess(), on_rank, max_events)
         self._events = _to_pandas(event_tables, _empty_events())
         self._samples = _to_pandas(sample_tables, None)
@@ -82,7 +88,8 @@ class Run:
             self._shift(self._samples, self.offsets_ns, ("ts_ns",))
             self._samples["ts_ns"] -= self.t0_ns
         self.wall_t0_ns = self._wall_of(self.t0_ns)
-        if self.window is not None and (shift := window_shift(self._steps, self.window["from_step"])):
+        if self.window is not None and "message" in self.window and (
+                shift := window_shift(self._steps, self.window["from_step"])):
             self.warn(shift)
 
     def _refine(self, bounded: set) -> dict:
@@ -107,10 +114,14 @@ class Run:
         x 200 steps: +850 MB at the peak)."""
         ranks_todo = [item for item in todo if not isinstance(item, str)]
         total = len(ranks_todo)
-        self.window = event_budget.window(ranks_todo, max_events)
-        if self.window is not None:
-            self.warn(self.window["message"])
-        from_step = self.window["from_step"] if self.window else None
+        to_step = None
+        if self.window is not None:  # asked for: those steps only
+            from_step, to_step = self.window["from_step"], self.window["last_step"]
+        else:
+            self.window = event_budget.window(ranks_todo, max_events)
+            if self.window is not None:
+                self.warn(self.window["message"])
+            from_step = self.window["from_step"] if self.window else None
         size = ranks_per_task(total)
         batches = [ranks_todo[i:i + size] for i in range(0, total, size)]
         done = [0]
@@ -118,7 +129,7 @@ class Run:
         def on_done(index):
             done[0] += len(batches[index])
             on_rank(done[0], total)
-        results = engine.map_tasks([(batch, from_step) for batch in batches], on_rank and on_done)
+        results = engine.map_tasks([(batch, from_step, to_step) for batch in batches], on_rank and on_done)
         per_rank = [entry for result in results for entry in result[0]]
         per_rank.reverse()  # popped in rank order
         event_tables, sample_tables, step_frames, breakdown_frames = [], [], [], []
@@ -201,12 +212,12 @@ class Run:
         window of a run over the event budget (in_window keeps the analyzed ones)."""
         return self._steps
 
-    @functools.lru_cache(maxsize=None)
+    @_per_run
     def collectives(self) -> pd.DataFrame:
         from diagnose.analysis.matching import collectives_table
         return collectives_table(self._events)
 
-    @functools.lru_cache(maxsize=None)
+    @_per_run
     def arrivals(self) -> pd.DataFrame:
         from diagnose.analysis.matching import arrivals_table
         return arrivals_table(self.collectives())
@@ -218,14 +229,16 @@ class Run:
 
     def in_window(self, frame: pd.DataFrame) -> pd.DataFrame:
         """The rows of a per-step table (a `step` column) in the steps whose events
-        are analyzed: all of them unless the event budget cut the run."""
+        are analyzed: all of them unless the event budget cut the run or a window was asked for."""
         if self.window is None or frame.empty:
             return frame
-        return frame[frame["step"] >= self.window["from_step"]]
+        step = frame["step"]
+        return frame[(step >= self.window["from_step"]) & (step <= self.window["last_step"])]
 
-    @functools.lru_cache(maxsize=None)
+    @_per_run
     def steady_steps(self) -> list[int]:
-        return steady_state_steps(self.in_window(self.steps()), warmup=self.window is None)
+        return steady_state_steps(self.in_window(self.steps()),
+                                  warmup=self.window is None or self.window.get("warmup", False))
 
     def rank_stages(self) -> dict[int, int]:
         """rank -> pipeline stage (the most frequent one of its rows), for a run with stages."""
@@ -273,57 +286,57 @@ class Run:
             return {}
 
     # GPU tables (imported Kineto / Nsight traces): definitions in diagnose/analysis/gpu_tables.py
-    @functools.lru_cache(maxsize=None)
+    @_per_run
     def kernels(self) -> pd.DataFrame:
         from diagnose.analysis.gpu_tables import kernels_table
         return kernels_table(self._events)
 
-    @functools.lru_cache(maxsize=None)
+    @_per_run
     def temporal_breakdown(self) -> pd.DataFrame:
         from diagnose.analysis.gpu_tables import temporal_breakdown
         return temporal_breakdown(self.kernels(), self.in_window(self.steps()))
 
-    @functools.lru_cache(maxsize=None)
+    @_per_run
     def device_compute(self) -> pd.DataFrame:
         from diagnose.analysis.gpu_tables import device_compute
         return device_compute(self.kernels())
 
-    @functools.lru_cache(maxsize=None)
+    @_per_run
     def device_compute_spans(self) -> pd.DataFrame:
         from diagnose.analysis.gpu_tables import device_compute_spans
         return device_compute_spans(self._events)
 
-    @functools.lru_cache(maxsize=None)
+    @_per_run
     def device_exposed_comm(self) -> pd.DataFrame:
         from diagnose.analysis.gpu_tables import device_exposed_comm
         return device_exposed_comm(self.kernels())
 
-    @functools.lru_cache(maxsize=None)
+    @_per_run
     def comm_comp_overlap(self) -> pd.DataFrame:
         from diagnose.analysis.gpu_tables import comm_comp_overlap
         return comm_comp_overlap(self.kernels(), self.in_window(self.steps()))
 
-    @functools.lru_cache(maxsize=None)
+    @_per_run
     def device_idle_behind_syncs(self) -> pd.DataFrame:
         from diagnose.analysis.gpu_tables import device_idle_behind_syncs
         return device_idle_behind_syncs(self._events, self.kernels())
 
-    @functools.lru_cache(maxsize=None)
+    @_per_run
     def device_step_breakdown(self) -> pd.DataFrame:
         from diagnose.analysis.gpu_tables import device_step_breakdown
         return device_step_breakdown(self.kernels(), self.in_window(self.steps()))
 
-    @functools.lru_cache(maxsize=None)
+    @_per_run
     def fsdp_unit_comm(self) -> pd.DataFrame:
         from diagnose.analysis.fsdp_units import fsdp_unit_comm
         return fsdp_unit_comm(self.collectives(), self.steady_steps())
 
-    @functools.lru_cache(maxsize=None)
+    @_per_run
     def device_data_wait(self) -> pd.DataFrame:
         from diagnose.analysis.gpu_tables import device_data_wait
         return device_data_wait(self._events, self.kernels())
 
-    @functools.lru_cache(maxsize=None)
+    @_per_run
     def input_wait(self) -> pd.DataFrame:
         from diagnose.analysis.gpu_tables import input_wait
         return input_wait(self.in_window(self.breakdown()), self.in_window(self.steps()), self.kernels(),
@@ -348,6 +361,30 @@ def _empty_events() -> pd.DataFrame:
     frame = EVENT_SCHEMA.empty_table().to_pandas()
     frame["rank"] = pd.Series([], dtype="int32")
     return frame
+
+
+def _rank_folders(run_dirs: list) -> tuple[list, dict]:
+    """([(rank, rank_dir) to read, or a warning, in directory order], {rank: rank_dir})."""
+    todo, rank_dirs = [], {}
+    for run_dir in run_dirs:
+        for rank_dir in rundir.rank_dirs(run_dir):
+            rank = rundir.rank_of_dir(rank_dir)
+            if rank is None:
+                continue
+            if rank in rank_dirs:
+                todo.append(f"{rank_dir}: rank {rank} already read from {rank_dirs[rank]}; ignored")
+                continue
+            rank_dirs[rank] = rank_dir
+            todo.append((rank, rank_dir))
+    return todo, rank_dirs
+
+
+def step_windows(*run_dirs, max_events=None) -> tuple[list, str] | None:
+    """The windows of steps a run over the event budget is analyzed in, one after
+    the other (`diagnose analyze --every-step`), and the line that says so; None
+    when it fits the budget whole (event_budget.windows)."""
+    todo, _ = _rank_folders([rundir.require_run_dir(str(d)) for d in run_dirs])
+    return event_budget.windows([item for item in todo if not isinstance(item, str)], max_events)
 
 
 def _by_rank(frames: list, empty, order: list) -> pd.DataFrame:
@@ -379,13 +416,15 @@ def _to_pandas(tables, empty):
     return frame
 
 
-def load(*run_dirs, warn=None, on_rank=None, engine=None, max_events=None) -> Run:
+def stderr_warning(message: str) -> None:
+    print(f"diagnose: warning: {message}", file=sys.stderr)
+
+
+def load(*run_dirs, warn=None, on_rank=None, engine=None, max_events=None, window=None) -> Run:
     """Load one run (or one per node of a multi-node run) for analysis;
     on_rank(done, total) follows the reading of the ranks, which run on
     `engine` (diagnose.analysis.rank_pass_engines; default: this process);
     max_events: the event budget (event_budget.py: None is its MAX_EVENTS; 0 every
-    step, whatever it costs)."""
-    if warn is None:
-        def warn(message):
-            print(f"diagnose: warning: {message}", file=sys.stderr)
-    return Run(list(run_dirs), warn=warn, on_rank=on_rank, engine=engine, max_events=max_events)
+    step, whatever it costs); window: some steps only (Run's)."""
+    return Run(list(run_dirs), warn=warn or stderr_warning, on_rank=on_rank, engine=engine, max_events=max_events,
+               window=window)

@@ -44,11 +44,13 @@ def ranks_per_task(ranks: int) -> int:
     return max(1, min(MAX_RANKS_PER_TASK, ranks // 64))
 
 
-def rank_batch(batch: list, from_step: int | None = None) -> tuple:
+def rank_batch(batch: list, from_step: int | None = None, to_step: int | None = None) -> tuple:
     """The pass over `batch`, (rank, rank_dir) pairs: (per rank (meta, has events,
     notes) in batch order, the batch's events or None, samples or None, steps,
-    breakdown). with from_step, only the events of steps >= from_step and those
-    outside any step (step -1); the step tables keep every step."""
+    breakdown). With from_step, only the events of steps >= from_step and those
+    outside any step (step -1): the step tables keep every step (the event
+    budget's last steps). With to_step too, only steps from_step-to_step, the
+    step tables' too (one window of `diagnose analyze --every-step`)."""
     per_rank, events, samples = [], [], []
     for rank, rank_dir in batch:
         meta, rank_events, rank_samples, notes = rank_tables(rank, rank_dir)
@@ -58,12 +60,24 @@ def rank_batch(batch: list, from_step: int | None = None) -> tuple:
         if rank_samples is not None:
             samples.append(rank_samples)
     events = pa.concat_tables(events, promote_options="none") if events else None
+    if to_step is not None:
+        events = _steps_only(events, from_step, to_step)
     steps, breakdown = step_tables(events)
-    if from_step is not None and events is not None:
-        step = events.column("step")
-        events = events.filter(pc.or_(pc.less(step, 0), pc.greater_equal(step, from_step)))
+    if to_step is None:
+        events = _steps_only(events, from_step, None)
     samples = pa.concat_tables(samples, promote_options="none") if samples else None
     return per_rank, events, samples, steps, breakdown
+
+
+def _steps_only(events: pa.Table | None, from_step: int | None, to_step: int | None) -> pa.Table | None:
+    """The rows of steps from_step-to_step (None: no bound) and those outside any step."""
+    if events is None or from_step is None:
+        return events
+    step = events.column("step")
+    inside = pc.greater_equal(step, from_step)
+    if to_step is not None:
+        inside = pc.and_(inside, pc.less_equal(step, to_step))
+    return events.filter(pc.or_(pc.less(step, 0), inside))
 
 
 def step_tables(events: pa.Table | None) -> tuple:

@@ -4,7 +4,8 @@ import os
 import sys
 
 from diagnose import rundir
-from diagnose.analysis.loader import load
+from diagnose.analysis.loader import load, stderr_warning, step_windows
+from diagnose.analysis.window_findings import analyze_windows
 from diagnose.analysis.run_detectors import write_analysis
 from diagnose.exporters.chrome_trace import write_chrome_trace
 
@@ -12,11 +13,20 @@ from diagnose.exporters.chrome_trace import write_chrome_trace
 PROGRESS_MIN_RANKS = 48  # below this, reading the ranks takes a second or two: no bar
 
 
-def analyze_run(run_dirs, outputs: bool = True, warn=None, engine=None, max_events=None):
+def analyze_run(run_dirs, outputs: bool = True, warn=None, engine=None, max_events=None,
+                every_step: bool = False):
     """Analyze and write findings.json and the tables; with `outputs`, also the
     merged trace, report.html and the MLflow run. Returns (run, findings).
     engine: where the per-rank pass runs (diagnose.analysis.rank_pass_engines);
-    max_events: the loader's event budget (diagnose.analysis.loader)."""
+    max_events: the loader's event budget (diagnose.analysis.loader); every_step: a
+    run over it is analyzed in windows of steps, one after the other, findings and
+    tables only (diagnose.analysis.window_findings)."""
+    plan = step_windows(*run_dirs, max_events=max_events) if every_step else None
+    if plan is not None:
+        windows, message = plan
+        (warn or stderr_warning)(message)
+        with rank_progress(run_dirs) as on_rank:
+            return analyze_windows(run_dirs, windows, warn=warn, on_rank=on_rank, engine=engine)
     with rank_progress(run_dirs) as on_rank:
         run = load(*run_dirs, warn=warn, on_rank=on_rank, engine=engine, max_events=max_events)
     findings = write_analysis(run)

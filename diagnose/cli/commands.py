@@ -113,7 +113,11 @@ def analyze(runs: List[str] = typer.Argument(..., help="run directory (several: 
             max_events: Optional[int] = typer.Option(None, "--max-events", metavar="N",
                                                      help="a run with more events is analyzed over its last "
                                                           "steps that fit N (default 25,000,000, ~6 GB; 0: "
-                                                          "every step, whatever the memory)")):
+                                                          "every step, whatever the memory)"),
+            every_step: bool = typer.Option(False, "--every-step",
+                                            help="a run over --max-events is analyzed in windows of steps "
+                                                 "that fit, one after the other, findings merged (findings "
+                                                 "and tables only: no trace, report or MLflow run)")):
     """Analyze a run directory: breakdown per rank and findings. The per-rank
     pass runs in this process unless an engine option says otherwise
     (docs/large-runs.md); the cross-rank pass always runs here."""
@@ -127,7 +131,7 @@ def analyze(runs: List[str] = typer.Argument(..., help="run directory (several: 
         if getattr(engine, "dashboard", None):
             print(f"diagnose: per-rank pass on {engine.name}; Dask dashboard: {engine.dashboard}", file=sys.stderr)
         run, findings = analyze_run(runs, outputs=not (as_json or no_outputs), engine=engine,
-                                    max_events=max_events)
+                                    max_events=max_events, every_step=every_step)
     finally:
         engine.close()
     if as_json:

@@ -51,7 +51,9 @@ def print_step_figures(figures: dict | None, out: Console | None = None) -> None
     if not figures or figures.get("ideal_step_ms") is None:
         return
     out = out or console()
-    out.print(f"step: measured {figures['measured_step_ms']:.1f} ms (median rank), replayed "
+    window = figures.get("window")  # --every-step: the last window's figures
+    out.print(("" if not window else f"steps {window[0]}-{window[1]}: ") +
+              f"step: measured {figures['measured_step_ms']:.1f} ms (median rank), replayed "
               f"{figures['replay_step_ms']:.1f} ms (job), ideal {figures['ideal_step_ms']:.1f} ms "
               "(every rank's compute at most its stage's median); impacts are what-if savings"
               + ("" if figures.get("impact_from_replay") else " where the replay holds: here it does not"),

@@ -1,0 +1,124 @@
+"""A run over the event budget analyzed window by window (`diagnose analyze
+--every-step`): its steps cut into windows that fit the budget
+(event_budget.windows), each loaded and analyzed alone, one after the other,
+so that memory is bounded by one window, and the findings merged.
+
+Merging: the windows' findings of one kind, ranks, stage and callsite are one
+finding. Its text and evidence are the window's where it weighed most (its
+severity, then its impact); its impact is the run's average saving per step:
+each window's impact times its steps, summed over the windows that found it,
+over all the windows' steps (a window without it saves nothing there). A cause
+not found in every window says in which steps it was (its title, and metrics
+`windows_found`, `steps_found_frac`), and its severity is the lesser of its
+heaviest window's and the one its average impact gives on the run's median
+step; a hang or a crash keeps its own (critical: the job did not end). What
+stays per window: the what-if figures (the last window's are written, with its
+steps), and the report, merged trace and MLflow run, which are not made.
+
+The tables: analysis/steps.parquet and breakdown.parquet of every step; the
+collectives and arrivals one pair of files per window,
+analysis/windows/steps-FIRST-LAST/{collectives,arrivals}.parquet (one file for
+the run would hold every collective of it at once, or need one schema for
+every window: a column of one window may have gaps where another has none).
+Times are on the first window's origin (ns since its first event); a window's
+rows outside any step (read by every window) are in the first window's only.
+"""
+import copy
+import gc
+import os
+import shutil
+
+import pandas as pd
+
+from collectors.part_writer import atomic_write_json
+from diagnose import rundir
+from diagnose.analysis.findings import SEVERITY_ORDER, severity_for, sort_findings
+from diagnose.analysis.loader import load, stderr_warning
+from diagnose.analysis.run_detectors import detect
+
+OWN_SEVERITY = ("hang", "rank_failure")
+WINDOWS = "windows"  # under analysis/: a folder per window
+
+
+def analyze_windows(run_dirs: list, windows: list, warn=None, on_rank=None, engine=None):
+    """Analyze the run over `windows` ((first step, last step), in step order);
+    write analysis/ and findings.json. Returns (the last window's run, findings)."""
+    said, warn = set(), warn or stderr_warning
+
+    def warn_once(message):  # every window reads every rank: its bad parts once
+        if message not in said:
+            said.add(message)
+            warn(message)
+    out = os.path.join(rundir.require_run_dir(str(run_dirs[0])), rundir.ANALYSIS)
+    for stale in ("collectives.parquet", "arrivals.parquet", WINDOWS):  # an earlier analysis's
+        path = os.path.join(out, stale)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.remove(path)
+    per_window, step_tables, origin_ns = [], {"steps": [], "breakdown": []}, None
+    for index, (first, last) in enumerate(windows):
+        run = load(*run_dirs, warn=warn_once, on_rank=on_rank, engine=engine,
+                   window={"from_step": first, "last_step": last, "warmup": index == 0})
+        origin_ns = run.t0_ns if origin_ns is None else origin_ns
+        shift_ns = run.t0_ns - origin_ns
+        per_window.append(((first, last), detect(run), run.steps()))
+        for name in step_tables:
+            step_tables[name].append(_shifted(getattr(run, name)(), shift_ns))
+        folder = os.path.join(out, WINDOWS, f"steps-{first}-{last}")
+        os.makedirs(folder, exist_ok=True)
+        for name, table in (("collectives", run.collectives()), ("arrivals", run.arrivals())):
+            rows = table if index == 0 else table[table["step"] >= 0]
+            _shifted(rows, shift_ns).to_parquet(os.path.join(folder, f"{name}.parquet"), index=False)
+        if index < len(windows) - 1:
+            del run, table, rows  # one window's tables at a time
+            gc.collect()
+    for name, frames in step_tables.items():  # in rank order, as a whole run's (a rank's windows in step order)
+        table = pd.concat(frames, ignore_index=True).sort_values("rank", kind="stable", ignore_index=True)
+        table.to_parquet(os.path.join(out, f"{name}.parquet"), index=False)
+    steps = pd.concat([w[2] for w in per_window], ignore_index=True)
+    findings = merge([(w[0], w[1]) for w in per_window], float(steps["dur_ms"].median()) if len(steps) else 0.0)
+    atomic_write_json(os.path.join(run.root, rundir.FINDINGS), findings)
+    figures = os.path.join(run.root, rundir.STEP_FIGURES)
+    if run.step_figures is not None:
+        atomic_write_json(figures, dict(run.step_figures, window=list(windows[-1])))
+    elif os.path.exists(figures):
+        os.remove(figures)
+    return run, findings
+
+
+def merge(per_window: list, step_ms: float) -> list[dict]:
+    """per_window: [((first step, last step), findings)], every window analyzed, in
+    step order; step_ms: the run's median step time. The merged findings, sorted."""
+    total = sum(last - first + 1 for (first, last), _ in per_window)
+    groups: dict = {}
+    for span, findings in per_window:
+        for finding in findings:
+            key = (finding["kind"], tuple(finding["ranks"]), finding.get("stage"), finding.get("callsite"))
+            groups.setdefault(key, []).append((span, finding))
+    merged = []
+    for found in groups.values():
+        _, top = min(found, key=lambda item: (SEVERITY_ORDER.get(item[1]["severity"], 3),
+                                              -item[1].get("impact_ms_per_step", 0.0)))
+        finding = copy.deepcopy(top)
+        impact = sum(f.get("impact_ms_per_step", 0.0) * (b - a + 1) for (a, b), f in found) / max(total, 1)
+        finding["impact_ms_per_step"] = round(impact, 3)
+        finding["metrics"]["impact_ms_per_step"] = round(impact, 4)
+        if len(found) < len(per_window):
+            spans = ", ".join(f"{a}-{b}" for (a, b), _ in found)
+            finding["title"] += f" (steps {spans} of {per_window[0][0][0]}-{per_window[-1][0][1]})"
+            finding["metrics"]["windows_found"] = spans
+            finding["metrics"]["steps_found_frac"] = round(sum(b - a + 1 for (a, b), _ in found) / total, 4)
+            if finding["kind"] not in OWN_SEVERITY and step_ms > 0:
+                by_impact = severity_for(impact / step_ms)
+                finding["severity"] = max(finding["severity"], by_impact, key=lambda s: SEVERITY_ORDER.get(s, 3))
+        merged.append(finding)
+    return sort_findings(merged)
+
+
+def _shifted(frame: pd.DataFrame, shift_ns: int) -> pd.DataFrame:
+    """frame's times (its *_ns columns) moved by shift_ns."""
+    if not shift_ns or frame.empty:
+        return frame
+    return frame.assign(**{c: frame[c] + shift_ns for c in frame.columns if c.endswith("_ns")})
+
