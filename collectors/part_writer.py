@@ -100,10 +100,11 @@ def write_parquet_atomic(table: pa.Table, path: str, small: bool = True) -> None
     atomic_write_bytes(path, sink.getvalue())
 
 
-def read_counter(path: str) -> int | None:
-    """The value of a file PartWriter.map_counter made, or None (absent, short, foreign)."""
+def read_counter(path: str, opener=open) -> int | None:
+    """The value of a file PartWriter.map_counter made, or None (absent, short, foreign).
+    opener(path, "rb"): where the file is (diagnose.rundir.storage for a run at a URL)."""
     try:
-        with open(path, "rb") as f:
+        with opener(path, "rb") as f:
             data = f.read(9)
     except OSError:
         return None
@@ -148,7 +149,15 @@ def _row_part_bytes(columns, rows) -> bytes:
 def _load_row_part(path: str) -> tuple[tuple, list]:
     """(columns, rows) of a JSON row part; ValueError for anything else."""
     with open(path, "rb") as f:
-        data = f.read()
+        return _parse_row_part(f.read())
+
+
+def row_part_table(data: bytes) -> pa.Table:
+    """A JSON row part's bytes as an Arrow table (read_part's, for a part not on a local disk)."""
+    return _rows_table(*_parse_row_part(data))
+
+
+def _parse_row_part(data: bytes) -> tuple[tuple, list]:
     try:
         part = orjson.loads(data) if orjson is not None else json.loads(data)
     except ValueError:  # orjson.JSONDecodeError is one; json also takes lone surrogates

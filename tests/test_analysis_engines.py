@@ -176,6 +176,19 @@ def test_every_step_analyzes_the_run_window_by_window_and_finds_the_early_cause(
     assert not os.path.exists(os.path.join(analysis, "collectives.parquet"))
 
 
+def test_a_run_is_freed_with_its_tables(synthetic_64):
+    """Run's derived tables are kept by the run, not by a cache of its class: a run
+    let go is freed, tables and all (--every-step loads one window after the other)."""
+    import gc
+    import weakref
+    run = load_run(synthetic_64)
+    run.collectives(), run.arrivals(), run.steady_steps()
+    gone = weakref.ref(run)
+    del run
+    gc.collect()
+    assert gone() is None
+
+
 def test_merged_findings_keep_a_crash_critical_and_weigh_a_partial_cause_by_its_steps():
     from diagnose.analysis.window_findings import merge
 
@@ -249,6 +262,45 @@ def _within(seconds, fn):
     thread.join(seconds)
     assert out, f"the per-rank pass did not end within {seconds} s"
     return out[0]
+
+
+def test_a_run_at_a_memory_url_is_analyzed_as_at_its_local_path(synthetic_64, in_process_64):
+    """An fsspec URL (memory://, in this process): the same findings and tables,
+    written back at the URL."""
+    import fsspec
+    from diagnose.analysis.run_detectors import write_analysis
+    fs = fsspec.filesystem("memory")
+    fs.put(synthetic_64, "/url-run64", recursive=True)
+    try:
+        run = load_run("memory://url-run64")
+        assert run.root == "memory://url-run64" and len(run.ranks) == 64
+        assert write_analysis(run) == in_process_64[0]
+        with fs.open("/url-run64/analysis/findings.json") as f:
+            assert json.loads(f.read()) == in_process_64[0]
+        for name in TABLES:
+            assert_frame_equal(pd.read_parquet(f"memory://url-run64/analysis/{name}.parquet"),
+                               in_process_64[1][name], obj=name)
+    finally:
+        fs.rm("/url-run64", recursive=True)
+
+
+def test_dask_workers_read_a_run_at_a_file_url(synthetic_64, in_process_64, cluster, tmp_path):
+    """--scheduler with a file:// URL: the cluster's worker processes read the rank
+    folders through fsspec; the CLI writes findings and tables at the URL."""
+    local, client = cluster
+    dest = tmp_path / "at_url"
+    shutil.copytree(synthetic_64, dest)
+    with distributed.get_task_stream(client) as stream:
+        proc = run_diagnose(["analyze", f"file://{dest}", "--quiet", "--no-outputs",
+                             "--scheduler", local.scheduler_address])
+    assert "warning" not in proc.stderr, proc.stderr
+    assert {t["key"] for t in _rank_tasks(stream)} == {f"rank_batch-{r}" for r in range(64)}
+    findings = json.loads(open(dest / "analysis" / "findings.json", encoding="utf-8").read())
+    assert findings == in_process_64[0]
+    # a URL no fsspec protocol serves: one line
+    proc = run_diagnose(["analyze", "nosuchprotocol://runs/x", "--quiet"], check=False)
+    assert (proc.returncode, proc.stderr.strip()) == (
+        2, "diagnose: error: nosuchprotocol://runs/x: Protocol not known: nosuchprotocol")
 
 
 @pytest.mark.parametrize("options, message", [

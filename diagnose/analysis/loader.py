@@ -9,7 +9,6 @@ over its last steps only: the per-rank pass drops the earlier steps' events on
 its worker, and `Run.window` says which steps were kept.
 """
 import functools
-import glob
 import json
 import os
 import sys
@@ -18,6 +17,7 @@ import pandas as pd
 import pyarrow as pa
 
 from diagnose import rundir
+from diagnose.rundir import storage
 from diagnose.analysis import clock_align, device_collectives, event_budget, pipeline_topology
 from diagnose.analysis.breakdown import step_breakdown
 from diagnose.analysis.rank_pass import ranks_per_task
@@ -260,10 +260,10 @@ class Run:
         """rank -> the hang dump its writer thread left (in-flight collectives, stacks)."""
         dumps = {}
         for rank, rank_dir in self.rank_dirs.items():
-            for path in sorted(glob.glob(os.path.join(glob.escape(rank_dir), "watchdog-*.json"))):
+            for path in sorted(storage.glob(rank_dir, "watchdog-*.json")):
                 try:
-                    with open(path, encoding="utf-8") as f:
-                        dump = json.load(f)
+                    with storage.open(path) as f:
+                        dump = json.loads(f.read())
                     if isinstance(dump, dict):
                         dumps[rank] = dump
                 except (OSError, ValueError, UnicodeDecodeError):
@@ -277,7 +277,10 @@ class Run:
         flight-recorder`), read by diagnose.rundir.flight_recorder_reader."""
         from diagnose.rundir.flight_recorder_reader import FOLDER, DumpError, read_dumps
         folder = os.path.join(self.root, FOLDER)
-        if not os.path.isdir(folder):
+        if not storage.isdir(folder):
+            return {}
+        if storage.is_url(folder):
+            self.warn(f"{folder}: Flight Recorder dumps are read from a local path only; not read")
             return {}
         try:
             return read_dumps([folder], on_error=lambda why: self.warn(f"flight recorder: {why}; skipped"))
@@ -346,8 +349,8 @@ class Run:
     def findings(self) -> list[dict]:
         path = os.path.join(self.root, rundir.FINDINGS)
         try:
-            with open(path, encoding="utf-8") as f:
-                return json.load(f)
+            with storage.open(path) as f:
+                return json.loads(f.read())
         except (OSError, ValueError):
             from diagnose.analysis.run_detectors import detect
             return detect(self)

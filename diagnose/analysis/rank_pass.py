@@ -17,7 +17,6 @@ of earlier steps are dropped here, on the worker, after the step tables are
 made: they never reach the cross-rank pass, and the step tables still cover
 the whole run.
 """
-import os
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +24,7 @@ import pyarrow.compute as pc
 
 from diagnose.analysis.breakdown import step_breakdown
 from diagnose.analysis.step_tables import steps_table
-from diagnose.rundir import rank_reader
+from diagnose.rundir import rank_reader, storage
 
 # string columns the loader turns into pandas categoricals; other dictionary
 # columns become plain strings here, on the worker
@@ -93,7 +92,7 @@ def step_tables(events: pa.Table | None) -> tuple:
 def rank_tables(rank: int, rank_dir: str) -> tuple:
     """(meta, events or None, samples or None, notes) of one rank."""
     notes = []
-    if not os.path.isdir(rank_dir):  # a worker of a cluster that does not share the run's storage
+    if not storage.isdir(rank_dir):  # a worker of a cluster that does not share the run's storage
         return {}, None, None, [f"{rank_dir}: not found where the per-rank pass ran "
                                 "(do the workers see the run directory at this path?)"]
     meta = rank_reader.read_meta(rank_dir, notes.append)

@@ -1,14 +1,15 @@
 """Run every detector over a loaded run; write analysis/*.parquet and findings.json."""
 import functools
 import importlib
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from collectors.part_writer import atomic_write_json
 from diagnose import rundir
 from diagnose.analysis import device_collectives, whatif
 from diagnose.analysis.detectors import DETECTORS
 from diagnose.analysis.findings import sort_findings, with_severity
+from diagnose.rundir import storage
 
 
 class Context:
@@ -62,7 +63,7 @@ def detect(run) -> list[dict]:
 
 def write_analysis(run) -> list[dict]:
     out = os.path.join(run.root, rundir.ANALYSIS)
-    os.makedirs(out, exist_ok=True)
+    storage.makedirs(out)
     tables = {"steps": run.steps(), "breakdown": run.breakdown(), "collectives": run.collectives(),
               "arrivals": run.arrivals()}
     # Writing Parquet is C++ that releases the GIL: on a second core it costs
@@ -72,13 +73,18 @@ def write_analysis(run) -> list[dict]:
         findings = detect(run)
         for message in written.result():
             run.warn(message)
-    atomic_write_json(os.path.join(run.root, rundir.FINDINGS), findings)
+    write_json(os.path.join(run.root, rundir.FINDINGS), findings)
     figures = os.path.join(run.root, rundir.STEP_FIGURES)
     if run.step_figures is not None:
-        atomic_write_json(figures, run.step_figures)
-    elif os.path.exists(figures):  # an earlier analysis's figures are not this one's
-        os.remove(figures)
+        write_json(figures, run.step_figures)
+    else:  # an earlier analysis's figures are not this one's
+        storage.remove(figures)
     return findings
+
+
+def write_json(path: str, value) -> None:
+    """A JSON file of analysis/, where the run directory is (diagnose.rundir.storage)."""
+    storage.write_bytes(path, json.dumps(value, indent=1, default=str).encode())
 
 
 def _write_tables(tables: dict, out: str) -> list[str]:

@@ -26,15 +26,14 @@ rows outside any step (read by every window) are in the first window's only.
 import copy
 import gc
 import os
-import shutil
 
 import pandas as pd
 
-from collectors.part_writer import atomic_write_json
 from diagnose import rundir
 from diagnose.analysis.findings import SEVERITY_ORDER, severity_for, sort_findings
 from diagnose.analysis.loader import load, stderr_warning
-from diagnose.analysis.run_detectors import detect
+from diagnose.analysis.run_detectors import detect, write_json
+from diagnose.rundir import storage
 
 OWN_SEVERITY = ("hang", "rank_failure")
 WINDOWS = "windows"  # under analysis/: a folder per window
@@ -51,11 +50,7 @@ def analyze_windows(run_dirs: list, windows: list, warn=None, on_rank=None, engi
             warn(message)
     out = os.path.join(rundir.require_run_dir(str(run_dirs[0])), rundir.ANALYSIS)
     for stale in ("collectives.parquet", "arrivals.parquet", WINDOWS):  # an earlier analysis's
-        path = os.path.join(out, stale)
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        elif os.path.exists(path):
-            os.remove(path)
+        storage.remove(os.path.join(out, stale))
     per_window, step_tables, origin_ns = [], {"steps": [], "breakdown": []}, None
     for index, (first, last) in enumerate(windows):
         run = load(*run_dirs, warn=warn_once, on_rank=on_rank, engine=engine,
@@ -66,7 +61,7 @@ def analyze_windows(run_dirs: list, windows: list, warn=None, on_rank=None, engi
         for name in step_tables:
             step_tables[name].append(_shifted(getattr(run, name)(), shift_ns))
         folder = os.path.join(out, WINDOWS, f"steps-{first}-{last}")
-        os.makedirs(folder, exist_ok=True)
+        storage.makedirs(folder)
         for name, table in (("collectives", run.collectives()), ("arrivals", run.arrivals())):
             rows = table if index == 0 else table[table["step"] >= 0]
             _shifted(rows, shift_ns).to_parquet(os.path.join(folder, f"{name}.parquet"), index=False)
@@ -78,12 +73,12 @@ def analyze_windows(run_dirs: list, windows: list, warn=None, on_rank=None, engi
         table.to_parquet(os.path.join(out, f"{name}.parquet"), index=False)
     steps = pd.concat([w[2] for w in per_window], ignore_index=True)
     findings = merge([(w[0], w[1]) for w in per_window], float(steps["dur_ms"].median()) if len(steps) else 0.0)
-    atomic_write_json(os.path.join(run.root, rundir.FINDINGS), findings)
+    write_json(os.path.join(run.root, rundir.FINDINGS), findings)
     figures = os.path.join(run.root, rundir.STEP_FIGURES)
     if run.step_figures is not None:
-        atomic_write_json(figures, dict(run.step_figures, window=list(windows[-1])))
-    elif os.path.exists(figures):
-        os.remove(figures)
+        write_json(figures, dict(run.step_figures, window=list(windows[-1])))
+    else:
+        storage.remove(figures)
     return run, findings
 
 

@@ -4,6 +4,7 @@ import os
 import sys
 
 from diagnose import rundir
+from diagnose.rundir import storage
 from diagnose.analysis.loader import load, stderr_warning, step_windows
 from diagnose.analysis.window_findings import analyze_windows
 from diagnose.analysis.run_detectors import write_analysis
@@ -30,7 +31,10 @@ def analyze_run(run_dirs, outputs: bool = True, warn=None, engine=None, max_even
     with rank_progress(run_dirs) as on_rank:
         run = load(*run_dirs, warn=warn, on_rank=on_rank, engine=engine, max_events=max_events)
     findings = write_analysis(run)
-    if outputs:
+    if outputs and storage.is_url(run.root):
+        run.warn("the merged trace, report and MLflow run are made from a local run directory only: "
+                 "findings.json and the tables are written at the URL")
+    elif outputs:
         write_chrome_trace(run, os.path.join(run.root, rundir.CHROME_TRACE))
         for step in _optional_outputs():
             try:
@@ -44,7 +48,7 @@ def analyze_run(run_dirs, outputs: bool = True, warn=None, engine=None, max_even
 def rank_progress(run_dirs):
     """on_rank(done, total) for load(): a bar over the ranks on a terminal (stderr)
     when the run has more than PROGRESS_MIN_RANKS, else nothing."""
-    ranks = sum(len(rundir.rank_dirs(d)) for d in run_dirs if os.path.isdir(d))
+    ranks = sum(len(rundir.rank_dirs(d)) for d in run_dirs if storage.isdir(d))
     if ranks <= PROGRESS_MIN_RANKS or not sys.stderr.isatty():
         yield None
         return

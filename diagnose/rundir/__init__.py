@@ -5,7 +5,8 @@ Enters: a run directory (docs/run-directory.md): manifest.json, traces/rank-NNNN
 with each rank's event and sample parts, meta.json, progress.json and counters.
 Leaves: paths and names (here), one rank's parts read defensively as Arrow
 tables (rank_reader), each rank's progress (progress), one run merged from
-per-node directories (node_merge). Everything that touches a run directory goes
+per-node directories (node_merge). A run directory is a local path or an fsspec
+URL (storage: the file operations of both). Everything that touches a run directory goes
 through this package; the rank side writes it through collectors.part_writer."""
 import json
 import os
@@ -14,6 +15,7 @@ import time
 
 from collectors.part_writer import atomic_write_json
 from diagnose.errors import UserError
+from diagnose.rundir import storage
 
 MANIFEST = "manifest.json"
 TRACES = "traces"
@@ -41,20 +43,21 @@ def prepare_out_dir(path: str, force: bool = False) -> str:
 
 
 def require_run_dir(path: str) -> str:
-    if not os.path.exists(path):
+    """The run directory's absolute path, or its URL (diagnose.rundir.storage)."""
+    if not storage.exists(path):
         raise UserError(f"run directory {path} does not exist")
-    if not os.path.isdir(path):
+    if not storage.isdir(path):
         raise UserError(f"{path} is not a directory")
-    if not os.path.isdir(os.path.join(path, TRACES)) and not os.path.isfile(os.path.join(path, MANIFEST)):
+    if not storage.isdir(storage.join(path, TRACES)) and not storage.isfile(storage.join(path, MANIFEST)):
         raise UserError(f"{path} is not a diagnose run directory (no traces/ or manifest.json)")
-    return os.path.abspath(path)
+    return path.rstrip("/") if storage.is_url(path) else os.path.abspath(path)
 
 
 def read_json_dict(path: str) -> dict | None:
     """A JSON object from a file of the run directory; None when missing, unreadable or not an object."""
     try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
+        with storage.open(path) as f:
+            value = json.loads(f.read())
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
@@ -78,10 +81,9 @@ def rank_of_dir(path: str) -> int | None:
 
 
 def rank_dirs(run_dir: str) -> list[str]:
-    traces = os.path.join(run_dir, TRACES)
+    traces = storage.join(run_dir, TRACES)
     try:
-        names = sorted(os.listdir(traces))
+        names = sorted(storage.folders(traces))
     except OSError:
         return []
-    return [os.path.join(traces, n) for n in names
-            if n.startswith("rank-") and os.path.isdir(os.path.join(traces, n))]
+    return [storage.join(traces, n) for n in names if n.startswith("rank-")]

@@ -3,11 +3,11 @@ progress.json (rewritten by the rank's writer every 0.25 s and at each flush) an
 its steps-done counter (a mapped file stored at every step end, exact even after
 a SIGKILL). Read by the launcher's progress line, the live monitor and the loader."""
 import json
-import os
 
 from collectors.part_writer import read_counter
 from collectors.schema import STEPS_DONE_FILE
 from diagnose import rundir
+from diagnose.rundir import storage
 
 
 def read_progress(run_dir: str) -> dict[int, dict]:
@@ -20,7 +20,7 @@ def read_progress(run_dir: str) -> dict[int, dict]:
         # read in the middle of a write does not parse, and the next one does
         for _ in range(3):
             try:
-                with open(os.path.join(rank_dir, "progress.json"), "rb") as f:
+                with storage.open(storage.join(rank_dir, "progress.json")) as f:
                     progress[rank] = json.loads(f.read())
                 break
             except OSError:
@@ -28,7 +28,7 @@ def read_progress(run_dir: str) -> dict[int, dict]:
             except ValueError:
                 continue
         # progress.json trails by up to a quarter second; the mapped counter does not
-        steps_done = read_counter(os.path.join(rank_dir, STEPS_DONE_FILE))
+        steps_done = read_counter(storage.join(rank_dir, STEPS_DONE_FILE), opener=storage.open)
         entry = progress.get(rank, {}) if steps_done else None
         if isinstance(entry, dict):
             if not isinstance(entry.get("steps_done"), int) or entry["steps_done"] < steps_done:

@@ -3,16 +3,16 @@ every one that is not yields one warning line and is skipped. Trace content is
 data: Parquet and JSON only, never pickle or eval. A running or killed rank's
 newest parts are JSON rows (collectors.part_writer says why). The format:
 docs/run-directory.md."""
-import glob
 import json
 import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collectors.part_writer import files_to_read, read_part
+from collectors.part_writer import files_to_read, read_part, row_part_table
 from collectors.schema import (EVENT_FIELDS, EVENT_PART_GLOBS, SAMPLE_FIELDS, SAMPLE_PART_GLOBS,
                                SCHEMA_VERSION)
+from diagnose.rundir import storage
 
 _EVENT_DEFAULTS = {"step": -1, "microbatch": -1, "stage": -1, "group": "", "group_ranks": "",
                    "seq": -1, "peer": -1, "bytes": 0, "async_op": False, "callsite": "",
@@ -25,13 +25,13 @@ def _safe_name(path: str) -> str:
 
 
 def read_meta(rank_dir: str, warn) -> dict:
-    path = os.path.join(rank_dir, "meta.json")
-    if not os.path.exists(path):
+    path = storage.join(rank_dir, "meta.json")
+    if not storage.exists(path):
         warn(f"{_safe_name(path)}: missing; clock offset taken as 0")
         return {}
     try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
+        with storage.open(path) as f:
+            meta = json.loads(f.read())
         if not isinstance(meta, dict):
             raise ValueError("not a JSON object")
     except (OSError, ValueError, UnicodeDecodeError) as exc:
@@ -71,11 +71,19 @@ def _dictionary(column):
 
 
 def _read_part(path: str, strings: list, required) -> pa.Table:
+    if not storage.is_url(path):
+        return _read_part_from(path, path, strings, required)
+    with storage.open(path) as f:  # a part at a URL: its bytes, or Parquet's ranged reads
+        return _read_part_from(path, f.read() if path.endswith(".json") else f, strings, required)
+
+
+def _read_part_from(path: str, source, strings: list, required) -> pa.Table:
+    """source: the local path, the bytes of a JSON part, or an open Parquet file."""
     if path.endswith(".json"):
-        table = read_part(path)
+        table = read_part(source) if isinstance(source, str) else row_part_table(source)
         names = table.column_names
     else:
-        part = pq.ParquetFile(path, read_dictionary=strings)
+        part = pq.ParquetFile(source, read_dictionary=strings)
         table, names = None, part.schema_arrow.names
     missing = [c for c in required if c not in names]
     if missing:
@@ -90,9 +98,9 @@ def read_parts(rank_dir: str, patterns, fields, required, defaults, warn) -> pa.
     memory of a large run (the loader turns them into pandas categoricals)."""
     strings = [name for name, typ in fields if typ == pa.string()]
     tables = []
-    paths = [p for pattern in patterns for p in glob.glob(os.path.join(glob.escape(rank_dir), pattern))]
+    paths = [p for pattern in patterns for p in storage.glob(rank_dir, pattern)]
     names = files_to_read(os.path.basename(p) for p in paths)  # a compacted range replaces its parts
-    for path in (os.path.join(rank_dir, n) for n in names):
+    for path in (storage.join(rank_dir, n) for n in names):
         try:
             tables.append(_conform(_read_part(path, strings, required), fields, defaults))
         except Exception as exc:
