@@ -297,10 +297,14 @@ def test_dask_workers_read_a_run_at_a_file_url(synthetic_64, in_process_64, clus
     assert {t["key"] for t in _rank_tasks(stream)} == {f"rank_batch-{r}" for r in range(64)}
     findings = json.loads(open(dest / "analysis" / "findings.json", encoding="utf-8").read())
     assert findings == in_process_64[0]
-    # a URL no fsspec protocol serves: one line
+    # a URL no fsspec protocol serves, a command other than analyze given a URL: one line each
     proc = run_diagnose(["analyze", "nosuchprotocol://runs/x", "--quiet"], check=False)
     assert (proc.returncode, proc.stderr.strip()) == (
         2, "diagnose: error: nosuchprotocol://runs/x: Protocol not known: nosuchprotocol")
+    proc = run_diagnose(["report", f"file://{dest}"], check=False)
+    assert (proc.returncode, proc.stderr.strip()) == (
+        2, f"diagnose: error: file://{dest}: diagnose report needs a local run directory "
+           "(a run at a URL is analyzed by `diagnose analyze`)")
 
 
 @pytest.mark.parametrize("options, message", [

@@ -8,6 +8,7 @@ always kept; a run without step markers is never cut.
 """
 import random
 
+from diagnose import rundir
 from diagnose.rundir import rank_reader
 
 MAX_EVENTS = 25_000_000  # ~6 GB at the cross-rank pass' peak
@@ -43,6 +44,12 @@ def windows(ranks_todo: list, max_events: int | None) -> tuple[list, str] | None
     return spans, (f"{ranks} ranks x {last - first + 1} steps is ~{estimate:,} events, over the analysis' "
                    f"budget of {max_events:,} (--max-events): analyzing it in {count} windows of steps, "
                    f"one after the other (" + ", ".join(f"{a}-{b}" for a, b in spans) + ")")
+
+
+def step_windows(*run_dirs, max_events=None) -> tuple[list, str] | None:
+    """windows() of a run given by its directories (one per node)."""
+    todo, _ = rundir.rank_folders([rundir.require_run_dir(str(d)) for d in run_dirs])
+    return windows([item for item in todo if not isinstance(item, str)], max_events)
 
 
 def _size(ranks_todo: list, max_events: int | None) -> tuple | None:

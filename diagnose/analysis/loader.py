@@ -20,7 +20,7 @@ from diagnose import rundir
 from diagnose.rundir import storage
 from diagnose.analysis import clock_align, device_collectives, event_budget, pipeline_topology
 from diagnose.analysis.breakdown import step_breakdown
-from diagnose.analysis.rank_pass import ranks_per_task
+from diagnose.analysis.rank_pass import in_rank_order, ranks_per_task
 from diagnose.analysis.rank_pass_engines import InProcess
 from diagnose.analysis.step_tables import steady_state_steps, steps_table, window_shift
 from diagnose.errors import UserError
@@ -65,7 +65,7 @@ class Run:
         # the steps analyzed when not all of them are: event_budget.window's dict when
         # the budget cut the run to its last steps, or the window asked for
         self.window: dict | None = window
-        todo, self.rank_dirs = _rank_folders(self.run_dirs)
+        todo, self.rank_dirs = rundir.rank_folders(self.run_dirs)
         event_tables, sample_tables = self._read_ranks(todo, engine or InProcess(), on_rank, max_events)
         self._events = _to_pandas(event_tables, _empty_events())
         self._samples = _to_pandas(sample_tables, None)
@@ -149,8 +149,8 @@ class Run:
             self.rank_meta[rank] = meta
             if not has_events:
                 self.warn(f"{rank_dir}: no readable events")
-        self._steps = _by_rank(step_frames, lambda: steps_table(_empty_events()), ["rank", "step"])
-        self._breakdown = _by_rank(breakdown_frames, lambda: step_breakdown(_empty_events(), self._steps),
+        self._steps = in_rank_order(step_frames, lambda: steps_table(_empty_events()), ["rank", "step"])
+        self._breakdown = in_rank_order(breakdown_frames, lambda: step_breakdown(_empty_events(), self._steps),
                                    ["rank"])
         return event_tables, sample_tables
 
@@ -363,41 +363,6 @@ def _empty_events() -> pd.DataFrame:
     from collectors.schema import EVENT_SCHEMA
     frame = EVENT_SCHEMA.empty_table().to_pandas()
     frame["rank"] = pd.Series([], dtype="int32")
-    return frame
-
-
-def _rank_folders(run_dirs: list) -> tuple[list, dict]:
-    """([(rank, rank_dir) to read, or a warning, in directory order], {rank: rank_dir})."""
-    todo, rank_dirs = [], {}
-    for run_dir in run_dirs:
-        for rank_dir in rundir.rank_dirs(run_dir):
-            rank = rundir.rank_of_dir(rank_dir)
-            if rank is None:
-                continue
-            if rank in rank_dirs:
-                todo.append(f"{rank_dir}: rank {rank} already read from {rank_dirs[rank]}; ignored")
-                continue
-            rank_dirs[rank] = rank_dir
-            todo.append((rank, rank_dir))
-    return todo, rank_dirs
-
-
-def step_windows(*run_dirs, max_events=None) -> tuple[list, str] | None:
-    """The windows of steps a run over the event budget is analyzed in, one after
-    the other (`diagnose analyze --every-step`), and the line that says so; None
-    when it fits the budget whole (event_budget.windows)."""
-    todo, _ = _rank_folders([rundir.require_run_dir(str(d)) for d in run_dirs])
-    return event_budget.windows([item for item in todo if not isinstance(item, str)], max_events)
-
-
-def _by_rank(frames: list, empty, order: list) -> pd.DataFrame:
-    """The per-task step tables as one, in rank order (a multi-node run's tasks
-    need not come in it); empty() when there are none."""
-    if not frames:
-        return empty()
-    frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    if len(frames) > 1 and not frame["rank"].is_monotonic_increasing:
-        frame = frame.sort_values(order, kind="stable", ignore_index=True)
     return frame
 
 

@@ -19,6 +19,7 @@ the whole run.
 """
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -108,3 +109,14 @@ def _with_rank(table: pa.Table | None, rank: int) -> pa.Table | None:
         if pa.types.is_dictionary(field.type) and field.name not in CATEGORICAL_COLUMNS:
             table = table.set_column(index, field.name, table.column(index).cast(pa.string()))
     return table.append_column("rank", pa.array(np.full(table.num_rows, rank, np.int32)))
+
+
+def in_rank_order(frames: list, empty, order: list) -> pd.DataFrame:
+    """The per-task step tables as one, in rank order (a multi-node run's tasks
+    need not come in it); empty() when there are none."""
+    if not frames:
+        return empty()
+    frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    if len(frames) > 1 and not frame["rank"].is_monotonic_increasing:
+        frame = frame.sort_values(order, kind="stable", ignore_index=True)
+    return frame

@@ -32,6 +32,7 @@ import pandas as pd
 from diagnose import rundir
 from diagnose.analysis.findings import SEVERITY_ORDER, severity_for, sort_findings
 from diagnose.analysis.loader import load, stderr_warning
+from diagnose.analysis.rank_pass import in_rank_order
 from diagnose.analysis.run_detectors import detect, write_json
 from diagnose.rundir import storage
 
@@ -57,7 +58,7 @@ def analyze_windows(run_dirs: list, windows: list, warn=None, on_rank=None, engi
                    window={"from_step": first, "last_step": last, "warmup": index == 0})
         origin_ns = run.t0_ns if origin_ns is None else origin_ns
         shift_ns = run.t0_ns - origin_ns
-        per_window.append(((first, last), detect(run), run.steps()))
+        per_window.append(((first, last), detect(run)))
         for name in step_tables:
             step_tables[name].append(_shifted(getattr(run, name)(), shift_ns))
         folder = os.path.join(out, WINDOWS, f"steps-{first}-{last}")
@@ -69,10 +70,10 @@ def analyze_windows(run_dirs: list, windows: list, warn=None, on_rank=None, engi
             del run, table, rows  # one window's tables at a time
             gc.collect()
     for name, frames in step_tables.items():  # in rank order, as a whole run's (a rank's windows in step order)
-        table = pd.concat(frames, ignore_index=True).sort_values("rank", kind="stable", ignore_index=True)
-        table.to_parquet(os.path.join(out, f"{name}.parquet"), index=False)
-    steps = pd.concat([w[2] for w in per_window], ignore_index=True)
-    findings = merge([(w[0], w[1]) for w in per_window], float(steps["dur_ms"].median()) if len(steps) else 0.0)
+        step_tables[name] = in_rank_order(frames, None, ["rank"])
+        step_tables[name].to_parquet(os.path.join(out, f"{name}.parquet"), index=False)
+    steps = step_tables["steps"]
+    findings = merge(per_window, float(steps["dur_ms"].median()) if len(steps) else 0.0)
     write_json(os.path.join(run.root, rundir.FINDINGS), findings)
     figures = os.path.join(run.root, rundir.STEP_FIGURES)
     if run.step_figures is not None:

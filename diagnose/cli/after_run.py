@@ -5,7 +5,8 @@ import sys
 
 from diagnose import rundir
 from diagnose.rundir import storage
-from diagnose.analysis.loader import load, stderr_warning, step_windows
+from diagnose.analysis.event_budget import step_windows
+from diagnose.analysis.loader import load, stderr_warning
 from diagnose.analysis.window_findings import analyze_windows
 from diagnose.analysis.run_detectors import write_analysis
 from diagnose.exporters.chrome_trace import write_chrome_trace

@@ -150,6 +150,7 @@ def export(run_dir: str = typer.Argument(..., help="run directory"),
            out: Optional[str] = typer.Option(None, "--out", help="output path")):
     """Export a run's merged trace (chrome: Perfetto / chrome://tracing; nvtxt:
     Nsight's ImportNvtxt, one file per rank; nsys-rep: Nsight Systems report)."""
+    _local("export", run_dir)
     from diagnose import rundir
     from diagnose.analysis.loader import load
     if format in ("nvtxt", "nsys-rep"):
@@ -168,6 +169,7 @@ def export(run_dir: str = typer.Argument(..., help="run directory"),
 def merge(runs: List[str] = typer.Argument(..., help="run directories, one per node"),
           out: str = typer.Option(..., "--out", help="the merged run directory")):
     """Merge per-node run directories of one multi-node job into one run."""
+    _local("merge", *runs)
     from diagnose.rundir.node_merge import merge_runs
     merged = merge_runs(runs, out)
     print(f"diagnose: merged {len(runs)} run directories into {merged}")
@@ -196,6 +198,7 @@ def report(run_dir: str = typer.Argument(..., help="run directory"),
            out: Optional[str] = typer.Option(None, "--out", help="output path (default <run>/report.html)"),
            steps: Optional[str] = typer.Option(None, "--steps", help="timeline steps FIRST-LAST (default: a few steady steps)")):
     """(Re)write a run's self-contained HTML report."""
+    _local("report", run_dir)
     from diagnose.cli.report_commands import report_command
     print(report_command(run_dir, out, steps))
     return 0
@@ -209,8 +212,18 @@ def compare(run_a: str = typer.Argument(..., help="run directory A (before)"),
             as_json: bool = typer.Option(False, "--json", help="print the comparison as JSON")):
     """Compare runs: step time, breakdown per phase, findings gained and lost; across
     world sizes or layouts (or three runs and more), scaling efficiency and what grew."""
+    _local("compare", run_a, run_b, *(more or []))
     from diagnose.cli.compare_command import compare_command
     return compare_command(run_a, run_b, html, as_json, more)
+
+
+def _local(command: str, *run_dirs: str) -> None:
+    """Only `diagnose analyze` reads a run at a URL (docs/large-runs.md)."""
+    from diagnose.rundir.storage import is_url
+    for run_dir in run_dirs:
+        if is_url(run_dir):
+            raise UserError(f"{run_dir}: diagnose {command} needs a local run directory "
+                            "(a run at a URL is analyzed by `diagnose analyze`)")
 
 
 @app.command()

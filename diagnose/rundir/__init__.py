@@ -87,3 +87,19 @@ def rank_dirs(run_dir: str) -> list[str]:
     except OSError:
         return []
     return [storage.join(traces, n) for n in names if n.startswith("rank-")]
+
+
+def rank_folders(run_dirs: list) -> tuple[list, dict]:
+    """([(rank, rank_dir) to read, or a warning, in directory order], {rank: rank_dir})."""
+    todo, found = [], {}
+    for run_dir in run_dirs:
+        for rank_dir in rank_dirs(run_dir):
+            rank = rank_of_dir(rank_dir)
+            if rank is None:
+                continue
+            if rank in found:
+                todo.append(f"{rank_dir}: rank {rank} already read from {found[rank]}; ignored")
+                continue
+            found[rank] = rank_dir
+            todo.append((rank, rank_dir))
+    return todo, found

@@ -58,14 +58,6 @@ def isfile(path: str) -> bool:
     return fs.isfile(inner)
 
 
-def listdir(path: str) -> list[str]:
-    """The names in a folder (OSError when it is missing)."""
-    if not is_url(path):
-        return os.listdir(path)
-    fs, inner = _fs(path)
-    return [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(inner, detail=False)]
-
-
 def folders(path: str) -> list[str]:
     """The names of the folders in a folder (OSError when it is missing); from a URL
     one listing, not a request per entry."""
