@@ -22,12 +22,10 @@ def window(ranks_todo: list, max_events: int | None) -> dict | None:
     size = _size(ranks_todo, max_events)
     if size is None:
         return None
-    ranks, first, last, estimate, keep, max_events = size
+    _, _, last, estimate, keep, _ = size
     from_step = last - keep + 1
     return {"from_step": from_step, "last_step": last, "estimated_events": estimate,
-            "message": f"{ranks} ranks x {last - first + 1} steps is ~{estimate:,} events, over the "
-                       f"analysis' budget of {max_events:,} (--max-events): analyzing the last {keep} "
-                       f"steps ({from_step}-{last}) only"}
+            "message": _over_budget(size) + f"analyzing the last {keep} steps ({from_step}-{last}) only"}
 
 
 def windows(ranks_todo: list, max_events: int | None) -> tuple[list, str] | None:
@@ -37,19 +35,25 @@ def windows(ranks_todo: list, max_events: int | None) -> tuple[list, str] | None
     size = _size(ranks_todo, max_events)
     if size is None:
         return None
-    ranks, first, last, estimate, keep, max_events = size
+    _, first, last, _, keep, _ = size
     count = -(-(last - first + 1) // keep)
     bounds = [first + (last - first + 1) * i // count for i in range(count + 1)]
     spans = [(a, b - 1) for a, b in zip(bounds[:-1], bounds[1:])]
-    return spans, (f"{ranks} ranks x {last - first + 1} steps is ~{estimate:,} events, over the analysis' "
-                   f"budget of {max_events:,} (--max-events): analyzing it in {count} windows of steps, "
-                   f"one after the other (" + ", ".join(f"{a}-{b}" for a, b in spans) + ")")
+    return spans, (_over_budget(size) + f"analyzing it in {count} windows of steps, one after the other ("
+                   + ", ".join(f"{a}-{b}" for a, b in spans) + ")")
 
 
 def step_windows(*run_dirs, max_events=None) -> tuple[list, str] | None:
     """windows() of a run given by its directories (one per node)."""
     todo, _ = rundir.rank_folders([rundir.require_run_dir(str(d)) for d in run_dirs])
     return windows([item for item in todo if not isinstance(item, str)], max_events)
+
+
+def _over_budget(size: tuple) -> str:
+    """The start of the line that says a run is over the budget (_size's tuple)."""
+    ranks, first, last, estimate, _, max_events = size
+    return (f"{ranks} ranks x {last - first + 1} steps is ~{estimate:,} events, over the analysis' "
+            f"budget of {max_events:,} (--max-events): ")
 
 
 def _size(ranks_todo: list, max_events: int | None) -> tuple | None:
