@@ -1,8 +1,12 @@
 """Shared helpers: real processes, real torchrun (gloo), real files."""
+import contextlib
+import io
 import json
 import os
+import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -33,11 +37,17 @@ def load_run(*run_dirs, expected_warnings=(), **options):
     return run
 
 
-def job_env(**extra) -> dict:
+def job_env(outputs=False, **extra) -> dict:
+    """The environment of a job the suite launches. Without `outputs` its analysis
+    writes findings.json and the tables only (DIAGNOSE_OUTPUTS=off) and nothing is
+    tracked (DIAGNOSE_TRACKING=off): the merged trace, report and MLflow store cost
+    ~5 s a job and only the tests of those outputs read them (they pass outputs=True)."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.pop("DIAGNOSE_RUN_DIR", None)
     env.pop("MLFLOW_TRACKING_URI", None)
+    state = "on" if outputs else "off"
+    env.update(DIAGNOSE_OUTPUTS=state, DIAGNOSE_TRACKING=state)
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
@@ -58,17 +68,27 @@ def run_diagnose(args, timeout=300, env=None, check=True) -> subprocess.Complete
 
 
 @pytest.fixture(scope="session")
-def demo_scenario(tmp_path_factory):
-    """name -> (run dir, CompletedProcess) of `diagnose demo --scenario name`,
-    launched once per session (test_scenarios and a detector's own test read the same run)."""
+def recorded_scenario(tmp_path_factory):
+    """name -> (run dir, result) of a recorded scenario run, tests/data/runs/<name>
+    (scripts/record_test_runs.py): copied and analyzed in this process as `diagnose
+    analyze --no-outputs` would, once per session. result.stdout is what the command
+    prints (findings, step figures), result.warnings the loader's warnings."""
     runs = {}
 
-    def launch(name: str):
+    def analyze(name: str):
         if name not in runs:
-            out = tmp_path_factory.mktemp("demo") / name
-            runs[name] = (out, run_diagnose(["demo", "--scenario", name, "--out", out], timeout=600))
+            from diagnose.cli.after_run import analyze_run
+            from diagnose.cli.console import print_findings, print_step_figures
+            out = tmp_path_factory.mktemp("recorded") / name
+            shutil.copytree(fixture_path("runs", name), out, ignore=shutil.ignore_patterns("SOURCE.txt"))
+            warnings, printed = [], io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                run, findings = analyze_run([str(out)], outputs=False, warn=warnings.append)
+                print_findings(findings)
+                print_step_figures(run.step_figures)
+            runs[name] = (out, types.SimpleNamespace(stdout=printed.getvalue(), warnings=warnings))
         return runs[name]
-    return launch
+    return analyze
 
 
 def imported_findings(out, traces) -> list:
@@ -84,7 +104,7 @@ def ddp_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ddp") / "run"
     result = out.parent / "result.json"
     run_diagnose(["run", "--out", out, "--", *torchrun(2, "samples/ddp_mlp.py", "--steps", 12,
-                                                       "--result-json", result)])
+                                                       "--result-json", result)], env=job_env(outputs=True))
     return out
 
 
@@ -116,7 +136,7 @@ def straggler_run(ddp_run) -> dict:
     proc = subprocess.Popen([*DIAGNOSE, "run", "--out", str(out), "--",
                              *torchrun(2, "samples/ddp_mlp.py", "--steps", 22, "--slow-rank", 1,
                                        "--slow-ms", 300, "--slow-from-step", 10)],
-                            cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=REPO, env=job_env(outputs=True), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     polls, client, run_id = [], None, None
     deadline = time.monotonic() + 300

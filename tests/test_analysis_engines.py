@@ -11,7 +11,7 @@ import threading
 import distributed
 import pandas as pd
 import pytest
-from conftest import load_run, run_diagnose
+from conftest import fixture_path, load_run, run_diagnose
 from pandas.testing import assert_frame_equal
 from synthetic_run import write_synthetic_run
 
@@ -208,10 +208,10 @@ def test_merged_findings_keep_a_crash_critical_and_weigh_a_partial_cause_by_its_
     assert [f["kind"] for f in merged] == ["rank_failure", "straggler", "exposed_comm"]  # by severity, impact
 
 
-def test_a_real_run_on_a_local_cluster_of_the_clis_own(demo_scenario, tmp_path):
-    """A real 4-rank torchrun (the straggler demo), --dask-workers: the CLI starts
-    and stops its own LocalCluster."""
-    source, _ = demo_scenario("straggler")
+def test_a_real_run_on_a_local_cluster_of_the_clis_own(tmp_path):
+    """A real 4-rank torchrun (the straggler demo's recorded run), --dask-workers: the
+    CLI starts and stops its own LocalCluster."""
+    source = fixture_path("runs", "straggler")
     in_process = _analyzed(source, tmp_path / "in_process")
     on_dask = _analyzed(source, tmp_path / "dask", "--dask-workers", "2")
     _assert_same(in_process, on_dask)

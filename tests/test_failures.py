@@ -11,6 +11,11 @@ from conftest import DIAGNOSE, REPO, job_env, run_diagnose, torchrun
 import diagnose
 
 
+# the hang demo's steps take ~0.1-0.3 s here: 6 s is 20x a step, as far from a slow
+# step as the watchdog's own auto timeout (10x the median step) and 9 s shorter than 15
+HANG_TIMEOUT_S = 6
+
+
 def _findings(out):
     return json.loads((out / "analysis" / "findings.json").read_text())
 
@@ -18,7 +23,7 @@ def _findings(out):
 def test_hang_is_ended_by_the_watchdog_and_names_the_missing_rank(tmp_path):
     out = tmp_path / "hang"
     started = time.monotonic()
-    proc = run_diagnose(["demo", "--scenario", "hang", "--out", out, "--hang-timeout", 15],
+    proc = run_diagnose(["demo", "--scenario", "hang", "--out", out, "--hang-timeout", HANG_TIMEOUT_S],
                         check=False, timeout=300)
     elapsed = time.monotonic() - started
     assert proc.returncode != 0
@@ -36,8 +41,8 @@ def test_hang_is_ended_by_the_watchdog_and_names_the_missing_rank(tmp_path):
     assert in_group[in_group["rank"] == 1]["seq"].max() < trace_seq
     waiter = int(m["waiting_rank_list"])
     assert trace_seq in set(in_group[in_group["rank"] == waiter]["seq"])
-    # hang:rank=1,step=6 stops at ~2 s into the job; + 15 s timeout + dump/teardown
-    assert elapsed < 15 + 30 + 20, elapsed
+    # hang:rank=1,step=6 stops at ~2 s into the job; + the timeout + dump/teardown
+    assert elapsed < HANG_TIMEOUT_S + 30 + 20, elapsed
 
 
 @pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "proc-poll"])

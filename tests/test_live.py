@@ -3,6 +3,7 @@ recent spread, and per-step metrics reach the MLflow run."""
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -205,8 +206,7 @@ def test_a_rank_that_stops_recording_while_others_go_on_is_reported(tmp_path):
         clock.t += 0.25
         mon.tick(snapshot(steps, totals, clock))
     alerts = [l for l in stream.getvalue().splitlines() if "ALERT" in l]
-    assert len(alerts) == 1 and alerts[0].startswith("\rdiagnose: ALERT rank 1:") or \
-        "ALERT rank 1:" in alerts[0], alerts
+    assert len(alerts) == 1 and "diagnose: ALERT rank 1:" in alerts[0], alerts
     assert "recorded nothing" in alerts[0]
 
 
@@ -269,25 +269,27 @@ def test_the_live_child_runs_at_idle_priority_on_every_thread(tmp_path, monkeypa
         live.close(0, timeout=60)
 
 
-def test_node_health_reaches_mlflow_while_a_minute_long_job_runs(tmp_path):
+def test_node_health_reaches_mlflow_while_the_job_runs(tmp_path):
     """Issue 26: per-rank CPU % and RSS and the node's network throughput (the
     ranks' gloo traffic crosses loopback here) are MLflow system metrics while the
-    job still runs: read through the client before it ends."""
+    job still runs: read through the client before it ends. The job would run for
+    minutes; once every metric is read it is interrupted (Ctrl-C), which is no part
+    of what is checked (test_failures checks Ctrl-C)."""
     from conftest import DIAGNOSE, REPO, job_env, torchrun
-    out = tmp_path / "minute"
-    # 480 steps of 16 samples at 8 ms each: over 60 s of data wait alone
+    out = tmp_path / "long"
+    # 4,000 steps of 16 samples at 8 ms each: over 8 min of data wait alone
     # (no analysis after it: what is checked is the live stream)
     proc = subprocess.Popen([*DIAGNOSE, "run", "--out", str(out), "--no-analyze", "--",
-                             *torchrun(2, "samples/ddp_mlp.py", "--steps", 480, "--batch-size", 8,
+                             *torchrun(2, "samples/ddp_mlp.py", "--steps", 4000, "--batch-size", 8,
                                        "--slow-data-ms", 8)],
-                            cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, env=job_env(outputs=True), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     keys = ("system/rank_0_cpu_utilization_percentage", "system/rank_1_cpu_utilization_percentage",
             "system/rank_0_rss_megabytes", "system/rank_1_rss_megabytes",
             "system/network_receive_megabytes_per_second", "system/network_lo_receive_megabytes_per_second")
     seen, started = {}, time.monotonic()
     try:
         while proc.poll() is None and time.monotonic() - started < 150 and len(seen) < len(keys):
-            time.sleep(1.0)
+            time.sleep(1.0)  # the poll's period: the store is read once a second
             id_file, db = out / "mlflow_run_id", tmp_path / "mlflow.db"
             if not (id_file.exists() and db.exists()):
                 continue
@@ -302,8 +304,9 @@ def test_node_health_reaches_mlflow_while_a_minute_long_job_runs(tmp_path):
         assert set(seen) == set(keys), (sorted(seen), proc.poll())
         assert proc.poll() is None, "read while the job runs"
     finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 0, stderr[-3000:]
-    assert time.monotonic() - started >= 60
+    assert json.loads((out / "manifest.json").read_text())["interrupted"] is True, stderr[-3000:]
     assert max(seen["system/network_lo_receive_megabytes_per_second"]) > 0  # the all-reduces
     assert min(seen["system/rank_0_rss_megabytes"]) > 50 and max(seen["system/rank_0_cpu_utilization_percentage"]) > 0

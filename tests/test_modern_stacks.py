@@ -21,13 +21,15 @@ def _line_of(text: str) -> int:
 FORWARD_LINE, LOSS_LINE = _line_of("return self.down("), _line_of("loss = model(x)")
 
 
-def _run_both(tmp_path, stack: str):
-    """The job plain and under `diagnose run`: its loaded run, after checking the losses agree."""
+def _run_both(tmp_path, stack: str, report=False):
+    """The job plain and under `diagnose run`: its loaded run, after checking the losses agree
+    (`report`: the run writes report.html too)."""
     plain, traced = tmp_path / "plain.json", tmp_path / "traced.json"
     proc = subprocess.run(torchrun(2, SCRIPT, stack, plain), cwd=REPO, env=job_env(), capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run_diagnose(["run", "--out", tmp_path / "run", "--", *torchrun(2, SCRIPT, stack, traced)])
+    run_diagnose(["run", "--out", tmp_path / "run", "--", *torchrun(2, SCRIPT, stack, traced)],
+                 env=job_env(outputs=report, DIAGNOSE_TRACKING="off"))
     assert json.loads(traced.read_text()) == json.loads(plain.read_text())   # the job's numbers unchanged
     return load_run(tmp_path / "run")
 
@@ -62,7 +64,7 @@ def test_fsdp2_collectives_name_their_unit(tmp_path):
     (detail fsdp:<module>): a layer gathers twice a step (forward, then again
     for backward: resharded after forward), the root once (kept), and each
     reduces its gradients once."""
-    run = _run_both(tmp_path, "fsdp2")
+    run = _run_both(tmp_path, "fsdp2", report=True)
     calls = run.collectives()
     calls = calls[calls["step"].between(0, 4)]
     for rank in (0, 1):

@@ -1,14 +1,15 @@
 """Pipeline stages and micro-batches inferred from point-to-point traffic
 (issue 23, diagnose/analysis/pipeline_topology.py), for jobs that mark no
 stage: the reference trainer's pipeline scenarios run with its phases off
-(REFERENCE_TRAINER_PHASES=0: no collectors.phase at all) give the findings
-they give with them; ambiguous topologies are said, never guessed."""
+(REFERENCE_TRAINER_PHASES=0: no collectors.phase at all; recorded in
+tests/data/runs/<scenario>-unmarked) give the findings they give with them;
+ambiguous topologies are said, never guessed."""
 import json
 
 import pandas as pd
 import pytest
 
-from conftest import job_env, load_run, run_diagnose
+from conftest import load_run
 from diagnose.analysis import pipeline_topology
 from reference_trainer.scenarios import SCENARIOS
 
@@ -21,18 +22,11 @@ def _serious(run_dir):
             for f in findings if f["severity"] != "info"}
 
 
-def _unmarked_demo(name, out):
-    """The scenario with the trainer's phases off: no stage or micro-batch marked."""
-    run_diagnose(["demo", "--scenario", name, "--out", out], timeout=600,
-                 env=job_env(REFERENCE_TRAINER_PHASES="0"))
-    return out
-
-
 @pytest.fixture(scope="module")
-def slow_stage_runs(tmp_path_factory, demo_scenario):
-    """(marked: the session's slow_stage demo run, shared with test_scenarios; unmarked)."""
-    return demo_scenario("slow_stage")[0], _unmarked_demo("slow_stage",
-                                                          tmp_path_factory.mktemp("topology") / "unmarked")
+def slow_stage_runs(recorded_scenario):
+    """(marked: the recorded slow_stage run, shared with test_scenarios; unmarked: the
+    same scenario recorded with the trainer's phases off)."""
+    return recorded_scenario("slow_stage")[0], recorded_scenario("slow_stage-unmarked")[0]
 
 
 def test_slow_stage_without_phases_gives_the_same_findings(slow_stage_runs):
@@ -52,8 +46,8 @@ def test_slow_stage_without_phases_gives_the_same_findings(slow_stage_runs):
     assert expected in _serious(marked) and _serious(unmarked) == _serious(marked)
 
 
-def test_bubble_without_phases_is_found_on_inferred_micro_batches(tmp_path):
-    run_dir = _unmarked_demo("bubble", tmp_path / "bubble")
+def test_bubble_without_phases_is_found_on_inferred_micro_batches(recorded_scenario):
+    run_dir, _ = recorded_scenario("bubble-unmarked")
     assert load_run(run_dir).stage_source == "inferred: 4 stages x 1 pipelines"
     (bubble,) = [f for f in json.loads((run_dir / "analysis" / "findings.json").read_text())
                  if f["kind"] == "pipeline_bubble"]

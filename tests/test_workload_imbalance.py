@@ -15,9 +15,9 @@ def _serious(findings, kind):
     return [f for f in findings if f["kind"] == kind and f["severity"] != "info"]
 
 
-def test_varlen_scenario_is_a_workload_imbalance_and_no_straggler(demo_scenario):
-    """One 4-rank launch (shared with test_scenarios): dp4, 4 micro-batches, lengths drawn in 1-7x."""
-    out, _ = demo_scenario("varlen")
+def test_varlen_scenario_is_a_workload_imbalance_and_no_straggler(recorded_scenario):
+    """The recorded varlen run (shared with test_scenarios): dp4, 4 micro-batches, lengths drawn in 1-7x."""
+    out, _ = recorded_scenario("varlen")
     findings = json.loads((out / "analysis" / "findings.json").read_text())
     assert _serious(findings, "straggler") == [], findings
     (found,) = _serious(findings, "workload_imbalance")

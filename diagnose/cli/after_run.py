@@ -15,6 +15,13 @@ from diagnose.exporters.chrome_trace import write_chrome_trace
 PROGRESS_MIN_RANKS = 48  # below this, reading the ranks takes a second or two: no bar
 
 
+def outputs_enabled() -> bool:
+    """DIAGNOSE_OUTPUTS=off: analyses write findings.json and the tables only (no
+    merged trace, report or MLflow run), as --no-outputs does; for batch jobs and
+    test suites that read the findings alone."""
+    return os.environ.get("DIAGNOSE_OUTPUTS", "on").strip().lower() not in ("0", "off", "false", "no")
+
+
 def analyze_run(run_dirs, outputs: bool = True, warn=None, engine=None, max_events=None,
                 every_step: bool = False):
     """Analyze and write findings.json and the tables; with `outputs`, also the
@@ -23,6 +30,7 @@ def analyze_run(run_dirs, outputs: bool = True, warn=None, engine=None, max_even
     max_events: the loader's event budget (diagnose.analysis.loader); every_step: a
     run over it is analyzed in windows of steps, one after the other, findings and
     tables only (diagnose.analysis.window_findings)."""
+    outputs = outputs and outputs_enabled()
     plan = step_windows(*run_dirs, max_events=max_events) if every_step else None
     if plan is not None:
         windows, message = plan

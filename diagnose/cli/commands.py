@@ -25,7 +25,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-def _finish(run_dir: str, status: int, analyze: bool) -> int:
+def _finish(run_dir: str, status: int, analyze: bool, outputs: bool = True) -> int:
     from diagnose.cli.after_run import analyze_run
     from diagnose.cli.console import print_findings, print_step_figures
     from diagnose.rundir import solo_ranks
@@ -36,7 +36,7 @@ def _finish(run_dir: str, status: int, analyze: bool) -> int:
         print(f"diagnose: no rank was recorded: {solo_ranks.why_no_rank(run_dir)}")
         analyze = False
     if analyze:
-        run, findings = analyze_run([run_dir])
+        run, findings = analyze_run([run_dir], outputs=outputs)
         print_findings(findings)
         print_step_figures(run.step_figures)
     print(f"diagnose: run directory {run_dir}")
@@ -56,6 +56,9 @@ def run(ctx: typer.Context,
         out: Optional[str] = typer.Option(None, "--out", help="run directory (default runs/<timestamp>)"),
         name: Optional[str] = typer.Option(None, "--name", help="a name for the run"),
         no_analyze: bool = typer.Option(False, "--no-analyze", help="skip analysis at the end"),
+        no_outputs: bool = typer.Option(False, "--no-outputs",
+                                        help="analyze, but write only findings.json and the analysis tables: "
+                                             "no merged trace, report or MLflow run (also DIAGNOSE_OUTPUTS=off)"),
         force: bool = typer.Option(False, "--force", help="reuse a non-empty --out"),
         hang_timeout: str = typer.Option("auto", "--hang-timeout", metavar="auto|SECONDS",
                                          help="no progress for this long is a hang; auto: 10x the median "
@@ -81,7 +84,7 @@ def run(ctx: typer.Context,
                                         hang_floor_s=hang_floor, kill_on_hang=kill_on_hang,
                                         on_hang=analyze_during_hang, nsys=nsys,
                                         torch_profiler=_steps_option(torch_profiler)))
-    return _finish(run_dir, status, not no_analyze)
+    return _finish(run_dir, status, not no_analyze, outputs=not no_outputs)
 
 
 def _hang_timeout_option(text: str) -> float | None:
@@ -179,7 +182,9 @@ def merge(runs: List[str] = typer.Argument(..., help="run directories, one per n
 @app.command()
 def demo(scenario: str = typer.Option("showcase", "--scenario", help="scenario name"),
          out: Optional[str] = typer.Option(None, "--out", help="run directory"),
-         hang_timeout: float = typer.Option(20.0, "--hang-timeout")):
+         hang_timeout: float = typer.Option(20.0, "--hang-timeout"),
+         no_outputs: bool = typer.Option(False, "--no-outputs",
+                                         help="findings.json and the analysis tables only (also DIAGNOSE_OUTPUTS=off)")):
     """Run the reference trainer under `diagnose run` with one injected problem."""
     from diagnose.cli.demo_command import demo_command
     from diagnose.run.launcher import RunOptions, launch
@@ -190,7 +195,7 @@ def demo(scenario: str = typer.Option("showcase", "--scenario", help="scenario n
     run_dir, status = launch(RunOptions(command=command, out_dir=out, name=f"demo-{scenario}",
                                         hang_timeout_s=hang_timeout, kill_on_hang=True,
                                         on_hang=analyze_during_hang))
-    return _finish(run_dir, status, True)
+    return _finish(run_dir, status, True, outputs=not no_outputs)
 
 
 @app.command()

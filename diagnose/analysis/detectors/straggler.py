@@ -10,9 +10,13 @@ Threshold: the rank must cause >= 2x the median of what its stage peers cause
 plus 0.5 ms per step (jitter makes everyone last sometimes), be the top
 waiter-maker among its peers in >= 50% of steady steps and slow on the median
 step ("persistent"), or in >= 20% and slow on the steps it was last in
-("intermittent"; not when the run's micro-batches differ in work beyond jitter,
-workload_imbalance's signal: then the rank was slow on the steps its batches
-were long),
+("intermittent": last in at least 4 steps and more often than chance among its n
+peers gives, binomial p <= 0.01, and busier beyond its peers on those steps than
+on its own other steps, Mann-Whitney p <= 0.01: the steps it was last in are by
+that choice its slowest, so a clean run's jitter alone once named a 1.82x
+"intermittent straggler" on 2 of 12 steps; not when the run's micro-batches
+differ in work beyond jitter, workload_imbalance's signal: then the rank was slow
+on the steps its batches were long),
 its busy time (step minus time blocked waiting on others) must be >= 1.4x the
 median of its pipeline-stage peers' (clean 4-rank runs sharing 2 cores have
 shown up to 1.31x: the scheduler favours some ranks; a 30 ms slowdown of a
@@ -32,6 +36,8 @@ CAUSED_RATIO = 2.0
 FLOOR_MS = 0.5
 PERSISTENT_FRAC = 0.5
 INTERMITTENT_FRAC = 0.2
+MIN_INTERMITTENT_STEPS = 4
+ALPHA = 0.01
 BUSY_RATIO = 1.4
 DEVICE_BUSY_RATIO = 1.1
 
@@ -98,11 +104,10 @@ def members_seen(ctx) -> tuple[int, int]:
     return len(ctx.run.ranks), max(group_size, len(ctx.run.ranks))
 
 
-def _busy_ratio(ctx, rank, stages, steps):
-    """(ratio, excess ms, breakdown): the rank's busy time (step minus waiting on
-    others) over, and beyond, the median of the ranks doing the same work (its
-    pipeline stage), over the given steps; on a device trace busy is the device
-    compute."""
+def _busy_rows(ctx, rank, stages, steps):
+    """(breakdown rows per rank and step of the ranks doing the same work as `rank`
+    (its pipeline stage) over the given steps, their busy ms): busy is the step minus
+    waiting on others; on a device trace the device compute."""
     breakdown = ctx.breakdown
     # device time when the collectives are seen on the device: the compute
     # kernels on the steps they cover, else (a live CUDA run) the CUDA-event
@@ -117,17 +122,51 @@ def _busy_ratio(ctx, rank, stages, steps):
         breakdown = breakdown.merge(device, on=["rank", "step"], how="left").fillna({"device_compute_ms": 0.0})
     if len(steps):
         breakdown = breakdown[breakdown["step"].isin(steps)]
-    breakdown = breakdown.groupby("rank").median(numeric_only=True)
     if stages:
-        breakdown = breakdown[breakdown.index.map(lambda r: stages.get(r) == stages.get(rank))]
-    if rank not in breakdown.index or len(breakdown) < 2:
-        return None, 0.0, breakdown
+        breakdown = breakdown[breakdown["rank"].map(lambda r: stages.get(r) == stages.get(rank))]
     if "device_compute_ms" in breakdown.columns:
         busy = breakdown["device_compute_ms"]
     else:
         busy = breakdown["step_ms"] - breakdown["exposed_comm_ms"] - breakdown["pipeline_wait_ms"]
+    return breakdown, busy
+
+
+def _busy_ratio(ctx, rank, stages, steps):
+    """(ratio, excess ms, breakdown): the rank's busy time over, and beyond, the
+    median of its stage peers', medians over the given steps."""
+    rows, busy = _busy_rows(ctx, rank, stages, steps)
+    breakdown = rows.groupby("rank").median(numeric_only=True)
+    busy = busy.groupby(rows["rank"]).median()
+    if rank not in breakdown.index or len(breakdown) < 2:
+        return None, 0.0, breakdown
     baseline = float(busy.drop(rank).median())
     return (float(busy[rank] / baseline) if baseline > 0 else None), float(busy[rank] - baseline), breakdown
+
+
+def _slow_when_last(ctx, rank, stages, straggling) -> bool:
+    """An intermittent straggler is judged on the steps it was last in, a choice
+    that favours noise: with n peers anyone is last in ~1/n of the steps, and on
+    the steps it was last its busy time was, by that choice, its highest. So the
+    rank must be last in more steps than chance gives (binomial, p <= ALPHA), in at
+    least MIN_INTERMITTENT_STEPS, and on those steps work more beyond its peers
+    than on its own other steps (Mann-Whitney, one-sided, p <= ALPHA): a periodic
+    stall on its host does both; a scheduler's hiccup on a clean run does neither."""
+    from scipy.stats import binomtest, mannwhitneyu
+    judged = set(straggling[straggling].index)
+    n_peers = straggling.attrs["peers"]
+    if len(judged) < MIN_INTERMITTENT_STEPS or n_peers < 2:
+        return False
+    if binomtest(len(judged), len(straggling), 1 / n_peers, alternative="greater").pvalue > ALPHA:
+        return False
+    rows, busy = _busy_rows(ctx, rank, stages, list(straggling.index))
+    per_step = busy.groupby([rows["step"], rows["rank"]]).median().unstack("rank")
+    if rank not in per_step.columns or per_step.shape[1] < 2:
+        return False
+    excess = (per_step[rank] - per_step.drop(columns=rank).median(axis=1)).dropna()
+    slow, other = excess[excess.index.isin(judged)], excess[~excess.index.isin(judged)]
+    if len(slow) < MIN_INTERMITTENT_STEPS or len(other) < MIN_INTERMITTENT_STEPS:
+        return False
+    return mannwhitneyu(slow, other, alternative="greater").pvalue <= ALPHA
 
 
 def detect(ctx):
@@ -150,6 +189,7 @@ def detect(ctx):
         if top_ms < CAUSED_RATIO * baseline_ms + FLOOR_MS:
             continue
         straggling = caused.loc[peers].idxmax(axis=0) == top
+        straggling.attrs["peers"] = len(peers)
         top_in_steps = float(straggling.mean())
         if top_in_steps < INTERMITTENT_FRAC:
             continue
@@ -166,7 +206,7 @@ def detect(ctx):
                 continue
             # slow only on some steps, in a run whose micro-batches differ in work:
             # those were its long batches (workload_imbalance), not a slow rank
-            if not persistent and lengths_vary(ctx):
+            if not persistent and (lengths_vary(ctx) or not _slow_when_last(ctx, top, stages, straggling)):
                 break
             passed.append((excess_busy_ms, top, baseline_ms, top_ms, top_in_steps, busy_ratio, breakdown,
                            persistent))
