@@ -32,8 +32,10 @@ mpi:
 demo: setup
 	$(VENV)/bin/diagnose demo --scenario $(DEMO_SCENARIO)
 
+# Two pytest-xdist workers on this 2-core box: much of a launch is waiting (start-up,
+# timeouts, sleeps that are the scenario), 691 s serial vs 482 s (docs/testing.md)
 test: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadgroup tests
 
 # Issue 8 figures (about 30 min on 2 cores); analyze_vs_hta needs HTA in /tmp/hta-venv (bench/hta_reference.py)
 bench: setup

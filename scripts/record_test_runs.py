@@ -1,8 +1,8 @@
 """Record the reference trainer's scenarios into tests/data/runs/<scenario>/.
 
-The detector tests analyze these run directories in-process (tests/recorded_runs.py)
-instead of launching 4-8 ranks per scenario: the live path is tested where it is
-the point (tests/test_scenarios_live.py, docs/testing.md). Each recording keeps the
+The detector tests analyze these run directories in-process (the recorded_scenario
+fixture, tests/conftest.py) instead of launching 4-8 ranks per scenario: the live
+path is tested where it is the point (docs/testing.md). Each recording keeps the
 rank traces and the manifest (the analysis is the tests' to make) and a SOURCE.txt
 with the command, torch version, schema version and date; tests fail when the
 schema version moves and the runs were not recorded again.

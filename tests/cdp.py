@@ -280,7 +280,7 @@ class Browser:
                 return Page(pages[0]["webSocketDebuggerUrl"])
             if time.monotonic() > deadline:
                 raise RuntimeError("no page target")
-            time.sleep(0.2)
+            time.sleep(0.2)  # poll period
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -141,7 +141,7 @@ def straggler_run(ddp_run) -> dict:
     polls, client, run_id = [], None, None
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.5)  # poll period
         manifest = out / "manifest.json"
         if "end_wall_ns" in (manifest.read_text() if manifest.exists() else ""):
             break  # the job ended; the launcher now analyses
@@ -158,3 +158,12 @@ def straggler_run(ddp_run) -> dict:
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, f"{stdout}\n{stderr}"
     return {"dir": out, "stdout": stdout, "stderr": stderr, "polls": polls, "run_id": run_id}
+
+
+def pytest_collection_modifyitems(items):
+    """`make test` runs the suite on 2 pytest-xdist workers (--dist loadgroup), and a
+    session fixture is made once per worker: every test that reads the shared DDP
+    runs goes to one worker, so they are launched once (~25 s each)."""
+    for item in items:
+        if {"ddp_run", "straggler_run"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("ddp_runs"))

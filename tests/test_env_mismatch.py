@@ -41,7 +41,8 @@ SCRIPT = textwrap.dedent("""
             dist.all_reduce(p.grad)
         opt.step()
         opt.zero_grad()
-        time.sleep(0.1)
+        time.sleep(0.1)  # the scenario: steps long enough for the samplers to see them
+    dist.barrier()  # every rank done before any destroys the group (gloo aborts a peer still in it)
     dist.destroy_process_group()
 """)
 

@@ -61,20 +61,27 @@ def test_launcher_sees_which_rank_died_first(tmp_path, monkeypatch, pidfd):
             rank_dir.mkdir(parents=True)
             (rank_dir / "meta.json").write_text(json.dumps({"host": socket.gethostname(), "pid": proc.pid}))
         liveness = RankLiveness(str(tmp_path))
-        time.sleep(1.0)  # discovered
+        deadline = time.monotonic() + 30
+        while len(liveness.pids) < 3:  # every rank discovered (poll period 10 ms)
+            assert time.monotonic() < deadline, liveness.pids
+            time.sleep(0.01)  # poll period
         killed_ns = {}
         for rank in (2, 0, 1):  # still zombies: nobody reaps them until the end
             killed_ns[rank] = time.time_ns()
             os.kill(ranks[rank].pid, signal.SIGKILL)
-            time.sleep(0.3)
+            time.sleep(0.3)  # the scenario: the ranks die 0.3 s apart, in a known order
+        closed_ns = time.time_ns()
         exits = liveness.close()
     finally:
         for proc in ranks:
             proc.kill()
             proc.wait()
     assert exits["exit_order"] == [2, 0, 1]
-    for rank, t in killed_ns.items():
-        assert 0 <= exits["exited_wall_ns"][str(rank)] - t < 0.15e9
+    # each exit is seen after its kill and before the next rank's: the order is the
+    # deaths' order because each was seen within the 0.3 s until the next one
+    kills = [killed_ns[r] for r in (2, 0, 1)] + [closed_ns]
+    for i, rank in enumerate((2, 0, 1)):
+        assert kills[i] <= exits["exited_wall_ns"][str(rank)] < kills[i + 1], (rank, exits, kills)
 
 
 def test_crash_names_the_dead_rank_and_its_last_step(tmp_path):
@@ -105,7 +112,7 @@ def test_ctrl_c_leaves_an_analyzable_run(tmp_path):
                 break
         except (OSError, ValueError, KeyError):
             pass
-        time.sleep(0.2)
+        time.sleep(0.2)  # poll period
     os.kill(proc.pid, signal.SIGINT)
     output = proc.communicate(timeout=120)[0]
     assert proc.returncode != 0, output

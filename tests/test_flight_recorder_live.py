@@ -16,7 +16,7 @@ from diagnose.analysis.run_detectors import Context
 from diagnose.run.flight_recorder_env import flight_recorder_env
 from diagnose.run.watchdog import HANG_STEP_MULTIPLE
 
-PG_TIMEOUT_S = 20
+PG_TIMEOUT_S = 14
 
 
 def _trainer(*args):

@@ -114,7 +114,7 @@ def test_nvml_install_samples_the_ranks_own_device(monkeypatch):
         nvml_sampler.install(rec)
         deadline = time.monotonic() + 5
         while not any(m == "gpu_util_pct" for _, m, _ in rec.samples) and time.monotonic() < deadline:
-            time.sleep(0.01)
+            time.sleep(0.01)  # poll period
     finally:
         rec._stop.set()
     assert nvml.opened == [6]

@@ -19,8 +19,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _env(**extra):
-    return job_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=_free_port(), **extra)
+def _launch(out, job: list, **extra):
+    """`diagnose run --out OUT -- JOB` on a free MASTER_PORT. The port is free when
+    picked and may be taken before the job binds it (bind-then-close): a job that
+    failed with EADDRINUSE is launched again on another port (at most 3 tries)."""
+    for attempt in range(3):
+        if attempt:
+            shutil.rmtree(out, ignore_errors=True)
+        env = job_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=_free_port(), **extra)
+        proc = run_diagnose(["run", "--out", out, "--", *job], env=env, check=False)
+        if "Address already in use" not in proc.stdout + proc.stderr:
+            break
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
 
 
 def _findings(out):
@@ -43,8 +54,8 @@ def _check_straggler_job(out, launcher: str):
 
 def test_srun_tasks_are_ranks_by_slurm_procid(tmp_path):
     out = tmp_path / "srun"
-    run_diagnose(["run", "--out", out, "--", PYTHON, "tests/scripts/fake_srun.py", "-n", "2",
-                  PYTHON, JOB, "env", "--slow-rank", "1", "--slow-ms", "40"], env=_env())
+    _launch(out, [PYTHON, "tests/scripts/fake_srun.py", "-n", "2",
+                  PYTHON, JOB, "env", "--slow-rank", "1", "--slow-ms", "40"])
     _check_straggler_job(out, "slurm")
 
 
@@ -52,16 +63,15 @@ def test_mpirun_ranks_are_recorded(tmp_path):
     mpirun = shutil.which("mpirun")
     assert mpirun, "Open MPI's mpirun is not installed (make setup installs openmpi-bin)"
     out = tmp_path / "mpirun"
-    run_diagnose(["run", "--out", out, "--", mpirun, "-np", "2", "--oversubscribe",
-                  PYTHON, JOB, "env", "--slow-rank", "1", "--slow-ms", "40"],
-                 env=_env(OMPI_ALLOW_RUN_AS_ROOT=1, OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1,
-                          OMPI_MCA_plm="isolated", OMPI_MCA_btl_vader_single_copy_mechanism="none"))
+    _launch(out, [mpirun, "-np", "2", "--oversubscribe", PYTHON, JOB, "env", "--slow-rank", "1", "--slow-ms", "40"],
+            OMPI_ALLOW_RUN_AS_ROOT=1, OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1,
+            OMPI_MCA_plm="isolated", OMPI_MCA_btl_vader_single_copy_mechanism="none")
     _check_straggler_job(out, "openmpi")
 
 
 def test_plain_python_is_a_world_of_one(tmp_path):
     out = tmp_path / "lone"
-    proc = run_diagnose(["run", "--out", out, "--", PYTHON, JOB, "lone", "--slow-data-ms", "4"], env=_env())
+    proc = _launch(out, [PYTHON, JOB, "lone", "--slow-data-ms", "4"])
     assert "rank 0 of a world of one" in proc.stdout, proc.stdout
     run = diagnose.load(out)
     assert sorted(run.rank_meta) == [0] and run.rank_meta[0]["world_size"] == 1
@@ -72,8 +82,7 @@ def test_plain_python_is_a_world_of_one(tmp_path):
 
 def test_mp_spawn_ranks_are_named_by_their_process_group(tmp_path):
     out = tmp_path / "mpspawn"
-    run_diagnose(["run", "--out", out, "--", PYTHON, JOB, "mpspawn", "--slow-rank", "1", "--slow-ms", "40"],
-                 env=_env())
+    _launch(out, [PYTHON, JOB, "mpspawn", "--slow-rank", "1", "--slow-ms", "40"])
     _check_straggler_job(out, "python")
     # the spawning parent imported torch but neither trained nor created a process group
     assert [p.name.startswith("solo-") for p in (out / "traces").iterdir()].count(True) == 1
@@ -81,7 +90,7 @@ def test_mp_spawn_ranks_are_named_by_their_process_group(tmp_path):
 
 def test_processes_without_launcher_or_process_group_get_a_clear_message(tmp_path):
     out = tmp_path / "spawn"
-    proc = run_diagnose(["run", "--out", out, "--", PYTHON, JOB, "spawn", "--procs", "2"], env=_env())
+    proc = _launch(out, [PYTHON, JOB, "spawn", "--procs", "2"])
     assert "no rank was recorded: 2 processes trained without a launcher or a process group" in proc.stdout, \
         proc.stdout
     assert "findings" not in proc.stdout.lower() and "Traceback" not in proc.stderr

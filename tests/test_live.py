@@ -258,11 +258,11 @@ def test_the_live_child_runs_at_idle_priority_on_every_thread(tmp_path, monkeypa
         assert os.getsid(pid) == pid and os.getsid(pid) != os.getsid(0)
         deadline = time.monotonic() + 30
         while os.sched_getscheduler(pid) != os.SCHED_IDLE and time.monotonic() < deadline:
-            time.sleep(0.05)
+            time.sleep(0.05)  # poll period
         assert os.sched_getscheduler(pid) == os.SCHED_IDLE
         if os.path.exists("/proc/self/autogroup"):
             while "nice 19" not in open(f"/proc/{pid}/autogroup").read() and time.monotonic() < deadline:
-                time.sleep(0.05)
+                time.sleep(0.05)  # poll period
             assert open(f"/proc/{pid}/autogroup").read().strip().endswith("nice 19")
             assert not open("/proc/self/autogroup").read().strip().endswith("nice 19")
     finally:

@@ -11,7 +11,7 @@ from plotly.offline import get_plotlyjs
 import diagnose
 from collectors.part_writer import atomic_write_json
 from collectors.schema import event_row, events_table
-from conftest import ARTIFACTS, run_diagnose
+from conftest import ARTIFACTS, job_env, run_diagnose
 from dashboards.report_page import write_report
 from synthetic_run import write_synthetic_run
 
@@ -189,7 +189,7 @@ def test_report_command_rejects_steps_not_recorded(ddp_run):
 def test_compare_shows_straggler_gained_and_step_time_change(ddp_run, straggler_run, tmp_path,
                                                              browser):
     html = tmp_path / "compare.html"
-    proc = run_diagnose(["compare", ddp_run, straggler_run["dir"], "--html", html])
+    proc = run_diagnose(["compare", ddp_run, straggler_run["dir"], "--html", html], env=job_env(outputs=True))
     out = proc.stdout
     assert ("gained" in out or "changed" in out) and "straggler" in out, out
     # logged to the later run (the straggler run): its baseline named, the comparison as artifacts

@@ -108,29 +108,42 @@ def _wait_http(url: str, timeout: float, proc) -> None:
                 if r.status == 200:
                     return
         except OSError:
-            time.sleep(0.5)
+            time.sleep(0.5)  # poll period
     raise AssertionError(f"{url} did not come up in {timeout} s")
 
 
 @pytest.fixture(scope="module")
 def mlflow_ui(ddp_run):
-    port = _free_port()
-    proc = subprocess.Popen([*DIAGNOSE, "ui", "--port", str(port), "--runs-root", str(ddp_run.parent)],
-                            cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
+    # the port is free when picked and may be taken before the server binds it
+    # (bind-then-close): a server that exits with the port in use starts again on another
+    for attempt in range(3):
+        port = _free_port()
+        proc = subprocess.Popen([*DIAGNOSE, "ui", "--port", str(port), "--runs-root", str(ddp_run.parent)],
+                                cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
         # the link diagnose ui prints (before MLflow's own output)
         printed = [proc.stdout.readline(), proc.stdout.readline()]
+        try:
+            _wait_http(f"http://127.0.0.1:{port}/health", 120, proc)
+            break
+        except AssertionError as exc:
+            if "in use" not in str(exc) or attempt == 2:
+                _stop(proc)
+                raise
+    try:
         link = next((line[line.index("http"):].strip() for line in printed if "model-training view" in line), None)
-        _wait_http(f"http://127.0.0.1:{port}/health", 120, proc)
         yield {"url": f"http://127.0.0.1:{port}", "link": link, "printed": printed}
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        _stop(proc)
+
+
+def _stop(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
 
 
 @pytest.fixture

@@ -249,13 +249,17 @@ def test_hang_fault_blocks_the_job(tmp_path):
         while "fault hang: rank 1 at step 3" not in err_path.read_text():
             assert proc.poll() is None, err_path.read_text()[-3000:]
             assert time.monotonic() < deadline, "the hang fault never fired"
-            time.sleep(0.5)
-        time.sleep(8)  # long enough for any step to finish, far from gloo's 30 min timeout
+            time.sleep(0.1)  # poll period
+        # the scenario: 10x the slowest step logged before the hang (the hang watchdog's own
+        # multiple), so any step in flight would have ended; far from gloo's 30 min timeout
+        time.sleep(max(1.0, 10 * max(r["step_time_s"] for r in launch.rows)))  # the scenario (above)
         assert proc.poll() is None, "the job ended on its own despite the hang"
         assert [r["step"] for r in launch.rows] == [0, 1, 2]
         ranks = descendant_pids(proc.pid)
         assert len([p for p in ranks if alive(p)]) >= 2
     finally:
         kill_tree(proc)
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30
+    while [p for p in ranks if alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.05)  # poll period
     assert not [p for p in ranks if alive(p)], "ranks survived the kill"

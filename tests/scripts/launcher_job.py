@@ -35,7 +35,7 @@ class Slow(Dataset):
 
     def __getitem__(self, i):
         if self.delay_s:
-            time.sleep(self.delay_s)
+            time.sleep(self.delay_s)  # the scenario: a slow dataset
         return self.x[i], self.x[i, :1]
 
 
@@ -50,9 +50,18 @@ def train(args, rank: int, ddp: bool) -> None:
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
         if rank == args.slow_rank:
-            time.sleep(args.slow_ms / 1000)
+            time.sleep(args.slow_ms / 1000)  # the scenario: a slow rank
         optimizer.step()
         optimizer.zero_grad()
+
+
+def teardown() -> None:
+    """train() has returned, so its DDP (and the reducer's hooks) is freed; every rank
+    reaches the barrier before any destroys the group: a gloo rank destroying its group
+    while a slow peer still works can abort the peer ("terminate called without an
+    active exception")."""
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def launcher_rank() -> tuple[int, int]:
@@ -65,7 +74,7 @@ def launcher_rank() -> tuple[int, int]:
 def spawned(rank: int, args) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=args.procs)
     train(args, rank, ddp=True)
-    dist.destroy_process_group()
+    teardown()
 
 
 def main():
@@ -81,7 +90,7 @@ def main():
         rank, world = launcher_rank()
         dist.init_process_group("gloo", rank=rank, world_size=world)
         train(args, rank, ddp=True)
-        dist.destroy_process_group()
+        teardown()
     elif args.mode == "lone":
         train(args, 0, ddp=False)
     elif args.mode == "spawn":
