@@ -11,9 +11,11 @@ at 0 and advances before each collective's work is made; `getSequenceNumberForGr
 returns it), behind the real method name. In `_coalescing_manager`'s fast path
 the calls inside only queue and one `allreduce_coalesced` reaches the group at
 the end (torch/distributed/distributed_c10d.py)."""
+import contextlib
 from types import SimpleNamespace
 
 from collectors.instrument import collectives
+from collectors.instrument.coalescing import wrap_coalescing_manager
 from collectors.recorder import Recorder
 
 
@@ -41,7 +43,15 @@ def _rank(backend="nccl"):
     def all_reduce(tensor, op=None, group=None, async_op=False):
         if not pg.coalescing:  # inside the manager the call is only queued
             pg.allreduce()
-    return pg, rec, collectives._wrap_collective(tracker, "all_reduce", all_reduce)
+
+    @contextlib.contextmanager
+    def coalescing_manager(group=None, device=None, async_ops=False):  # c10d's, in its fast path
+        pg.coalescing = True
+        yield SimpleNamespace(works=[])
+        pg.coalescing = False
+        pg.allreduce()  # the batch's allreduce_coalesced
+    return (pg, rec, collectives._wrap_collective(tracker, "all_reduce", all_reduce),
+            wrap_coalescing_manager(tracker, coalescing_manager))
 
 
 def _seqs(rec):
@@ -52,7 +62,7 @@ def _job(backend):
     """Both ranks: one collective; then one that rank 1 makes unseen (compiled
     there); three more; two coalesced in one batch; one more."""
     ranks = [_rank(backend) for _ in range(2)]
-    for r, (pg, rec, all_reduce) in enumerate(ranks):
+    for r, (pg, rec, all_reduce, coalescing_manager) in enumerate(ranks):
         all_reduce(None)
         if r == 0:
             all_reduce(None)
@@ -60,25 +70,54 @@ def _job(backend):
             pg.allreduce()
         for _ in range(3):
             all_reduce(None)
-        pg.coalescing = True
+        with coalescing_manager():
+            all_reduce(None)
+            all_reduce(None)
         all_reduce(None)
-        all_reduce(None)
-        pg.coalescing = False
-        pg.allreduce()  # the batch's allreduce_coalesced
-        all_reduce(None)
-    return [_seqs(rec) for _, rec, _ in ranks]
+    return [_seqs(rec) for _, rec, _, _ in ranks]
 
 
 def test_nccl_numbers_come_from_the_process_group():
     rank0, rank1 = _job("nccl")
     # Flight Recorder's numbers (the first collective is 1; rank 1's unseen call
-    # is 2) up to the coalesced batch, whose two rows take 6 and 7 where the group
-    # numbers the batch 6: from there on one ahead, the same on both ranks
-    assert rank0 == [1, 2, 3, 4, 5, 6, 7, 8]
-    assert rank1 == [1, 3, 4, 5, 6, 7, 8]
+    # is 2); the coalesced batch is one row, numbered 6 as the group numbers it,
+    # so the numbers stay the group's after it (before issue 44 the batch's two
+    # calls were two rows, 6 and 7, and every number after it one ahead)
+    assert rank0 == [1, 2, 3, 4, 5, 6, 7]
+    assert rank1 == [1, 3, 4, 5, 6, 7]
 
 
 def test_gloo_counts_the_calls_it_sees():
     rank0, rank1 = _job("gloo")
-    assert rank0 == [0, 1, 2, 3, 4, 5, 6, 7]
-    assert rank1 == [0, 1, 2, 3, 4, 5, 6]  # rank 1's unseen call shifts the rest by one
+    assert rank0 == [0, 1, 2, 3, 4, 5, 6]
+    assert rank1 == [0, 1, 2, 3, 4, 5]  # rank 1's unseen call shifts the rest by one
+
+
+def test_a_collective_on_another_thread_hides_nothing_on_this_one():
+    """Issue 44 B4: while a collective blocks on a second thread (DCP's async upload, a
+    communication thread), the training thread's collectives are still rows and the
+    hang dump lists both threads' blocking calls (before, the nesting count and the
+    blocking call were one per process: the main thread's calls went unrecorded)."""
+    import threading
+    pg, rec, _, _ = _rank("gloo")
+    tracker = collectives.Tracker(rec, SimpleNamespace(
+        get_backend=lambda group: "gloo", get_process_group_ranks=lambda group: [0, 1],
+        distributed_c10d=SimpleNamespace(_get_default_group=lambda: pg)))
+    entered, release = threading.Event(), threading.Event()
+
+    def blocking_all_reduce(tensor, op=None, group=None, async_op=False):
+        entered.set()
+        release.wait(30)
+    upload = threading.Thread(target=collectives._wrap_collective(tracker, "all_reduce", blocking_all_reduce),
+                              args=(None,))
+    upload.start()
+    try:
+        assert entered.wait(30)
+        collectives._wrap_collective(tracker, "broadcast", lambda *a, **k: None)(None)
+        assert [row[1] for row in rec.events if row[0] == "collective"] == ["broadcast"]
+        blocking = [r for r in tracker.in_flight()["in_flight"] if r["state"] == "blocking"]
+        assert [r["op"] for r in blocking] == ["all_reduce"]
+    finally:
+        release.set()
+        upload.join(30)
+    assert [row[1] for row in rec.events if row[0] == "collective"] == ["broadcast", "all_reduce"]

@@ -23,6 +23,8 @@ check); batch_isend_irecv and blocking send/recv are recorded instead.
 import functools
 import inspect
 import sys
+import threading
+from threading import get_ident
 
 from collectors import nvtx_ranges
 from collectors.callsite import user_callsite
@@ -46,6 +48,11 @@ def tensor_bytes(obj) -> int:
     return 0
 
 
+class PerThread(threading.local):
+    depth = 0          # patched calls this thread is inside (an outer op's inner calls are not rows)
+    coalescing = None  # the _coalescing_manager batch this thread has open (coalescing.py)
+
+
 class Tracker:
     """Per-group counters, the group cache and the table of unwaited async work."""
 
@@ -57,11 +64,14 @@ class Tracker:
         self.pg_counters: dict = {}  # id(pg) -> the group's own collective counter (NCCL), or None
         self.pending: dict = {}   # id(work) -> list of issue rows
         self.done_at_wait: set = set()  # id(work) of gloo work: its wait also records "done"
-        self.depth = 0
-        self.blocked_in = None    # the blocking call the training thread is inside, if any
-        self.waiting_on = None    # the pending rows of the Work being waited on, if any
+        # per thread: a collective on another thread (DCP's async upload, a communication
+        # thread) must not hide this thread's calls or its blocking state
+        self.local = PerThread()  # .depth (nesting of patched calls), .coalescing (an open batch)
+        self.blocked_in = {}      # thread id -> the blocking call that thread is inside
+        self.waiting_on = {}      # thread id -> the pending rows of the Work it waits on
         self.device = None        # collective_events.CollectiveEvents once CUDA timing is on
         self.context = ""         # a row's default detail: the FSDP unit being served (fsdp2.py)
+        self.work_cls = object    # torch's Work class (install)
 
     def in_flight(self) -> dict:
         """For hang dumps: the blocking call in progress and async work not yet waited."""
@@ -69,10 +79,10 @@ class Tracker:
             return {"op": row[1], "kind": row[0], "group": row[7], "group_ranks": row[8],
                     "seq": row[9], "peer": row[10], "step": row[4], "callsite": row[13],
                     "since_mono_ns": row[2], "state": state}
-        rows = [describe(self.blocked_in, "blocking")] if self.blocked_in else []
-        waited = self.waiting_on
+        rows = [describe(row, "blocking") for row in list(self.blocked_in.values())]
+        waited = [id(p) for p in list(self.waiting_on.values())]
         for pending in list(self.pending.values()):
-            state = "blocking" if pending is waited else "issued, not waited"
+            state = "blocking" if id(pending) in waited else "issued, not waited"
             rows.extend(describe(row, state) for row in pending)
         return {"in_flight": rows}
 
@@ -171,7 +181,15 @@ def _wrap_collective(tracker, op, orig):
 
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
-        if tracker.depth:  # e.g. all_gather_object calling all_gather: count the outer op only
+        local = tracker.local
+        if local.depth:  # e.g. all_gather_object calling all_gather: count the outer op only
+            return orig(*args, **kwargs)
+        batch = local.coalescing
+        if batch is not None:
+            # queued, not run: the manager's exit runs the group as one op (recorded
+            # there); what the call returns (None, or an _IllegalWork whose every
+            # attribute access raises) is handed back untouched
+            batch.add(op, args[0] if args else kwargs.get("tensor"))
             return orig(*args, **kwargs)
         try:
             pg, group, ranks, is_gloo = tracker.group_info(_arg(args, kwargs, group_index, "group"))
@@ -182,23 +200,25 @@ def _wrap_collective(tracker, op, orig):
         except Exception as exc:
             tracker.rec.record_error("collectives", exc)
             return orig(*args, **kwargs)
-        tracker.depth += 1
+        local.depth += 1
         if nvtx_ranges.MIRRORING:
             nvtx_ranges.push(nvtx_name, "collective")
         arrival = _device_mark(tracker, args[0] if args else None, is_gloo=is_gloo)
         t0 = now_ns()
         st = tracker.rec.state
-        tracker.blocked_in = ("collective", op, t0, t0, st.step, st.microbatch, st.stage, group,
-                              ranks, seq, -1, nbytes, False, callsite, "")
+        thread = get_ident()
+        tracker.blocked_in[thread] = ("collective", op, t0, t0, st.step, st.microbatch, st.stage, group,
+                                      ranks, seq, -1, nbytes, False, callsite, "")
         try:
             work = orig(*args, **kwargs)
         finally:
             t1 = now_ns()
-            tracker.blocked_in = None
+            tracker.blocked_in.pop(thread, None)
             if nvtx_ranges.MIRRORING:
                 nvtx_ranges.pop()
-            tracker.depth -= 1
-        is_work = work is not None and hasattr(work, "wait") and not isinstance(work, list)
+            local.depth -= 1
+        # by type, never by attribute: an _IllegalWork raises on hasattr(work, "wait")
+        is_work = isinstance(work, tracker.work_cls) and type(work).__name__ != "_IllegalWork"
         row = tracker.issued("collective", op, group, ranks, seq, -1, nbytes, callsite, t0, t1,
                              work if is_work else None, is_gloo)
         _device(tracker, "returned", arrival, row, work if is_work else None)
@@ -288,13 +308,14 @@ def _wrap_wait(tracker, orig):
             completed_before = False
         if nvtx_ranges.MIRRORING:
             nvtx_ranges.push("wait", "collective")
-        tracker.waiting_on = rows
+        thread = get_ident()
+        tracker.waiting_on[thread] = rows
         before = _device(tracker, "before_wait", self)
         try:
             return orig(self, *args, **kwargs)
         finally:
             t1 = now_ns()
-            tracker.waiting_on = None
+            tracker.waiting_on.pop(thread, None)
             if nvtx_ranges.MIRRORING:
                 nvtx_ranges.pop()
             try:
@@ -358,7 +379,9 @@ def install(rec):
     for op in ("send", "recv"):
         _patch(modules, op, lambda orig, op=op: _wrap_send_recv(tracker, op, orig, dist))
     _patch(modules, "batch_isend_irecv", lambda orig: _wrap_batch_isend_irecv(tracker, orig, dist))
-    work_cls = torch_work_class()
+    from collectors.instrument.coalescing import wrap_coalescing_manager
+    _patch(modules, "_coalescing_manager", lambda orig: wrap_coalescing_manager(tracker, orig))
+    work_cls = tracker.work_cls = torch_work_class()
     work_cls.wait = _wrap_wait(tracker, work_cls.wait)
 
 

@@ -74,7 +74,7 @@ def _wrap(tracker, waits, funcol, c10d, op, orig, is_compiling):
 
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
-        if tracker.depth or is_compiling():
+        if tracker.local.depth or is_compiling():
             return orig(*args, **kwargs)
         try:
             name = funcol._resolve_group_name(collectives._arg(args, kwargs, group_index, "group"))
@@ -85,13 +85,13 @@ def _wrap(tracker, waits, funcol, c10d, op, orig, is_compiling):
         except Exception as exc:
             tracker.rec.record_error("functional_collectives", exc)
             return orig(*args, **kwargs)
-        tracker.depth += 1
+        tracker.local.depth += 1
         t0 = now_ns()
         try:
             result = orig(*args, **kwargs)
         finally:
             t1 = now_ns()
-            tracker.depth -= 1
+            tracker.local.depth -= 1
         try:
             # waited when first used: a pending row filed under the result's storage
             token = waits.file(_pending(result, funcol.AsyncCollectiveTensor))
