@@ -121,3 +121,20 @@ def test_a_collective_on_another_thread_hides_nothing_on_this_one():
         release.set()
         upload.join(30)
     assert [row[1] for row in rec.events if row[0] == "collective"] == ["broadcast", "all_reduce"]
+
+
+def test_a_work_dropped_unwaited_leaves_no_rows_for_the_next_at_its_address():
+    """Issue 44 W2: rows wait for their Work in a table keyed by id(work); ids are reused,
+    so a Work dropped without a wait must take its entry with it (before, the next
+    Work at that address inherited its rows: waits and completions put on the wrong op)."""
+    class Work:  # takes weakrefs, as torch's Work does
+        pass
+    _, rec, _, _ = _rank("gloo")
+    tracker = collectives.Tracker(rec, None)
+    dropped = Work()
+    tracker.watch(dropped, ("collective", "all_reduce"), True)
+    del dropped
+    kept = Work()
+    tracker.watch(kept, ("collective", "broadcast"), True)
+    assert tracker.pending == {id(kept): [("collective", "broadcast")]}
+    assert tracker.done_at_wait == {id(kept)}

@@ -24,6 +24,7 @@ import functools
 import inspect
 import sys
 import threading
+import weakref
 from threading import get_ident
 
 from collectors import nvtx_ranges
@@ -136,12 +137,33 @@ class Tracker:
         return row
 
     def watch(self, work, row, track_done):
-        if len(self.pending) > MAX_PENDING_WORKS:
-            self.pending.clear()  # never waited: forget rather than grow
-            self.done_at_wait.clear()
-        self.pending.setdefault(id(work), []).append(row)
+        """File `row` under its Work until the Work is waited. Keyed by id(work), so
+        the entry must go when the Work does: ids are reused (2,000 dropped Works
+        had 2 distinct ids), and a never-waited Work's rows would attach to the next
+        Work at that address. A weakref finalizer drops it (Works take weakrefs;
+        the functional collectives' tokens do not, and are bounded below)."""
+        key = id(work)
+        rows = self.pending.get(key)
+        if rows is None:
+            if len(self.pending) >= MAX_PENDING_WORKS:
+                # never waited: forget rather than grow, and say so
+                self.rec.record_error("collectives", RuntimeError(
+                    f"{len(self.pending)} async ops were never waited: their wait rows are dropped"))
+                self.pending.clear()
+                self.done_at_wait.clear()
+            rows = self.pending[key] = []
+            try:
+                weakref.finalize(work, self.forget, key)
+            except TypeError:
+                pass
+        rows.append(row)
         if track_done:
-            self.done_at_wait.add(id(work))
+            self.done_at_wait.add(key)
+
+    def forget(self, key):
+        """The Work is gone unwaited (a finalizer: it runs when the last reference drops)."""
+        self.pending.pop(key, None)
+        self.done_at_wait.discard(key)
 
     def done(self, row, t):
         self.rec.add(("done", row[1], t, t, row[4], row[5], row[6], row[7], row[8], row[9],
