@@ -122,9 +122,14 @@ def browser():
         yield b
 
 
+# 30 slowed steps (~10 s): the live child runs at idle priority, and with 22 steps (12
+# slowed) its alert once came 0.7 s after the job ended on a box busy with other jobs
+STRAGGLER_STEPS = 40
+
+
 @pytest.fixture(scope="session")
 def straggler_run(ddp_run) -> dict:
-    """samples/ddp_mlp.py with rank 1 slowed down from step 10, under `diagnose run`,
+    """samples/ddp_mlp.py with rank 1 slowed down from step 10 of STRAGGLER_STEPS, under `diagnose run`,
     in the same runs root as ddp_run (an existing MLflow store, as a user has),
     while this process polls the store. Returns the run dir, the output, and
     the live step metrics seen in the store while the job ran."""
@@ -134,7 +139,7 @@ def straggler_run(ddp_run) -> dict:
     out = ddp_run.parent / "straggler"
     db = out.parent / "mlflow.db"
     proc = subprocess.Popen([*DIAGNOSE, "run", "--out", str(out), "--",
-                             *torchrun(2, "samples/ddp_mlp.py", "--steps", 22, "--slow-rank", 1,
+                             *torchrun(2, "samples/ddp_mlp.py", "--steps", STRAGGLER_STEPS, "--slow-rank", 1,
                                        "--slow-ms", 300, "--slow-from-step", 10)],
                             cwd=REPO, env=job_env(outputs=True), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)

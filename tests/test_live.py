@@ -11,6 +11,7 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
+from conftest import STRAGGLER_STEPS
 from diagnose.live.baseline import Baseline
 from diagnose.live.monitor import DEPARTING_POLL_S, EVENT_POLL_S, QUIET_POLL_S, LiveMonitor
 
@@ -38,12 +39,12 @@ def test_live_alert_names_the_slowed_rank_during_the_run(straggler_run):
 def test_step_metrics_reach_mlflow_while_the_job_runs(straggler_run):
     polls = [p for p in straggler_run["polls"] if p["steps"]]
     assert polls, "no live step metric was seen in the store while the job ran"
-    assert min(max(p["steps"]) for p in polls) < 21, "metrics only appeared at the end"
+    assert min(max(p["steps"]) for p in polls) < STRAGGLER_STEPS - 1, "metrics only appeared at the end"
     client = MlflowClient(tracking_uri=f"sqlite:///{straggler_run['dir'].parent / 'mlflow.db'}")
     history = client.get_metric_history(straggler_run["run_id"], "live/step_time_max_ms")
-    assert sorted(m.step for m in history) == list(range(22))
+    assert sorted(m.step for m in history) == list(range(STRAGGLER_STEPS))
     by_step = {m.step: m.value for m in history}
-    assert min(by_step[s] for s in range(12, 22)) > max(by_step[s] for s in range(2, 10))
+    assert min(by_step[s] for s in range(12, STRAGGLER_STEPS)) > max(by_step[s] for s in range(2, 10))
 
 
 # -- the detector on synthetic snapshots (no job) ------------------------------------

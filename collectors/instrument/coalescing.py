@@ -15,7 +15,7 @@ import sys
 
 from collectors.callsite import user_callsite
 from collectors.clock import now_ns
-from collectors.instrument.collectives import _arg, _device, _device_mark, _param_index, tensor_bytes
+from collectors.instrument.c10d_calls import _arg, _device, _device_mark, _param_index, tensor_bytes
 
 
 class CoalescedBatch:

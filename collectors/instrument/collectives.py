@@ -21,7 +21,6 @@ of b from a. isend/irecv are left alone (patching them breaks P2POp's identity
 check); batch_isend_irecv and blocking send/recv are recorded instead.
 """
 import functools
-import inspect
 import sys
 import threading
 import weakref
@@ -30,6 +29,7 @@ from threading import get_ident
 from collectors import nvtx_ranges
 from collectors.callsite import user_callsite
 from collectors.clock import now_ns
+from collectors.instrument.c10d_calls import _arg, _device, _device_mark, _param_index, tensor_bytes  # noqa: F401
 
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
                   "all_gather_object", "reduce_scatter", "reduce_scatter_tensor",
@@ -39,14 +39,6 @@ COLLECTIVE_OPS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gat
 MAX_PENDING_WORKS = 65536
 
 TRACKER = None  # the installed Tracker; the DDP instrumentor records through it
-
-
-def tensor_bytes(obj) -> int:
-    if hasattr(obj, "element_size") and hasattr(obj, "numel"):
-        return obj.element_size() * obj.numel()
-    if isinstance(obj, (list, tuple)):
-        return sum(tensor_bytes(x) for x in obj if hasattr(x, "numel"))
-    return 0
 
 
 class PerThread(threading.local):
@@ -179,22 +171,6 @@ class Tracker:
                               row[9], row[10], 0, True, callsite, row[14], -1))
                 if track_done:
                     self.done(row, t0 if completed_before else t1)
-
-
-def _param_index(fn, name):
-    try:
-        params = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return None
-    return params.index(name) if name in params else None
-
-
-def _arg(args, kwargs, index, name):
-    if name in kwargs:
-        return kwargs[name]
-    if index is not None and index < len(args):
-        return args[index]
-    return None
 
 
 def _wrap_collective(tracker, op, orig):
@@ -348,33 +324,6 @@ def _wrap_wait(tracker, orig):
                 tracker.rec.record_error("collectives", exc)
 
     return wait
-
-
-def _device(tracker, method: str, *args):
-    """tracker.device.<method>(*args) (collective_events.py) when CUDA timing is
-    on; a failure turns it off for the rest of the run, never in the job's way."""
-    device = tracker.device
-    if device is None:
-        return None
-    try:
-        return getattr(device, method)(*args)
-    except Exception as exc:
-        tracker.rec.record_error("collective_events", exc)
-        tracker.device = None
-        return None
-
-
-def _device_mark(tracker, tensor, group=None, is_gloo=None):
-    """The call's arrival event on the device, or None (CUDA timing off, or
-    a gloo group: its work is the host's)."""
-    if tracker.device is None:
-        return None
-    if is_gloo is None:
-        try:
-            is_gloo = tracker.group_info(group)[3]
-        except Exception:
-            return None  # unknown backend: not timed
-    return _device(tracker, "mark", tensor, is_gloo)
 
 
 def _patch(modules, name, wrapper_factory):
