@@ -17,7 +17,8 @@ def _serious(findings, kind):
 def test_a_clean_ddp_run_whose_jitter_was_once_a_straggler_has_none():
     """tests/data/runs/ddp-clean-jitter: 2 ranks, no fault; rank 0 last into 8 of 10
     steady steps' all-reduces (a coin's odds with 2 ranks) and 1.27x busy on its median
-    step. The detector before the significance test named it a straggler (1.47x)."""
+    step. The detector before issue 43 named it a persistent straggler at "1.47x": its
+    busy time was the median step minus the median waits, taken from different steps."""
     run = load_run(fixture_path("runs", "ddp-clean-jitter"))
     ctx = Context(run)
     caused = straggler.waiting_caused(ctx)

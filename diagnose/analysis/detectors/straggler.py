@@ -13,12 +13,15 @@ step ("persistent"), or in >= 20% and slow on the steps it was last in
 ("intermittent": last in at least 4 steps and more often than chance among its n
 peers gives, binomial p <= 0.01, and busier beyond its peers on those steps than
 on its own other steps, Mann-Whitney p <= 0.01: the steps it was last in are by
-that choice its slowest, so a clean run's jitter alone once named a 1.82x
-"intermittent straggler" on 2 of 12 steps; not when the run's micro-batches
+that choice its slowest, and without these tests a plain 4-rank DDP job with no
+fault got a false straggler in 1 of 4 runs, a 2-rank one in tests/data/runs/
+ddp-clean-jitter, last in 8 of 10 steps, a coin's odds; not when the run's micro-batches
 differ in work beyond jitter, workload_imbalance's signal: then the rank was slow
 on the steps its batches were long),
-its busy time (step minus time blocked waiting on others) must be >= 1.4x the
-median of its pipeline-stage peers' (clean 4-rank runs sharing 2 cores have
+its busy time (step minus time blocked waiting on others, per step; the median
+over the judged steps, not the median step minus the median waits, which mixes
+steps: 1.47x for ddp-clean-jitter's rank 0, whose median busy step is 1.27x)
+must be >= 1.4x the median of its pipeline-stage peers' (clean 4-rank runs sharing 2 cores have
 shown up to 1.31x: the scheduler favours some ranks; a 30 ms slowdown of a
 ~50 ms step is ~1.7x); of the ranks that pass, the one with the most busy time
 beyond its peers' is reported (a pipeline neighbour of the straggler also arrives
