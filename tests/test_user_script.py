@@ -80,8 +80,6 @@ def test_store_ping_keeps_going_while_round_trips_are_slow(monkeypatch):
     from collectors.instrument import clock_sync
     master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                            timeout=timedelta(seconds=30))
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(master.port))
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "ping-test")
     monkeypatch.setattr(clock_sync, "GOOD_RTT_NS", 0)
     monkeypatch.setattr(clock_sync, "SPACING_S", 0.001)
@@ -98,7 +96,8 @@ def test_store_ping_keeps_going_while_round_trips_are_slow(monkeypatch):
             pass
 
     recs = {0: Rec(), 1: Rec()}
-    threads = [threading.Thread(target=clock_sync._measure, args=(recs[r], r, 2), name=name)
+    threads = [threading.Thread(target=clock_sync._measure,
+                                args=(recs[r], clock_sync.ClockSync("127.0.0.1", master.port), r, 2), name=name)
                for r, name in ((0, "rank0"), (1, "peer"))]
     for t in threads:
         t.start()
