@@ -11,10 +11,12 @@ compute's device time: the stream is busy F times as long, and nothing on the
 host waits.
 
 The device time of a phase is known only once its kernels have run, so the
-spin after a phase is sized from the latest phase already measured (events
-queried without blocking), and its cycles per millisecond from one spin timed
-the same way at start-up. The first phases of a run (before any measurement
-is back) are not slowed: a warm-up step, as after any change of clocks.
+spin after a phase is sized from the latest phase of the same kind already
+measured (events queried without blocking; a backward costs about twice a
+forward, so sizing a forward's spin from the backward before it made the
+forward ~(F-1) x the backward), and its cycles per millisecond from one spin
+timed the same way at start-up. The first phases of each kind (before a
+measurement is back) are not slowed: a warm-up step, as after any change of clocks.
 """
 import torch
 
@@ -26,8 +28,8 @@ class DeviceSlowdown:
     def __init__(self, factor: float):
         self.factor = factor
         self.cycles_per_ms: float | None = None
-        self.compute_ms: float | None = None   # the latest phase's measured device time
-        self._pending: list = []               # (start, end) events of phases not yet measured
+        self.compute_ms: dict = {}             # phase kind -> its latest measured device time
+        self._pending: list = []               # (start, end, kind) of phases not yet measured
         start = self.begin()
         torch.cuda._sleep(CALIBRATION_CYCLES)
         self._calibration = (start, self._record())
@@ -42,15 +44,16 @@ class DeviceSlowdown:
         """Call before a phase's compute: marks where it starts on the stream."""
         return self._record()
 
-    def end(self, start) -> int:
+    def end(self, start, kind: float = 1.0) -> int:
         """Call after a phase's compute: queue the spin that makes it F times as
-        long on the device. Returns the cycles queued (0 before any measurement)."""
-        self._pending.append((start, self._record()))
+        long on the device. `kind`: which phases are alike (the caller's weight:
+        1 forward, 2 backward). Returns the cycles queued (0 before a measurement)."""
+        self._pending.append((start, self._record(), kind))
         del self._pending[:-MAX_PENDING]
         self._collect()
-        if self.cycles_per_ms is None or self.compute_ms is None:
+        if self.cycles_per_ms is None or kind not in self.compute_ms:
             return 0
-        cycles = int((self.factor - 1.0) * self.compute_ms * self.cycles_per_ms)
+        cycles = int((self.factor - 1.0) * self.compute_ms[kind] * self.cycles_per_ms)
         if cycles > 0:
             torch.cuda._sleep(cycles)
         return cycles
@@ -61,5 +64,5 @@ class DeviceSlowdown:
             start, end = self._calibration
             self.cycles_per_ms = CALIBRATION_CYCLES / max(start.elapsed_time(end), 1e-3)
         while self._pending and self._pending[0][1].query():
-            start, end = self._pending.pop(0)
-            self.compute_ms = start.elapsed_time(end)
+            start, end, kind = self._pending.pop(0)
+            self.compute_ms[kind] = start.elapsed_time(end)

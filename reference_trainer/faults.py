@@ -185,7 +185,7 @@ class Faults:
         begun, factor = begun
         if self._device_slowdown is not None:
             self._device_slowdown.factor = factor  # varlen: this phase's own length
-            self._device_slowdown.end(begun)
+            self._device_slowdown.end(begun, kind=weight)
         elif self.emulated_device_ms:
             compute_s = time.perf_counter() - begun
             time.sleep(max(factor * weight * self.emulated_device_ms / 1e3 - compute_s, 0.0))

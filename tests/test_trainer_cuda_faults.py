@@ -186,3 +186,21 @@ def test_unpinned_copies_on_cpu_stops_with_one_line():
     with pytest.raises(ValueError, match="mb >= 0"):
         parse_fault("unpinned_copies:mb=-1")
     assert Faults([], rank=0, stage=0, device=torch.device("cpu")).unpinned_copies is False
+
+
+def test_each_phase_is_slowed_by_its_own_kind_of_time(monkeypatch):
+    """Issue 44 O4: forwards of 5 ms and backwards of 10 ms alternate, factor 2: each
+    forward's spin is 5 ms and each backward's 10 (before, each spin was sized from
+    the latest phase measured, the other kind: 10 after a forward, 5 after a backward)."""
+    stream = fake_cuda(monkeypatch)
+    faults = Faults([parse_fault("straggler:rank=1,factor=2")], rank=1, stage=0, device=torch.device("cuda"))
+    spins = {1.0: [], 2.0: []}
+    for _ in range(4):
+        for weight, ms in ((1.0, 5.0), (2.0, 10.0)):
+            begun = faults.compute_begins()
+            stream.kernel(ms)
+            before = len(stream.spins)
+            faults.compute_ends(begun, weight=weight)
+            spins[weight].extend(c / GHZ_CYCLES_PER_MS for c in stream.spins[before:])
+            stream.run_all()
+    assert spins[1.0][-3:] == pytest.approx([5.0] * 3) and spins[2.0][-3:] == pytest.approx([10.0] * 3)
