@@ -95,7 +95,7 @@ def traced(monkeypatch):
     rec.max_buffered = 10_000
     tracker = collectives.Tracker(rec, dist=None)
     groups = {"dp": ("pg", "0", "0,1", False), "gloo": ("pg2", "1", "0,1", True)}
-    monkeypatch.setattr(tracker, "group_info", lambda group: groups[group or "dp"])
+    monkeypatch.setattr(tracker, "group_info", lambda group, tensor=None: groups[group or "dp"])
     timer = CudaEventTimer(lambda: Event(enable_timing=True), side_stream="side", clock=lambda: host[0],
                            on_anchor=lambda *a: anchors.append(a))
     tracker.device = CollectiveEvents(timer, ready=lambda: True, capturing=lambda: FakeGPU.capturing)
@@ -230,7 +230,7 @@ def test_ddp_bucket_completion_comes_from_an_event_not_the_callback(traced, monk
     from collectors.instrument import ddp
     rec, timer, tracker = traced["rec"], traced["timer"], traced["tracker"]
     pg = ProcessGroup()
-    monkeypatch.setattr(tracker, "group_info", lambda group: (pg, "0", "0,1", False))
+    monkeypatch.setattr(tracker, "group_info", lambda group, tensor=None: (pg, "0", "0,1", False))
     monkeypatch.setattr(collectives, "TRACKER", tracker)
     monkeypatch.setattr(ddp, "now_ns", lambda: traced["host"][0])   # the host clock the anchor reads
     called = []

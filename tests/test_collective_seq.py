@@ -138,3 +138,25 @@ def test_a_work_dropped_unwaited_leaves_no_rows_for_the_next_at_its_address():
     tracker.watch(kept, ("collective", "broadcast"), True)
     assert tracker.pending == {id(kept): [("collective", "broadcast")]}
     assert tracker.done_at_wait == {id(kept)}
+
+
+def test_the_backend_is_the_one_for_the_tensors_device():
+    """Issue 44 W6: get_backend gives the string a group was made with; a group made
+    with "cuda:nccl,cpu:gloo" runs a CPU tensor's collective on gloo (its completion
+    seen at the wait, as gloo's is), and "cpu:gloo,cuda:gloo" a CUDA tensor's too.
+    Before, only the exact string "gloo" counted: both were taken for NCCL."""
+    cpu, cuda = (SimpleNamespace(device=SimpleNamespace(type=t)) for t in ("cpu", "cuda"))
+    for backend, expected in (("gloo", {"cpu": True, "cuda": True}), ("nccl", {"cpu": False, "cuda": False}),
+                              ("cuda:nccl,cpu:gloo", {"cpu": True, "cuda": False}),
+                              ("cpu:gloo,cuda:gloo", {"cpu": True, "cuda": True})):
+        pg = NCCLGroup()
+        tracker = collectives.Tracker(Recorder(None), SimpleNamespace(
+            get_backend=lambda group, b=backend: b, get_process_group_ranks=lambda group: [0, 1],
+            distributed_c10d=SimpleNamespace(_get_default_group=lambda: pg)))
+        assert {name: tracker.group_info(None, t)[3] for name, t in (("cpu", cpu), ("cuda", cuda))} == expected, backend
+        assert tracker.group_info(None, [cpu])[3] == expected["cpu"]
+    # "undefined" (a group made without a backend string): its config names them
+    tracker = collectives.Tracker(Recorder(None), SimpleNamespace(
+        get_backend=lambda group: "undefined", get_backend_config=lambda group: "cpu:gloo,cuda:nccl",
+        get_process_group_ranks=lambda group: [0, 1], distributed_c10d=SimpleNamespace(_get_default_group=lambda: pg)))
+    assert (tracker.group_info(None, cpu)[3], tracker.group_info(None, cuda)[3]) == (True, False)

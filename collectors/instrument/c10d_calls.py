@@ -49,7 +49,7 @@ def _device_mark(tracker, tensor, group=None, is_gloo=None):
         return None
     if is_gloo is None:
         try:
-            is_gloo = tracker.group_info(group)[3]
+            is_gloo = tracker.group_info(group, tensor)[3]
         except Exception:
             return None  # unknown backend: not timed
     return _device(tracker, "mark", tensor, is_gloo)

@@ -61,7 +61,8 @@ def wrap_coalescing_manager(tracker, orig):
             inner.__exit__(None, None, None)
             return
         try:
-            pg, group, ranks, is_gloo = tracker.group_info(_arg(args, kwargs, group_index, "group"))
+            pg, group, ranks, is_gloo = tracker.group_info(_arg(args, kwargs, group_index, "group"),
+                                                           batch.first_tensor)
             seq = tracker.collective_seq(pg, group)
         except Exception as exc:
             tracker.rec.record_error("collectives", exc)

@@ -41,6 +41,32 @@ MAX_PENDING_WORKS = 65536
 TRACKER = None  # the installed Tracker; the DDP instrumentor records through it
 
 
+def backends_of(dist, pg) -> dict:
+    """device type -> backend name of a group. get_backend gives the string the group
+    was made with: "gloo", "nccl", or per device "cuda:nccl,cpu:gloo" (and "undefined"
+    for some groups made without a backend, where get_backend_config says it)."""
+    text = ""
+    for read in (dist.get_backend, getattr(dist, "get_backend_config", None)):
+        try:
+            text = str(read(pg)) if read is not None else text
+        except Exception:
+            continue
+        if text and text != "undefined":
+            break
+    if ":" not in text:
+        return {"cpu": text, "cuda": text}
+    return dict(part.strip().split(":", 1) for part in text.split(",") if ":" in part)
+
+
+def on_gloo(backends: dict, tensor) -> bool:
+    """Whether a call on `tensor` (or its first tensor) runs on gloo in this group:
+    the backend of the tensor's device (cpu when it has none)."""
+    if isinstance(tensor, (list, tuple)):
+        tensor = tensor[0] if tensor else None
+    device = getattr(getattr(tensor, "device", None), "type", "cpu")
+    return backends.get(device, backends.get("cpu")) == "gloo"
+
+
 class PerThread(threading.local):
     depth = 0          # patched calls this thread is inside (an outer op's inner calls are not rows)
     coalescing = None  # the _coalescing_manager batch this thread has open (coalescing.py)
@@ -79,7 +105,8 @@ class Tracker:
             rows.extend(describe(row, state) for row in pending)
         return {"in_flight": rows}
 
-    def group_info(self, pg):
+    def group_info(self, pg, tensor=None):
+        """(group, its name, its ranks "0,1,...", whether a call on `tensor` runs on gloo)."""
         dist = self.dist
         if pg is None:
             pg = dist.distributed_c10d._get_default_group()
@@ -87,15 +114,13 @@ class Tracker:
         if info is None or info[0] is not pg:
             ranks = dist.get_process_group_ranks(pg)
             name = getattr(pg, "group_name", None) or dist.distributed_c10d._get_process_group_name(pg)
-            try:
-                backend = dist.get_backend(pg)
-            except Exception:
-                backend = ""
-            info = (pg, str(name), ",".join(map(str, ranks)), backend == "gloo")
+            backends = backends_of(dist, pg)
+            info = (pg, str(name), ",".join(map(str, ranks)), backends)
             self.groups[id(pg)] = info
             self.pg_counters[id(pg)] = (getattr(pg, "_get_sequence_number_for_group", None)
-                                        if backend == "nccl" else None)
-        return info
+                                        if set(backends.values()) == {"nccl"} else None)
+        pg, name, ranks, backends = info
+        return pg, name, ranks, on_gloo(backends, tensor)
 
     def next_seq(self, key: str) -> int:
         n = self.seq.get(key, 0)
@@ -190,7 +215,8 @@ def _wrap_collective(tracker, op, orig):
             batch.add(op, args[0] if args else kwargs.get("tensor"))
             return orig(*args, **kwargs)
         try:
-            pg, group, ranks, is_gloo = tracker.group_info(_arg(args, kwargs, group_index, "group"))
+            pg, group, ranks, is_gloo = tracker.group_info(_arg(args, kwargs, group_index, "group"),
+                                                           args[0] if args else None)
             seq = tracker.collective_seq(pg, group)
             nbytes = max(tensor_bytes(args[0]) if args else 0,
                          tensor_bytes(args[1]) if len(args) > 1 else 0)
@@ -279,7 +305,8 @@ def _wrap_batch_isend_irecv(tracker, orig, dist):
                 seq = tracker.next_seq(f"{src}->{dst}")
                 rows_per_op.append((op, peer, src, dst, seq, tensor_bytes(p2p.tensor)))
             one_work_each = works is not None and len(works) == len(rows_per_op)
-            _, _, _, is_gloo = tracker.group_info(p2p_op_list[0].group if p2p_op_list else None)
+            _, _, _, is_gloo = tracker.group_info(p2p_op_list[0].group if p2p_op_list else None,
+                                                  getattr(first, "tensor", None))
             for i, (op, peer, src, dst, seq, nbytes) in enumerate(rows_per_op):
                 work = (works[i] if one_work_each else (works[0] if works else None))
                 row = tracker.issued("p2p", op, f"{src}->{dst}", f"{src},{dst}", seq, peer, nbytes,

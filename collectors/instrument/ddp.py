@@ -98,8 +98,8 @@ def bucket_timing_hook(orig_all_reduce):
         module = state.module()
         pg = module.process_group if module is not None else None
         tracker = collectives.TRACKER
-        pg, group, ranks, is_gloo = tracker.group_info(pg)
         buffer = bucket.buffer()
+        pg, group, ranks, is_gloo = tracker.group_info(pg, buffer)
         buffer.mul_(1.0 / pg.size())
         seq = tracker.collective_seq(pg, group)
         arrival = collectives._device_mark(tracker, buffer, is_gloo=is_gloo)

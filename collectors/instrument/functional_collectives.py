@@ -78,7 +78,8 @@ def _wrap(tracker, waits, funcol, c10d, op, orig, is_compiling):
             return orig(*args, **kwargs)
         try:
             name = funcol._resolve_group_name(collectives._arg(args, kwargs, group_index, "group"))
-            pg, group, ranks, is_gloo = tracker.group_info(c10d._resolve_process_group(name))
+            pg, group, ranks, is_gloo = tracker.group_info(c10d._resolve_process_group(name),
+                                                           args[0] if args else None)
             seq = tracker.collective_seq(pg, group)
             nbytes = collectives.tensor_bytes(args[0]) if args else 0
             callsite = user_callsite(2)
