@@ -45,7 +45,9 @@ def fake_pynvml(fail_init=False, nvlink=True):
     m.NVML_NVLINK_MAX_LINKS = 36
     if nvlink:
         m.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, m.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 138, 139
+    m.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, m.NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 197, 198
     m.nvlink = {0: {"tx": 0, "rx": 0}}
+    m.pcie_bytes = None  # {"tx": bytes, "rx": bytes} where the driver has the counters
     m.refuse_whole_request = False
     m.mem_used = {}
     m.opened = []
@@ -76,6 +78,12 @@ def fake_pynvml(fail_init=False, nvlink=True):
         out = []
         for fid in field_ids:  # an int, or (fieldId, scopeId) as pynvml takes it
             fid, scope = fid if isinstance(fid, tuple) else (fid, 0)
+            if fid in (197, 198):  # PCIe byte counters
+                ok = m.pcie_bytes is not None
+                out.append(types.SimpleNamespace(
+                    fieldId=fid, scopeId=scope, nvmlReturn=0 if ok else m.NVML_ERROR_NOT_SUPPORTED,
+                    value=types.SimpleNamespace(ullVal=m.pcie_bytes["tx" if fid == 197 else "rx"] if ok else 0)))
+                continue
             link = m.nvlink.get(scope)
             if link is None and m.refuse_whole_request:
                 raise NVMLError_NotSupported()
@@ -87,6 +95,20 @@ def fake_pynvml(fail_init=False, nvlink=True):
 
     m.nvmlDeviceGetFieldValues = fields
     return m
+
+
+def test_pcie_rates_come_from_the_byte_counters_not_20_ms_bus_samples():
+    """Issue 44 O3: where the driver has NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES, PCIe MB/s
+    is their change between samples, and nvmlDeviceGetPcieThroughput (20 ms of bus
+    sampling per call) is never called; without them it is the fallback (below)."""
+    nvml = fake_pynvml()
+    nvml.pcie_bytes = {"tx": 0, "rx": 0}
+    nvml.nvmlDeviceGetPcieThroughput = lambda h, which: pytest.fail("a 20 ms throughput sample was taken")
+    sampler = NvmlSampler(nvml, "gpu0")
+    assert "pcie_tx_mb_per_s" not in dict(sampler.sample(1_000_000_000))  # one reading: no rate yet
+    nvml.pcie_bytes.update(tx=30 * 2 ** 20, rx=10 * 2 ** 20)               # in the next half second
+    second = dict(sampler.sample(1_500_000_000))
+    assert second["pcie_tx_mb_per_s"] == pytest.approx(60.0) and second["pcie_rx_mb_per_s"] == pytest.approx(20.0)
 
 
 def test_nvml_sampler_reads_metrics_and_drops_unsupported_ones():

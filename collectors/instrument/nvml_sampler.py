@@ -16,6 +16,11 @@ gpu_util_pct is reported but is no evidence of compute: NVML counts a period as
 busy when any kernel ran in it, so one small kernel, or a NCCL kernel spinning
 while it waits for a peer, reads 100%. No detector uses it (docs/instrumentation.md).
 
+PCIe throughput comes from the cumulative byte counters
+(NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES, one field-values call, a rate between two
+samples) where the driver has them: nvmlDeviceGetPcieThroughput samples the bus
+for 20 ms per call (~40 ms for TX and RX, every sample). It is the fallback.
+
 NVLink throughput is the sum over every link that answers: NVML's throughput
 fields are per link (the link is the field's scopeId, and a request without one
 reads link 0 only), and an absent or inactive link answers NOT_SUPPORTED.
@@ -46,11 +51,19 @@ class NvmlSampler:
             "sm_clock_mhz": lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM),
             "temp_c": lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
             "clock_event_reasons": self._clock_event_reasons,
+        }
+        self.pcie_throughput = {  # the fallback: 20 ms of bus sampling per call
             "pcie_tx_mb_per_s": lambda: nvml.nvmlDeviceGetPcieThroughput(
                 handle, nvml.NVML_PCIE_UTIL_TX_BYTES) / 1024.0,   # NVML reports KB/s
             "pcie_rx_mb_per_s": lambda: nvml.nvmlDeviceGetPcieThroughput(
                 handle, nvml.NVML_PCIE_UTIL_RX_BYTES) / 1024.0,
         }
+        self.pcie_fields = [getattr(nvml, n, None) for n in
+                            ("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", "NVML_FI_DEV_PCIE_COUNT_RX_BYTES")]
+        if None in self.pcie_fields:
+            self.pcie_fields = None
+            self.readers.update(self.pcie_throughput)
+        self._last_pcie = None  # (t_ns, tx_bytes, rx_bytes), cumulative counters
         self.nvlink_fields = [getattr(nvml, n, None) for n in
                               ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX",
                                "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX")]
@@ -112,8 +125,26 @@ class NvmlSampler:
         return [("nvlink_tx_mb_per_s", tx_kib * per_s),
                 ("nvlink_rx_mb_per_s", rx_kib * per_s)]
 
+    def _pcie(self, t_ns) -> list:
+        """PCIe MB/s from the byte counters between this sample and the last; the
+        first time they do not answer, the throughput calls take over for good."""
+        nvml = self.nvml
+        try:
+            values = nvml.nvmlDeviceGetFieldValues(self.handle, list(self.pcie_fields))
+            tx, rx = (float(v.value.ullVal) for v in values if v.nvmlReturn == nvml.NVML_SUCCESS)
+        except Exception:
+            if self._last_pcie is None:
+                self.pcie_fields = None
+                self.readers.update(self.pcie_throughput)
+            return []
+        last, self._last_pcie = self._last_pcie, (t_ns, tx, rx)
+        if last is None or t_ns <= last[0] or tx < last[1] or rx < last[2]:
+            return []
+        per_s = 1e9 / (t_ns - last[0]) / MB
+        return [("pcie_tx_mb_per_s", (tx - last[1]) * per_s), ("pcie_rx_mb_per_s", (rx - last[2]) * per_s)]
+
     def sample(self, t_ns: int) -> list:
-        out = []
+        out = self._pcie(t_ns) if self.pcie_fields else []
         for metric, read in list(self.readers.items()):
             try:
                 out.append((metric, float(read())))
