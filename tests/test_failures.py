@@ -11,9 +11,10 @@ from conftest import DIAGNOSE, REPO, job_env, run_diagnose, torchrun
 import diagnose
 
 
-# the hang demo's steps take ~0.1-0.3 s here: 6 s is 20x a step, as far from a slow
-# step as the watchdog's own auto timeout (10x the median step) and 9 s shorter than 15
-HANG_TIMEOUT_S = 6
+# Not shorter: with 6 s, on a box busy with the suite's other worker, 1 run in 5 dumped
+# while rank 0 (stage 0, waiting for rank 1's gradients) still had a bucket all-reduce
+# in flight, and the finding named ranks 0 and 1; 15 s lets every rank settle first
+HANG_TIMEOUT_S = 15
 
 
 def _findings(out):
