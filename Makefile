@@ -32,10 +32,12 @@ mpi:
 demo: setup
 	$(VENV)/bin/diagnose demo --scenario $(DEMO_SCENARIO)
 
-# Two pytest-xdist workers on this 2-core box: much of a launch is waiting (start-up,
-# timeouts, sleeps that are the scenario), 691 s serial vs 482 s (docs/testing.md)
+# Serial by default. TEST_ARGS="-n 2 --dist loadgroup" runs two pytest-xdist workers
+# (482 s vs 691 s here), but beside the other worker's jobs the timing-bound live tests
+# failed in 3 of 6 runs on 2 cores (docs/testing.md): not yet CI's setting
+TEST_ARGS ?=
 test: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadgroup tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(TEST_ARGS) tests
 
 # Issue 8 figures (about 30 min on 2 cores); analyze_vs_hta needs HTA in /tmp/hta-venv (bench/hta_reference.py)
 bench: setup
