@@ -166,9 +166,9 @@ def straggler_run(ddp_run) -> dict:
 
 
 def pytest_collection_modifyitems(items):
-    """`make test` runs the suite on 2 pytest-xdist workers (--dist loadgroup), and a
-    session fixture is made once per worker: every test that reads the shared DDP
-    runs goes to one worker, so they are launched once (~25 s each)."""
+    """With `make test TEST_ARGS="-n 2 --dist loadgroup"` (pytest-xdist) a session
+    fixture is made once per worker: every test that reads the shared DDP runs goes
+    to one worker, so they are launched once (~25 s each). Serially this is a no-op."""
     for item in items:
         if {"ddp_run", "straggler_run"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group("ddp_runs"))
