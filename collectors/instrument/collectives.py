@@ -24,7 +24,6 @@ import functools
 import sys
 import threading
 import weakref
-from threading import get_ident
 
 from collectors import nvtx_ranges
 from collectors.callsite import user_callsite
@@ -164,7 +163,8 @@ class Tracker:
         if rows is None:
             if len(self.pending) >= MAX_PENDING_WORKS:
                 # never waited: forget rather than grow, and say so
-                self.rec.record_error("collectives", RuntimeError(
+                # its own name: record_error says each collector's first error only
+                self.rec.record_error("collectives.unwaited", RuntimeError(
                     f"{len(self.pending)} async ops were never waited: their wait rows are dropped"))
                 self.pending.clear()
                 self.done_at_wait.clear()
@@ -230,7 +230,7 @@ def _wrap_collective(tracker, op, orig):
         arrival = _device_mark(tracker, args[0] if args else None, is_gloo=is_gloo)
         t0 = now_ns()
         st = tracker.rec.state
-        thread = get_ident()
+        thread = threading.get_ident()
         tracker.blocked_in[thread] = ("collective", op, t0, t0, st.step, st.microbatch, st.stage, group,
                                       ranks, seq, -1, nbytes, False, callsite, "")
         try:
@@ -333,7 +333,7 @@ def _wrap_wait(tracker, orig):
             completed_before = False
         if nvtx_ranges.MIRRORING:
             nvtx_ranges.push("wait", "collective")
-        thread = get_ident()
+        thread = threading.get_ident()
         tracker.waiting_on[thread] = rows
         before = _device(tracker, "before_wait", self)
         try:
