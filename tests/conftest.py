@@ -166,9 +166,10 @@ def straggler_run(ddp_run) -> dict:
 
 
 def pytest_collection_modifyitems(items):
-    """With `make test TEST_ARGS="-n 2 --dist loadgroup"` (pytest-xdist) a session
-    fixture is made once per worker: every test that reads the shared DDP runs goes
-    to one worker, so they are launched once (~25 s each). Serially this is a no-op."""
+    """Under pytest-xdist (`--dist loadgroup`) a fixture is made once per worker that
+    uses it: every test that reads the shared DDP runs goes to one worker, and the
+    other tests go with their module (whose module-scoped launches are then made
+    once). Serially this is a no-op."""
     for item in items:
-        if {"ddp_run", "straggler_run"} & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("ddp_runs"))
+        shared = {"ddp_run", "straggler_run"} & set(getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.xdist_group("ddp_runs" if shared else item.module.__name__))
