@@ -118,7 +118,7 @@ def _device_rows(rec):
 
 def test_device_rows_come_from_event_times_through_the_anchor(traced):
     rec, timer, all_reduce = traced["rec"], traced["timer"], traced["all_reduce"]
-    timer.poll()                          # anchor: GPU 100 ms <-> host 10 s
+    timer.set_anchor()                    # anchor: GPU 100 ms <-> host 10 s
     _queue(5.0)                           # a forward still queued: the device is ready at 105 ms
     all_reduce(Tensor())                  # synchronous: ends at 108 ms on the device
     work = all_reduce(Tensor(), async_op=True)   # arrives at 108, its kernel runs 108-111 on NCCL's stream
@@ -157,7 +157,7 @@ def test_nccl_timing_narrows_an_async_end_to_its_kernel(traced, monkeypatch, gro
     rec, timer, tracker, all_reduce = traced["rec"], traced["timer"], traced["tracker"], traced["all_reduce"]
     tracker.device.nccl_timing = True
     monkeypatch.setattr(Work, "timing", group_timed)
-    timer.poll()
+    timer.set_anchor()
     works = [all_reduce(Tensor(), async_op=True) for _ in range(2)]
     _queue(10.0)
     for work in works:
@@ -176,12 +176,12 @@ def test_nccl_timing_narrows_an_async_end_to_its_kernel(traced, monkeypatch, gro
 
 def test_the_anchor_is_renewed_with_its_residual_and_the_drift_recorded(traced):
     timer, host, anchors = traced["timer"], traced["host"], traced["anchors"]
-    timer.poll()
-    assert anchors == [(10_000 * MS, 0, None)] and timer.residual_ns == 0
+    timer.set_anchor()
+    assert anchors == [(10_000 * MS, 0, None, 0)] and timer.residual_ns == 0
     # a minute later on the host, and 1 ms less on the GPU's clock: drift 1 ms
     host[0] += int(REANCHOR_S * 1e9) + MS
     FakeGPU.now_ms += REANCHOR_S * 1e3
-    timer.poll()
+    timer.poll()                          # renews the anchor of every device it has
     assert len(anchors) == 2 and anchors[1][2] == 1 * MS
 
 
@@ -244,7 +244,7 @@ def test_ddp_bucket_completion_comes_from_an_event_not_the_callback(traced, monk
 
     hook = ddp.bucket_timing_hook(all_reduce)
     state = ddp._HookState(type("Module", (), {"process_group": pg})())
-    timer.poll()                               # anchor: GPU 100 ms <-> host 10 s
+    timer.set_anchor()                         # anchor: GPU 100 ms <-> host 10 s
     _queue(5.0)                                # bucket 0's gradients: ready on the device at 105 ms
     bucket = Tensor()
     assert hook(state, GradBucket(0, bucket)).value() is bucket   # DDP gets the reduced bucket back
@@ -340,3 +340,57 @@ def test_blocking_async_on_a_live_cuda_run_is_the_compute_stream_stalled(tmp_pat
     assert f["kind"] == "blocking_async" and f["callsite"] == "train.py:20" and f["ranks"] == [0, 1]
     assert f["stage"] is None and f["metrics"]["device_time"] == 1.0
     assert f["impact_ms_per_step"] == pytest.approx(3.0) and "compute stream stalled" in f["title"]
+
+
+def test_functional_collectives_get_device_rows_as_c10d_calls_do(traced, monkeypatch):
+    """Issue 44, O5: DTensor's and TP layers' collectives (_functional_collectives)
+    bypass torch.distributed's functions; on CUDA they get the same device rows:
+    the arrival before the call and, for an AsyncCollectiveTensor, the end and the
+    stream's stall where its wait_tensor returns. funcol is faked by the names
+    the wrapper reads (_resolve_group_name, AsyncCollectiveTensor, wait_tensor)."""
+    import types
+
+    from collectors.instrument import functional_collectives
+    rec, timer, tracker = traced["rec"], traced["timer"], traced["tracker"]
+
+    class Storage:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+        def data_ptr(self):
+            return self.ptr
+
+    class CudaTensor(Tensor):
+        def untyped_storage(self):
+            return Storage(id(self))
+
+    class AsyncCollectiveTensor:
+        def __init__(self, elem):
+            self.elem = elem
+
+    def all_reduce(tensor, reduceOp, group, tag=""):   # on the NCCL stream; waited when used
+        FakeGPU.nccl_end_ms = max(FakeGPU.nccl_end_ms, FakeGPU.queue_end_ms, FakeGPU.now_ms) + 3.0
+        return AsyncCollectiveTensor(CudaTensor())
+
+    def wait_tensor(tensor):                           # the current stream waits for NCCL's
+        FakeGPU.queue_end_ms = max(FakeGPU.queue_end_ms, FakeGPU.nccl_end_ms)
+        return tensor
+
+    funcol = types.SimpleNamespace(_resolve_group_name=lambda group, tag="": "0",
+                                   AsyncCollectiveTensor=AsyncCollectiveTensor)
+    c10d = types.SimpleNamespace(_resolve_process_group=lambda name: None)
+    waits = functional_collectives._Waits()
+    wrapped = functional_collectives._wrap(tracker, waits, funcol, c10d, "all_reduce", all_reduce, lambda: False)
+    wait = functional_collectives._wrap_wait(tracker, waits, wait_tensor, lambda: False)
+    timer.set_anchor()                    # anchor: GPU 100 ms <-> host 10 s
+    _queue(5.0)                           # the call arrives at 105 ms and runs 105-108
+    result = wrapped(CudaTensor(), "sum", "tp")
+    _queue(1.0)                           # 106: the stream is there when the result is used
+    wait(result.elem)
+    FakeGPU.now_ms = 200.0
+    for row in timer.poll():
+        rec.add(row)
+    rows = [(r[0], r[2] // MS - 10_000, r[14]) for r in _device_rows(rec) if r[0] != "wait"]
+    assert rows == [("collective", 5, "gpu:wait"), ("done", 8, "gpu:wait")]
+    stalls = [(r[2] // MS - 10_000, r[3] // MS - 10_000) for r in rec.events if r[14] == "gpu:wait" and r[0] == "wait"]
+    assert stalls == [(6, 8)]             # the stream stalled 2 ms behind the all-reduce

@@ -143,6 +143,34 @@ def test_nvml_install_samples_the_ranks_own_device(monkeypatch):
     assert {"gpu_util_pct", "power_w", "sm_clock_mhz"} <= {m for _, m, _ in rec.samples}
 
 
+def test_nvml_follows_the_device_the_training_thread_uses_by_uuid(monkeypatch):
+    """Issue 44, O2: CUDA_VISIBLE_DEVICES=4,6 and local rank 1 guess NVML's index 6;
+    but CUDA's default order is fastest first, not NVML's PCI order, and the script
+    may set_device another GPU: once the training thread uses CUDA, the sampler
+    opens the device by its UUID (torch.cuda.get_device_properties(i).uuid), the
+    name CUDA and NVML share, and samples that one from then on."""
+    from collectors.instrument import gpu_common
+    nvml = fake_pynvml(nvlink=False)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    monkeypatch.setenv("DIAGNOSE_NVML_INTERVAL_S", "0.01")
+    monkeypatch.setitem(gpu_common.RANK_GPU, "uuid", None)
+    cuda = types.SimpleNamespace(current_device=lambda: 0, get_device_properties=lambda i: types.SimpleNamespace(
+        uuid="8f1c2e4a-0b7d-4c1e-9a55-3d2f6e7b9c10"))   # torch prints the UUID without NVML's "GPU-"
+    rec = Recorder(None)
+    try:
+        nvml_sampler.install(rec)
+        gpu_common.note_rank_device(types.SimpleNamespace(cuda=cuda))   # the script's first CUDA use
+        deadline = time.monotonic() + 5
+        while len(nvml.opened) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # poll period
+    finally:
+        rec._stop.set()
+    assert nvml.opened == [6, "GPU-8f1c2e4a-0b7d-4c1e-9a55-3d2f6e7b9c10"]
+    assert rec.meta["gpu"]["nvml_device"] == "GPU-8f1c2e4a-0b7d-4c1e-9a55-3d2f6e7b9c10"
+
+
 def test_no_driver_is_one_info_line_and_meta(monkeypatch, capsys):
     from collectors.instrument import gpu_common
     monkeypatch.setattr(gpu_common, "_said", [])
@@ -220,11 +248,11 @@ def test_cuda_event_timer_resolves_off_the_hot_path_without_syncing():
     timer.finish(start, row)
     assert timer.poll() == []                # not run on the GPU yet: nothing, no waiting
     start.done = True
-    timer.pending[0][2].done = True
+    timer.waiting()[0][2].done = True
     (out,) = timer.poll()
     assert out[2:4] == (10_005_000_000, 10_012_500_000)
     assert out[:2] == row[:2] and out[4:] == row[4:]
-    assert not start.synchronized and timer.pending == []
+    assert not start.synchronized and timer.waiting() == []
 
 
 def test_net_sampler_rates_from_interface_counters(tmp_path):
@@ -327,7 +355,9 @@ def test_cuda_event_spans_bracket_forward_backward_and_every_optimizer(tmp_path)
     from the first forward to the primary optimizer's step, then between its
     steps. The poller never runs (a 1000 s interval): the last poll at exit
     resolves what the device has finished, and counts, without waiting, what it
-    has not (the last step's optimizers). No event but the anchor is ever
+    has not (the last step's optimizers). A graph captured first records no
+    span (an event inside a capture would join it); its two replays are two
+    gpu:graph_replay spans (issue 44, B3). No event but the anchor is ever
     waited for (the fake refuses it)."""
     code = """
 import glob, json, sys, torch, pyarrow.parquet as pq
@@ -348,6 +378,32 @@ torch.backends.cuda.is_built = lambda: True
 torch.cuda.is_available = lambda: True
 torch.cuda.Event, torch.cuda.Stream = Event, lambda *a, **k: "side"
 torch.cuda.is_current_stream_capturing = lambda: False
+torch.cuda.current_device = lambda: 0
+class Properties:
+    uuid = "8f1c2e4a-0b7d-4c1e-9a55-3d2f6e7b9c10"
+torch.cuda.get_device_properties = lambda index: Properties()
+class device:  # torch.cuda.device(index): a context manager
+    def __init__(self, index):
+        self.index = index
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        return False
+torch.cuda.device = device
+class CUDAGraph:  # torch.cuda.CUDAGraph's capture and replay
+    capturing = False
+    def capture_begin(self, pool=None, capture_error_mode="global", check_input_liveness=False):
+        CUDAGraph.capturing = True
+    def capture_end(self):
+        CUDAGraph.capturing = False
+    def replay(self):
+        pass
+torch.cuda.graphs.CUDAGraph = CUDAGraph
+_record = Event.record
+def record(self, stream=None):
+    assert not CUDAGraph.capturing, "an event recorded inside a capture"
+    _record(self, stream)
+Event.record = record
 from collectors.recorder import Recorder
 from collectors.instrument import forward_backward, cuda_events
 rec = Recorder(sys.argv[1])
@@ -355,6 +411,12 @@ forward_backward.install(rec)
 cuda_events.install(rec)
 lin, head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
 opts = [torch.optim.SGD(lin.parameters(), lr=0.1), torch.optim.SGD(head.parameters(), lr=0.1)]
+graph = torch.cuda.graphs.CUDAGraph()
+graph.capture_begin()   # captured: no span of ours; its replays are the spans
+head(lin(torch.randn(2, 4))).sum().backward()
+graph.capture_end()
+graph.replay()
+graph.replay()
 for step in range(2):
     head(lin(torch.randn(2, 4))).sum().backward()
     if step == 1:
@@ -375,5 +437,5 @@ print(sorted(names), rec.meta["gpu"]["pending_at_exit"], rec.errors)
     # lin and head are both outermost calls; Tensor.backward's call of
     # torch.autograd.backward is the same backward; step 1's optimizers and the
     # gpu:step they end are still on the device at exit: 3 pairs counted
-    names = ["gpu:backward"] * 2 + ["gpu:forward"] * 4 + ["gpu:optimizer"] * 2 + ["gpu:step"]
+    names = ["gpu:backward"] * 2 + ["gpu:forward"] * 4 + ["gpu:graph_replay"] * 2 + ["gpu:optimizer"] * 2 + ["gpu:step"]
     assert proc.stdout.strip() == f"{names} 3 []"

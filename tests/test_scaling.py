@@ -6,16 +6,19 @@ part of the step that grew most (on 2 cores, 4 ranks share what 2 had)."""
 import json
 import statistics
 
-from conftest import run_diagnose, torchrun
+from conftest import load_run, run_diagnose, torchrun
 from reference_trainer.scenarios import WARMUP_STEPS
 
 MODEL = ["--d-model", "64", "--heads", "4", "--seq-len", "64", "--micro-batch-size", "2", "--layers", "4",
          "--microbatches", "4", "--steps", "14", "--seed", "0"]
 
 
-def _trainer_throughput(log) -> tuple[float, float]:
-    """(tokens per step, tokens/s) from the trainer's own log, steady steps."""
-    rows = [json.loads(line) for line in log.read_text().splitlines()][WARMUP_STEPS:]
+def _trainer_throughput(log, steps) -> tuple[float, float]:
+    """(tokens per step, tokens/s) from the trainer's own log, over the steps the
+    analysis takes as steady: the same steps on both sides, so a step slowed by
+    whatever else the box ran counts on both or on neither."""
+    rows = [r for r in map(json.loads, log.read_text().splitlines()) if r["step"] in steps]
+    assert len(rows) >= 14 - WARMUP_STEPS - 2, rows
     tokens_per_s = statistics.median(r["tokens_per_s"] for r in rows)
     per_step = statistics.median(r["tokens_per_s"] * r["step_time_s"] for r in rows)
     return per_step, tokens_per_s
@@ -27,7 +30,7 @@ def test_scaling_table_from_dp2_to_dp4(tmp_path):
         out, log = tmp_path / f"dp{dp}", tmp_path / f"dp{dp}.jsonl"
         run_diagnose(["run", "--out", out, "--", *torchrun(dp, "-m", "reference_trainer", "--dp", dp, *MODEL,
                                                            "--log-jsonl", log)], timeout=600)
-        runs[dp], measured[dp] = out, _trainer_throughput(log)
+        runs[dp], measured[dp] = out, _trainer_throughput(log, set(load_run(out).steady_steps()))
     result = json.loads(run_diagnose(["compare", runs[2], runs[4], "--json"]).stdout)
     small, large = result["scaling"]
     assert (small["world_size"], large["world_size"]) == (2, 4) and small["unit"] == "tokens"

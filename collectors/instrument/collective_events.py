@@ -1,6 +1,6 @@
 """Device rows of collectives and sends/receives on CUDA (issue 21): when the
 device was ready for each call and when its communication was over, from CUDA
-events on the current stream, so that the analysis judges NCCL runs on device
+events on the current stream of the tensor's device, so that the analysis judges NCCL runs on device
 time as it does imported GPU traces (diagnose/analysis/device_collectives.py).
 
     arrival  an event recorded on the current stream just before the call: the
@@ -23,6 +23,9 @@ time as it does imported GPU traces (diagnose/analysis/device_collectives.py).
     stall    async call: a "wait" row from an event recorded right before
              Work.wait() (where the current stream was) to that end: how long
              the stream stalled behind the wait (blocking_async reads it).
+             It shares the end event: a synchronous call costs two events,
+             an async one three (arrival, before the wait, end), however
+             many calls one Work covers.
 
 The rows, written by the poller of cuda_events.py once both events have
 completed (never waiting for them): a "collective" (or "p2p") row at the
@@ -30,42 +33,70 @@ arrival, with the host row's group, seq and name, and a "done" row at the end;
 times through the GPU-to-host anchor, so their error is the anchor's residual.
 The matching prefers them to the host row of the same call
 (diagnose/analysis/matching.py). Not recorded: gloo groups (their work is the
-host's), calls on CPU tensors, and anything while the stream is being captured
-into a CUDA graph (a captured event has no time, and recording one would
-change the graph).
+host's), calls on CPU tensors, and anything while a CUDA graph is being
+captured (a captured event has no time, recording one would change the graph,
+and asking one from any thread would invalidate it: graph_capture.py).
 """
+import weakref
 
 
 class CollectiveEvents:
-    """What collectives.Tracker calls around each collective when CUDA is in use."""
+    """What collectives.Tracker calls around each collective when CUDA is in use.
+    Every event of a call is recorded on the current stream of its tensor's
+    device (not the current device's: a rank may drive several GPUs)."""
 
-    def __init__(self, timer, ready, capturing, nccl_timing=False):
+    def __init__(self, timer, ready, capturing, nccl_timing=False, stream_of=lambda tensor: None):
         self.timer = timer            # cuda_events.CudaEventTimer
         self.ready = ready            # () -> bool: CUDA usable, the poller running
-        self.capturing = capturing    # () -> bool: the current stream is being graph-captured
+        self.capturing = capturing    # () -> bool: a CUDA graph is being captured (graph_capture.py)
         self.nccl_timing = nccl_timing  # TORCH_NCCL_ENABLE_TIMING: Work._get_duration() answers
-        self.by_work: dict = {}       # id(work) -> [(arrival event, host row, work or None)]
+        self.stream_of = stream_of    # tensor -> the current stream of its device
+        # work -> [(arrival event, host row, work or None, stream)], weakly keyed: an
+        # entry leaves when its work is waited or dies, so a new Work at a reused
+        # address never finds an old one's rows (a Work without weak references
+        # is keyed by id, bounded below)
+        self.by_work = weakref.WeakKeyDictionary()
+        self.by_id: dict = {}
+        self.forgotten = 0            # calls whose work was never waited, past the bound
         self.stream_end_ns: dict = {}  # (group, peer) -> modelled end of its NCCL stream's last kernel
 
     def mark(self, tensor, is_gloo: bool):
-        """Before the call: its arrival event, or None when not timed."""
+        """Before the call: (its arrival event, the stream), or None when not timed."""
         if is_gloo or not getattr(tensor, "is_cuda", False) or not self.ready() or self.capturing():
             return None
-        return self.timer.start()
+        stream = self.stream_of(tensor)
+        return self.timer.start(stream), stream
 
     def returned(self, arrival, row, work) -> None:
         """After the call: a synchronous call ends now; async work at its wait."""
         if arrival is None:
             return
+        arrival, stream = arrival
         if work is None:
-            self._finish(arrival, row, "gpu")
-        else:
-            # with NCCL's timing the work is kept until its events are read (its
-            # tensors live up to one poll interval longer); else only its id
-            held = work if self.nccl_timing else None
-            self.by_work.setdefault(id(work), []).append((arrival, row, held))
-            if len(self.by_work) > 65536:  # work never waited: forget rather than grow
-                self.by_work.clear()
+            self._finish(arrival, row, "gpu", stream)
+            return
+        # with NCCL's timing the work is kept until its events are read (its
+        # tensors live up to one poll interval longer); else only its id
+        held = work if self.nccl_timing else None
+        entry = (arrival, row, held, stream)
+        try:
+            self._bounded(self.by_work).setdefault(work, []).append(entry)
+        except TypeError:
+            self._bounded(self.by_id).setdefault(id(work), []).append(entry)
+
+    def _bounded(self, held: dict) -> dict:
+        """Works kept alive and never waited (or held for NCCL's timing): forget
+        them past 65,536 rather than grow; `forgotten` counts their calls."""
+        if len(held) >= 65536:
+            self.forgotten += sum(map(len, held.values()))
+            held.clear()
+        return held
+
+    def _entries(self, work, pop: bool) -> list:
+        try:
+            return (self.by_work.pop(work, None) if pop else self.by_work.get(work)) or []
+        except TypeError:
+            return (self.by_id.pop(id(work), None) if pop else self.by_id.get(id(work))) or []
 
     def completed(self, arrival, row) -> None:
         """From a CUDA future's callback (DDP's bucket hook): the callback runs
@@ -73,23 +104,29 @@ class CollectiveEvents:
         event recorded there completes when the communication is over, not
         when the host was called back (NCCL calls back when it has queued)."""
         if arrival is not None:
-            self._finish(arrival, row, "gpu")
+            self._finish(arrival[0], row, "gpu", arrival[1])
 
     def before_wait(self, work):
         """Right before Work.wait(): where the current stream is (an event), if
         the work is timed. The stream stalls from there until the work's end."""
-        if id(work) not in self.by_work or self.capturing():
+        entries = self._entries(work, pop=False)
+        if not entries or self.capturing():
             return None
-        return self.timer.start()
+        return self.timer.start(entries[0][3])
 
     def waited(self, work, before, callsite: str) -> None:
         """Right after Work.wait() returned on the host."""
-        for arrival, row, held in self.by_work.pop(id(work), ()):
+        end, end_stream = None, None
+        for arrival, row, held, stream in self._entries(work, pop=True):
             if before is None or self.capturing():
                 continue
-            self.timer.finish(arrival, row, rows_of=lambda t0, t1, row=row, held=held: self._waited_rows(
-                row, t0, t1, held))
-            self.timer.finish(before, row, rows_of=lambda t0, t1, row=row: [stall_row(row, t0, t1, callsite)])
+            # one end event for all of the work's calls and their stalls: the stream
+            # passed the wait when the work was over
+            end = self.timer.finish(arrival, row, rows_of=lambda t0, t1, row=row, held=held: self._waited_rows(
+                row, t0, t1, held), stream=stream, end_event=end if stream is end_stream else None)
+            end_stream = stream
+            self.timer.finish(before, row, rows_of=lambda t0, t1, row=row: [stall_row(row, t0, t1, callsite)],
+                              stream=stream, end_event=end)
 
     def _waited_rows(self, row, arrival_ns: int, bound_ns: int, work) -> list:
         """Async work's rows once its end event completed. With NCCL's own
@@ -110,10 +147,10 @@ class CollectiveEvents:
                 return device_rows(row, arrival_ns, end_ns, "gpu:nccl")
         return device_rows(row, arrival_ns, bound_ns, "gpu:wait")
 
-    def _finish(self, arrival, row, detail: str) -> None:
+    def _finish(self, arrival, row, detail: str, stream=None) -> None:
         if self.capturing():
             return
-        self.timer.finish(arrival, row, rows_of=lambda t0, t1: device_rows(row, t0, t1, detail))
+        self.timer.finish(arrival, row, rows_of=lambda t0, t1: device_rows(row, t0, t1, detail), stream=stream)
 
 
 def device_rows(host_row: tuple, arrival_ns: int, end_ns: int, detail: str) -> list:

@@ -29,6 +29,7 @@ from collectors import nvtx_ranges
 from collectors.callsite import user_callsite
 from collectors.clock import now_ns
 from collectors.instrument.c10d_calls import _arg, _device, _device_mark, _param_index, tensor_bytes  # noqa: F401
+from collectors.instrument.graph_capture import GATE
 
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
                   "all_gather_object", "reduce_scatter", "reduce_scatter_tensor",
@@ -327,8 +328,8 @@ def _wrap_wait(tracker, orig):
         if rows is None:
             return orig(self, *args, **kwargs)
         t0 = now_ns()
-        try:
-            completed_before = self.is_completed()
+        try:  # is_completed queries an event: never inside a CUDA-graph capture (graph_capture.py)
+            completed_before = not GATE.active and self.is_completed()
         except Exception:
             completed_before = False
         if nvtx_ranges.MIRRORING:

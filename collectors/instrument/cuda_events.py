@@ -28,92 +28,154 @@ info line). DIAGNOSE_CUDA_EVENTS=0 turns it off.
 import functools
 import os
 import threading
+import time
+from collections import deque
 
 from collectors.callsite import user_callsite
 from collectors.clock import now_ns
 from collectors.daemon_thread import start_daemon
-from collectors.instrument.gpu_common import cuda_ready, gpu_unavailable
+from collectors.instrument.gpu_common import cuda_ready, gpu_unavailable, note_rank_device
+from collectors.instrument.graph_capture import GATE, capturing, wrap_graph_class
 
 MAX_PENDING = 100_000
 REANCHOR_S = 60.0
 MAX_ANCHORS_KEPT = 200   # meta.json keeps the latest anchors' residual and drift
+ANCHOR_PAIRS = 5         # host/device stamp pairs per anchor: the one with the lowest round trip is kept
+ANCHOR_SPIN_NS = 5_000_000  # how long one pair may take; longer: the side stream is held up, no anchor now
 
 
 class CudaEventTimer:
     """Pairs of events -> rows, resolved by `poll()` off the training thread.
 
-    make_event() -> an object with record(stream=None), query(), elapsed_time(other)
-    and synchronize(); side_stream is where anchors are recorded."""
+    make_event() -> an object with record(stream=None), query() and
+    elapsed_time(other), as torch.cuda.Event. Events of one span are recorded on
+    one stream (None: the current one); `device_of(stream)` names its device, and
+    each device has its own anchor (elapsed_time between devices raises), made
+    on `side_stream_for(device)`, a stream nothing else uses."""
 
-    def __init__(self, make_event, side_stream=None, clock=now_ns, on_anchor=None):
+    def __init__(self, make_event, side_stream=None, clock=now_ns, on_anchor=None,
+                 device_of=lambda stream: 0, side_stream_for=None):
         self.make_event = make_event
         self.side_stream = side_stream
+        self.side_stream_for = side_stream_for or (lambda device: self.side_stream)
+        self.device_of = device_of
         self.clock = clock
-        self.on_anchor = on_anchor  # (host_ns, residual_ns, drift_ns or None) at every anchor
-        self.pending = []       # [row_template, start_event, end_event, rows_of]
-        self.anchor = None      # (event, host_ns)
-        self.anchor_at = 0
+        self.on_anchor = on_anchor  # (host_ns, residual_ns, drift_ns or None, device) at every anchor
+        # (device, stream) -> deque of (row_template, start_event, end_event, rows_of, device),
+        # in the order the end events were recorded on that stream, so the order they complete in
+        self.pending: dict = {}
+        self.n_pending = 0
+        self.anchors = {}       # device -> (event, host_ns)
         self.residual_ns = None
+        self.anchor_misses = 0  # anchors not made: the side stream did not answer in time
         self.dropped = 0
         self._lock = threading.Lock()
 
-    def set_anchor(self) -> None:
-        """Pair a GPU time with a host time: the event's host time lies between
-        the clock read before it was recorded and the one after it completed,
-        so that interval is the mapping's residual. Against the previous anchor
-        the same pair also measures how far the two clocks drifted apart."""
-        ev = self.make_event()
-        before = self.clock()
-        ev.record(self.side_stream)
-        ev.synchronize()        # idle side stream: completes at once
-        host_ns = self.clock()
+    def set_anchor(self, device=0) -> bool:
+        """Pair a GPU time with a host time: an event on an idle side stream
+        completes at once, so its host time lies between the clock read before it
+        was recorded and the first read that sees it complete; that interval is
+        the residual. The best of ANCHOR_PAIRS pairs is kept. The event is asked,
+        never waited for: a side stream held up (a hung device) costs this poll
+        ANCHOR_SPIN_NS and leaves the previous anchor in place. Against the
+        previous anchor the pair also measures the clocks' drift."""
+        best = None
+        for _ in range(ANCHOR_PAIRS):
+            ev = self.make_event()
+            before = self.clock()
+            ev.record(self.side_stream_for(device))
+            give_up = time.perf_counter_ns() + ANCHOR_SPIN_NS
+            while not ev.query():
+                if time.perf_counter_ns() > give_up:
+                    break
+            else:
+                after = self.clock()
+                if best is None or after - before < best[2]:
+                    best = (ev, after, after - before)
+                continue
+            break
+        if best is None:
+            self.anchor_misses += 1
+            return False
+        ev, host_ns, self.residual_ns = best
         drift_ns = None
-        if self.anchor is not None:
-            drift_ns = host_ns - self._host_ns(ev)  # > 0: the host clock ran ahead of the GPU's
-        self.anchor, self.anchor_at, self.residual_ns = (ev, host_ns), host_ns, host_ns - before
+        if device in self.anchors:
+            drift_ns = host_ns - self._host_ns(ev, device)  # > 0: the host clock ran ahead of the GPU's
+        self.anchors[device] = (ev, host_ns)
         if self.on_anchor is not None:
-            self.on_anchor(host_ns, self.residual_ns, drift_ns)
+            self.on_anchor(host_ns, self.residual_ns, drift_ns, device)
+        return True
 
-    def start(self):
+    def start(self, stream=None):
         ev = self.make_event()
-        ev.record()
+        ev.record(stream)
         return ev
 
-    def finish(self, start_event, row_template, rows_of=None) -> None:
+    def finish(self, start_event, row_template, rows_of=None, stream=None, end_event=None):
         """row_template: the event row with start/end left as None; or
-        rows_of(start_ns, end_ns) -> the rows to write."""
-        ev = self.make_event()
-        ev.record()
+        rows_of(start_ns, end_ns) -> the rows to write. `stream`: the start's.
+        Returns the end event, which another span ending at the same point of
+        the same stream may share (`end_event`): one event fewer."""
+        ev = end_event
+        if ev is None:
+            ev = self.make_event()
+            ev.record(stream)
+        device = self.device_of(stream)
+        key = (device, getattr(stream, "cuda_stream", stream))
         with self._lock:
-            if len(self.pending) >= MAX_PENDING:
+            if self.n_pending >= MAX_PENDING:
                 self.dropped += 1
-                return
-            self.pending.append((row_template, start_event, ev, rows_of))
+                return ev
+            self.n_pending += 1
+            queue = self.pending.get(key)
+            if queue is None:
+                queue = self.pending[key] = deque()
+            queue.append((row_template, start_event, ev, rows_of, device))
+        return ev
 
-    def _host_ns(self, ev) -> int:
-        anchor_ev, anchor_ns = self.anchor
+    def waiting(self) -> list:
+        """The pairs not resolved yet, stream by stream."""
+        with self._lock:
+            return [item for queue in self.pending.values() for item in queue]
+
+    def _host_ns(self, ev, device) -> int:
+        anchor_ev, anchor_ns = self.anchors[device]
         return anchor_ns + int(round(anchor_ev.elapsed_time(ev) * 1e6))
 
     def poll(self) -> list:
-        """Rows for every pair the GPU has completed; the rest wait."""
-        if self.anchor is None or self.clock() - self.anchor_at > REANCHOR_S * 1e9:
-            self.set_anchor()
+        """Rows for every pair the GPU has completed; the rest wait. Nothing is
+        asked of CUDA while a graph is being captured (graph_capture.py)."""
+        with GATE.idle() as idle:
+            return self._poll() if idle else []
+
+    def _poll(self) -> list:
+        """Events on one stream complete in the order they were recorded: each
+        stream's queue is resolved from its head and its first unfinished pair
+        ends the stream's turn, so a poll costs the pairs it resolves plus one
+        query a stream, not one a pending pair (10^5 pending: bench/event_poll.py)."""
+        now = self.clock()
         with self._lock:
-            pending, self.pending = self.pending, []
-        rows, waiting = [], []
-        for item in pending:
-            row, start_ev, end_ev, rows_of = item
-            if not end_ev.query():
-                waiting.append(item)
+            queues = list(self.pending.items())
+        for device in {key[0] for key, queue in queues if queue} | set(self.anchors):
+            anchor = self.anchors.get(device)
+            if anchor is None or now - anchor[1] > REANCHOR_S * 1e9:
+                self.set_anchor(device)
+        rows = []
+        for (device, _), queue in queues:
+            if device not in self.anchors:
                 continue
-            t0, t1 = self._host_ns(start_ev), self._host_ns(end_ev)
-            if rows_of is None:
-                rows.append(row[:2] + (t0, max(t1, t0)) + row[4:])
-            else:
-                rows.extend(rows_of(t0, max(t1, t0)))
-        if waiting:
-            with self._lock:
-                self.pending[:0] = waiting
+            while queue:  # only this thread takes from a queue; the training thread appends
+                row, start_ev, end_ev, rows_of, _ = queue[0]
+                if not end_ev.query():
+                    break
+                with self._lock:
+                    queue.popleft()
+                    self.n_pending -= 1
+                t0, t1 = self._host_ns(start_ev, device), self._host_ns(end_ev, device)
+                if rows_of is None:
+                    rows.append(row[:2] + (t0, max(t1, t0)) + row[4:])
+                else:
+                    rows.extend(rows_of(t0, max(t1, t0)))
         return rows
 
 
@@ -131,16 +193,27 @@ def install(rec):
         return
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+    from collectors.instrument import collectives
     from collectors.instrument.forward_backward import on_outermost_forward
     st = rec.state
     state = {"on": None, "fwd": None, "step_ev": None, "primary": None, "opt": {}}
     anchors = rec.meta.setdefault("gpu", {}).setdefault("clock_anchors", [])
 
-    def on_anchor(host_ns, residual_ns, drift_ns):
-        anchors.append({"host_ns": host_ns, "residual_ns": residual_ns, "drift_ns": drift_ns})
+    def on_anchor(host_ns, residual_ns, drift_ns, device):
+        anchors.append({"host_ns": host_ns, "residual_ns": residual_ns, "drift_ns": drift_ns, "device": device})
         del anchors[:-MAX_ANCHORS_KEPT]
 
-    timer = CudaEventTimer(lambda: torch.cuda.Event(enable_timing=True), on_anchor=on_anchor)
+    side_streams = {}
+
+    def side_stream_for(device):
+        if device not in side_streams:
+            side_streams[device], how = dedicated_stream(torch, device)
+            rec.meta["gpu"].setdefault("anchor_streams", {})[str(device)] = how
+        return side_streams[device]
+
+    timer = CudaEventTimer(lambda: torch.cuda.Event(enable_timing=True), on_anchor=on_anchor,
+                           device_of=lambda stream: torch.cuda.current_device() if stream is None
+                           else stream.device_index, side_stream_for=side_stream_for)
 
     def ready() -> bool:
         if state["on"] is None:
@@ -149,9 +222,16 @@ def install(rec):
             if not ok:
                 gpu_unavailable(rec, "cuda_events", reason)
             else:
-                timer.side_stream = torch.cuda.Stream()
+                try:
+                    note_rank_device(torch)
+                except Exception as exc:  # NVML keeps its guess from the environment
+                    rec.record_error("gpu_identity", exc)
                 start_daemon(poller, "diagnose-cuda-events")
         return state["on"]
+
+    def timing() -> bool:
+        """On the training thread: record events now (CUDA in use, nothing being captured)."""
+        return ready() and not capturing(torch)
 
     def poller():
         interval = float(os.environ.get("DIAGNOSE_CUDA_EVENTS_POLL_S", "0.25"))
@@ -170,14 +250,18 @@ def install(rec):
         if state["on"]:
             for row in timer.poll():
                 rec.add(row)
-            rec.meta["gpu"]["pending_at_exit"] = len(timer.pending)
+            rec.meta["gpu"]["pending_at_exit"] = timer.n_pending
             rec.meta["gpu"]["dropped_event_pairs"] = timer.dropped
+            rec.meta["gpu"]["anchor_misses"] = timer.anchor_misses
+            device = getattr(collectives.TRACKER, "device", None)
+            if device is not None:
+                rec.meta["gpu"]["never_waited_calls_forgotten"] = device.forgotten
 
     # the outermost forward, from forward_backward's Module.__call__ wrapper (global
     # module hooks would put every module call on PyTorch's slow path)
     def forward_start():
         try:
-            if ready():
+            if timing():
                 state["fwd"] = timer.start()
                 if state["step_ev"] is None:
                     state["step_ev"] = (state["fwd"], st.step)
@@ -194,7 +278,7 @@ def install(rec):
 
     def step_pre(optimizer, args, kwargs):
         try:
-            if ready():
+            if timing():
                 state["opt"][id(optimizer)] = timer.start()
         except Exception as exc:
             rec.record_error("cuda_events", exc)
@@ -205,7 +289,7 @@ def install(rec):
             timer.finish(opt_ev, _row("optimizer", st))
         if state["primary"] is None:
             state["primary"] = id(optimizer)
-        if id(optimizer) != state["primary"] or not ready():
+        if id(optimizer) != state["primary"] or not timing():
             return
         ev = timer.start()
         if state["step_ev"] is not None:
@@ -219,14 +303,22 @@ def install(rec):
     register_optimizer_step_pre_hook(step_pre)
     register_optimizer_step_post_hook(step_post)
     depth = [0]  # Tensor.backward calls torch.autograd.backward: one span, the outermost
-    torch.Tensor.backward = _timed(torch.Tensor.backward, "backward", timer, ready, st, depth)
-    torch.autograd.backward = _timed(torch.autograd.backward, "backward", timer, ready, st, depth)
-    from collectors.instrument import collectives
+    torch.Tensor.backward = _timed(torch.Tensor.backward, "backward", timer, timing, st, depth)
+    torch.autograd.backward = _timed(torch.autograd.backward, "backward", timer, timing, st, depth)
+
+    def replay(run):
+        if not timing():
+            return run()
+        start = timer.start()
+        result = run()
+        timer.finish(start, _row("graph_replay", st))
+        return result
+    wrap_graph_class(torch.cuda.graphs.CUDAGraph, on_replay=replay)
     from collectors.instrument.collective_events import CollectiveEvents
     if collectives.TRACKER is not None:  # device rows of collectives (collective_events.py)
         nccl_timing = os.environ.get("TORCH_NCCL_ENABLE_TIMING", "0").strip().lower() in ("1", "true", "yes", "y")
-        collectives.TRACKER.device = CollectiveEvents(timer, ready, torch.cuda.is_current_stream_capturing,
-                                                      nccl_timing)
+        collectives.TRACKER.device = CollectiveEvents(timer, ready, lambda: capturing(torch), nccl_timing,
+                                                      stream_of=lambda tensor: torch.cuda.current_stream(tensor.device))
 
 
 def _timed(orig, name, timer, ready, st, depth):
@@ -244,3 +336,25 @@ def _timed(orig, name, timer, ready, st, depth):
             depth[0] -= 1
 
     return wrapper
+
+
+def dedicated_stream(torch, device: int):
+    """(stream, "dedicated" or "pool"): a stream of our own on `device` for the
+    anchors. Not one of torch's pooled streams: NCCL draws its streams from the
+    same pool, and an anchor queued behind a hung NCCL kernel never completes.
+    cudaStreamCreateWithFlags(cudaStreamNonBlocking) from the process's own
+    libcudart, wrapped as torch.cuda.ExternalStream (never destroyed: one per
+    device for the life of the process); torch's pool where no libcudart is
+    mapped (the anchor is then asked, never waited for: set_anchor)."""
+    import ctypes
+    path = next((line.split()[-1] for line in open("/proc/self/maps", encoding="utf-8", errors="replace")
+                 if "libcudart.so" in line and line.split()[-1].startswith("/")), None)
+    with torch.cuda.device(device):
+        if path is not None:
+            try:
+                handle = ctypes.c_void_p()
+                if ctypes.CDLL(path).cudaStreamCreateWithFlags(ctypes.byref(handle), 1) == 0 and handle.value:
+                    return torch.cuda.ExternalStream(handle.value, device=device), "dedicated"
+            except (OSError, AttributeError):
+                pass
+        return torch.cuda.Stream(device=device), "pool"

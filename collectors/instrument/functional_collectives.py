@@ -8,6 +8,9 @@ same per-group counter, bytes, callsite, issue and return), detail
 "functional". Its result is an AsyncCollectiveTensor; its wait is
 `wait_tensor` on the tensor inside, called when the result is first used: that
 call is the row's wait (and, on gloo, its completion, as for a Work.wait).
+On CUDA the call gets its device rows as a c10d call does (collective_events.py):
+an arrival event before it, and the end where its wait_tensor returns (or at
+once when funcol waited before returning).
 
 Compiled code: under torch.compile the wrappers step aside
 (`torch.compiler.is_compiling()`, which dynamo reads as True while it traces),
@@ -87,6 +90,7 @@ def _wrap(tracker, waits, funcol, c10d, op, orig, is_compiling):
             tracker.rec.record_error("functional_collectives", exc)
             return orig(*args, **kwargs)
         tracker.local.depth += 1
+        arrival = collectives._device_mark(tracker, args[0] if args else None, is_gloo=is_gloo)
         t0 = now_ns()
         try:
             result = orig(*args, **kwargs)
@@ -96,8 +100,10 @@ def _wrap(tracker, waits, funcol, c10d, op, orig, is_compiling):
         try:
             # waited when first used: a pending row filed under the result's storage
             token = waits.file(_pending(result, funcol.AsyncCollectiveTensor))
-            tracker.issued("collective", op, group, ranks, seq, -1, nbytes, callsite, t0, t1, token,
-                           is_gloo, DETAIL)
+            row = tracker.issued("collective", op, group, ranks, seq, -1, nbytes, callsite, t0, t1, token,
+                                 is_gloo, DETAIL)
+            # device rows as for a c10d call: the token stands for the Work
+            collectives._device(tracker, "returned", arrival, row, token)
         except Exception as exc:
             tracker.rec.record_error("functional_collectives", exc)
         return result
@@ -116,13 +122,16 @@ def _wrap_wait(tracker, waits, orig, is_compiling):
             token = None
         if token is None:
             return orig(tensor)
+        before = collectives._device(tracker, "before_wait", token)
         t0 = now_ns()
         try:
             return orig(tensor)
         finally:
             t1 = now_ns()
             try:
-                tracker.waited(token, t0, t1, user_callsite(2), False)
+                callsite = user_callsite(2)
+                tracker.waited(token, t0, t1, callsite, False)
+                collectives._device(tracker, "waited", token, before, callsite)
             except Exception as exc:
                 tracker.rec.record_error("functional_collectives", exc)
 

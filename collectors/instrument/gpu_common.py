@@ -44,6 +44,23 @@ def cuda_ready(torch) -> tuple[bool, str]:
     return False, "no CUDA device visible"
 
 
+# The GPU this rank's training thread uses, as NVML names it: set on that thread
+# once CUDA is in use (cuda_events), read by the NVML sampler's thread, which until
+# then samples local_device_index()'s guess.
+RANK_GPU: dict = {"uuid": None, "index": None}
+
+
+def note_rank_device(torch) -> None:
+    """On the training thread, once CUDA is in use: its current device's UUID.
+    The environment cannot say which GPU that is: CUDA_DEVICE_ORDER (CUDA's
+    default, fastest first, is not NVML's PCI order), a set_device other than the
+    local rank, or a MIG instance. The UUID is the same in CUDA and NVML."""
+    index = torch.cuda.current_device()
+    uuid = str(torch.cuda.get_device_properties(index).uuid)
+    RANK_GPU["index"] = index
+    RANK_GPU["uuid"] = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
 def local_device_index() -> str | None:
     """This rank's physical GPU as NVML names it: CUDA_VISIBLE_DEVICES[local rank]
     (an index or a UUID), else the local rank (collectors/identity.py); None when the rank may see no GPU."""

@@ -25,6 +25,11 @@ NVLink throughput is the sum over every link that answers: NVML's throughput
 fields are per link (the link is the field's scopeId, and a request without one
 reads link 0 only), and an absent or inactive link answers NOT_SUPPORTED.
 
+Which GPU: until the training thread uses CUDA, CUDA_VISIBLE_DEVICES[local rank]
+(gpu_common.local_device_index); from then on the device it uses, by UUID
+(gpu_common.note_rank_device), which holds whatever CUDA_DEVICE_ORDER,
+set_device or MIG make of the indices.
+
 pynvml comes from the nvidia-ml-py package; without a driver, NVML does not
 initialise and the sampler is off (one info line, see gpu_common).
 """
@@ -32,7 +37,7 @@ import os
 
 from collectors.clock import now_ns
 from collectors.daemon_thread import start_daemon
-from collectors.instrument.gpu_common import GPU_MEM_USED_MB, gpu_unavailable, local_device_index
+from collectors.instrument.gpu_common import GPU_MEM_USED_MB, RANK_GPU, gpu_unavailable, local_device_index
 
 MB = 2 ** 20
 
@@ -187,13 +192,21 @@ def install(rec):
     if handle is None:
         gpu_unavailable(rec, "nvml_sampler", reason)
         return
-    sampler = NvmlSampler(nvml, handle)
+    sampler = [NvmlSampler(nvml, handle), None]  # the sampler, the UUID it was opened by
     rec.meta.setdefault("gpu", {})["nvml_device"] = local_device_index()
 
     def run():
         while not rec._stop.wait(interval_s):
+            uuid = RANK_GPU["uuid"]
+            if uuid is not None and uuid != sampler[1]:  # the device the training thread uses
+                sampler[1] = uuid
+                try:
+                    sampler[0] = NvmlSampler(nvml, nvml.nvmlDeviceGetHandleByUUID(uuid))
+                    rec.meta["gpu"]["nvml_device"] = uuid
+                except Exception as exc:
+                    rec.record_error("nvml_sampler", exc)
             t = now_ns()
-            for metric, value in sampler.sample(t):
+            for metric, value in sampler[0].sample(t):
                 rec.add_sample(t, metric, value)
 
     start_daemon(run, "diagnose-nvml-sampler")
