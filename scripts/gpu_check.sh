@@ -18,6 +18,28 @@
 #      the reference trainer with the unpinned_copies fault in a profiler window:
 #      copy_stall names pageable host-device copies on the critical path;
 #   3. with nsys on PATH: `diagnose run --nsys`, export, import.
+# Issue 44 (the job is never broken, figures right on GPUs), each plain and under
+# `diagnose run`, the job's printed result and exit code compared:
+#   B1  coalesced.py: async all_reduces and a sync all_gather_into_tensor inside
+#       _coalescing_manager on a 1-rank NCCL group; one row per coalesced group,
+#       and its sequence numbers are the group's own counter (one per group);
+#   B3  graph.py: a forward/backward captured with torch.cuda.graph (global mode)
+#       while the event poller runs every 1 ms, replayed 20 times: the capture
+#       stays valid, 20 gpu:graph_replay spans;
+#   W1  two_devices.py, where two GPUs are visible: all_reduces on cuda:1 while
+#       the current device is 0 get device rows and a device-1 anchor; with one
+#       GPU a line says it was not checked;
+#   W7  nccl_timing.py: step time of compute overlapped with an async all_reduce,
+#       TORCH_NCCL_ENABLE_TIMING=0 vs 1 (printed; one rank's NCCL kernel is a local
+#       copy, so the overlap cost reported on multi-GPU jobs cannot show here);
+#   one_rank.py: which kernels a 1-rank group launches for all_reduce(AVG),
+#       out-of-place all_gather, all_gather_into_tensor, reduce_scatter_tensor
+#       (printed: a 1-rank group may launch no NCCL kernel, which bounds what the
+#       device-row checks above can show on one GPU).
+# One GPU cannot host two NCCL ranks ("Duplicate GPU detected"): everything
+# between ranks (stragglers, matching across ranks, p2p) is the CPU suite's.
+# `--preflight` (and any machine without CUDA): writes every script, compiles
+# it, checks the CLI answers, lists the checks and exits 0, running nothing.
 # Prints one line per check and exits non-zero if any failed.
 # Runs where only torch, pyarrow, pandas, numpy, typer, rich and nvidia-ml-py are
 # installed (no mlflow, plotly, nvtx, msgspec, orjson): runs use --no-analyze and
@@ -31,15 +53,12 @@ T=$(mktemp -d /tmp/gpu_check.XXXXXX)
 export OMP_NUM_THREADS=1 DIAGNOSE_NVML_INTERVAL_S=0.2
 fail=0
 echo "gpu_check: work dir $T"
-"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA'; print('gpu_check: device', torch.cuda.get_device_name(0), 'torch', torch.__version__)" || exit 1
-
-"${DIAG[@]}" run --out "$T/nccl" --torch-profiler 3-4 --no-analyze -- \
-    "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 -m reference_trainer --steps 8 \
-    > "$T/nccl.log" 2>&1 || { echo "gpu_check: FAIL nccl run (see $T/nccl.log)"; fail=1; }
-
-"${DIAG[@]}" run --out "$T/copies" --torch-profiler 3-4 --no-analyze -- \
-    "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 -m reference_trainer --steps 6 \
-    --fault unpinned_copies:mb=256 > "$T/copies.log" 2>&1 || { echo "gpu_check: FAIL copies run (see $T/copies.log)"; fail=1; }
+PREFLIGHT=0
+[ "${1:-}" = "--preflight" ] && PREFLIGHT=1
+. scripts/gpu_check_jobs.sh   # the issue-44 job scripts, written into $T
+if [ "$PREFLIGHT" = 0 ] && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "gpu_check: no CUDA here: preflight only"; PREFLIGHT=1
+fi
 
 cat > "$T/gloo_cuda.py" <<'PYEOF'
 import os, torch, torch.distributed as dist
@@ -99,6 +118,29 @@ print("SYNCS " + json.dumps({"main": sum(e.thread == main for e in syncs), "all"
                              "names": sorted({e.name for e in syncs})}))
 dist.destroy_process_group()
 PYEOF
+if [ "$PREFLIGHT" = 1 ]; then
+    for f in "$T"/*.py; do
+        "$PY" -m py_compile "$f" && echo "gpu_check: preflight ok   $(basename "$f") compiles" \
+            || { echo "gpu_check: preflight FAIL $(basename "$f")"; fail=1; }
+    done
+    "${DIAG[@]}" run --help > /dev/null 2>&1 && echo "gpu_check: preflight ok   diagnose run answers" \
+        || { echo "gpu_check: preflight FAIL diagnose run --help"; fail=1; }
+    sed -n 's/^#   \([A-Z0-9]*[0-9]\) *\([a-z_]*\.py\)[:,].*/gpu_check: would check \1 (\2)/p' "$0"
+    rm -rf "$T"
+    exit "$fail"
+fi
+echo "gpu_check: device $("$PY" -c 'import torch; print(torch.cuda.get_device_name(0), "torch", torch.__version__)')"
+
+"${DIAG[@]}" run --out "$T/nccl" --torch-profiler 3-4 --no-analyze -- \
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 -m reference_trainer --steps 8 \
+    > "$T/nccl.log" 2>&1 || { echo "gpu_check: FAIL nccl run (see $T/nccl.log)"; fail=1; }
+
+"${DIAG[@]}" run --out "$T/copies" --torch-profiler 3-4 --no-analyze -- \
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 -m reference_trainer --steps 6 \
+    --fault unpinned_copies:mb=256 > "$T/copies.log" 2>&1 || { echo "gpu_check: FAIL copies run (see $T/copies.log)"; fail=1; }
+
+run_issue44_jobs   # scripts/gpu_check_jobs.sh
+
 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 "$T/sync_count.py" \
     > "$T/sync_plain.log" 2>&1 || { echo "gpu_check: FAIL sync count, plain (see $T/sync_plain.log)"; fail=1; }
 "${DIAG[@]}" run --out "$T/sync_count" --no-analyze -- \
@@ -214,6 +256,8 @@ check("sync count: (b) training thread's cuda*Synchronize the same with and with
       f"(plain {plain}, under diagnose {under})")
 sys.exit(1 if failed else 0)
 PYEOF
+
+"$PY" scripts/gpu_check_results.py "$T" || fail=1
 
 if command -v nsys >/dev/null; then
     "${DIAG[@]}" run --out "$T/nsys" --nsys --no-analyze -- \

@@ -36,6 +36,9 @@ FP32_ONLY = DATA / "kineto" / "hta" / "ns_resolution_trace" / "rank-0.Apr_03_18_
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", ("gemm", "bf16")),
     ("ampere_fp16_s16816gemm_fp16_256x128_ldg8_f2f_stages_32x3_nn", ("gemm", "fp16")),
     ("volta_h884gemm_64x64_ldg8_nn", ("gemm", "fp16")),
+    # cuBLAS's nvjet family, as in TraceLens' B200 trace (bf16 aten::linear launches them)
+    ("nvjet_tst_64x64_64x16_2x1_2cta_v_bz_bias_TNT", ("gemm", "bf16")),
+    ("nvjet_tst_144x128_64x6_2x1_v_bz_bias_TNN", ("gemm", "bf16")),
 ])
 def test_kernel_names_say_their_math_and_precision(name, expected):
     assert classify(name) == expected

@@ -42,8 +42,13 @@ def test_every_file_imports_or_is_refused_in_one_line(imported, tmp_path):
     in_sets = {str(KINETO / name / f) for name, info in HTA.items() for f in info["files"]}
     imported_files = [p for p in files if p in in_sets]   # imported by the fixture, set by set
     assert all(load_run(run, expected_warnings=SAMPLED.get(name, ())).ranks for name, run in imported.items())
+    # one rank each of a multi-rank job, no HTA reference: they import
+    single_ranks = [p for p in files if os.sep + "tracelens" + os.sep in p]
+    assert len(single_ranks) == 2
+    for i, path in enumerate(single_ranks):
+        assert load_run(import_kineto([path], str(tmp_path / f"one{i}"))[0]).ranks == [0]
     refused = []
-    for i, path in enumerate(p for p in files if p not in in_sets):
+    for i, path in enumerate(p for p in files if p not in in_sets and p not in single_ranks):
         with pytest.raises(UserError) as caught:
             import_kineto([path], str(tmp_path / f"run{i}"))
         message = str(caught.value)
@@ -316,3 +321,25 @@ def test_the_native_scan_gives_the_msgspec_rows_or_hands_over():
     ]
     for text in handed_over:
         assert kineto_scan.native_scan(text, False, lambda *a: None) is None, text[:80]
+
+
+def test_kernel_names_that_run_any_op_take_it_from_the_launching_call():
+    """Issue 44, W5, on real single-rank traces (tests/data/kineto/tracelens, TraceLens,
+    MIT): RCCL on MI300 runs every collective in one ncclDevKernel_Generic, so its op
+    comes from the nccl:<op> call that launched it (never "generic"); NCCL 2.27 on
+    B200 writes the op in the kernel's own "Collective name"."""
+    from diagnose.importers import kineto
+    mi300, _ = kineto.file_table(str(fixture_path("kineto", "tracelens", "mi300_ddp_resnet_rank0.json.gz")))
+    rows = mi300.to_pylist()
+    generic = [r for r in rows if r["kind"] == "kernel" and r["name"].startswith("ncclDevKernel_Generic")]
+    calls = sorted((r for r in rows if r["kind"] == "collective"), key=lambda r: r["start_ns"])
+    assert len(generic) == len(calls) == 17
+    # the first 5 kernels were launched before the profiler's window: no launch, no
+    # call recorded, so their op is unknown ("nccl"); the 12 others are the 6
+    # broadcasts and 6 all-reduces of the 12 nccl:<op> calls that launched them
+    assert [r["name"] for r in calls[:5]] == ["nccl"] * 5
+    named = [r["name"] for r in calls[5:]]
+    assert named.count("broadcast") == named.count("all_reduce") == 6, named
+    b200, _ = kineto.file_table(str(fixture_path("kineto", "tracelens", "b200_vllm_tp8_rank0.json.gz")))
+    gathers = [r for r in b200.to_pylist() if r["kind"] == "collective"]
+    assert [r["name"] for r in gathers] == ["all_gather"] and gathers[0]["group_ranks"].count(",") == 7, gathers

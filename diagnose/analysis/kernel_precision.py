@@ -22,10 +22,15 @@ import pandas as pd
 MATH_RULES = (
     (re.compile(r"conv|fprop|dgrad|wgrad|scudnn|hcudnn|implicit_gemm|winograd|fft2d_[rc]2[rc]", re.I), "conv"),
     # (fbgemm_gpu, Meta's embedding/quantization library, names kernels that multiply nothing)
-    (re.compile(r"(?<!fb)gemm|gemv|matmul|cublas|cutlass.*tensorop|xmma", re.I), "gemm"),
+    (re.compile(r"(?<!fb)gemm|gemv|matmul|cublas|cutlass.*tensorop|xmma|^nvjet_", re.I), "gemm"),
 )
-# (pattern, precision) in order: its number format
+# (pattern, precision) in order: its number format. cuBLAS's nvjet kernels
+# (Hopper, Blackwell) name their types by letters after "nvjet_": `t` is bf16
+# (nvjet_tst_* beside bf16 aten::linear in TraceLens' B200 trace), `h` half as in
+# hgemm; other letters are left unknown until a trace shows them.
 PRECISION_RULES = (
+    (re.compile(r"^nvjet_t"), "bf16"),
+    (re.compile(r"^nvjet_h"), "fp16"),
     (re.compile(r"bf16|bfloat16|BFloat16|__nv_bfloat16"), "bf16"),
     (re.compile(r"e4m3|e5m2|fp8|float8", re.I), "fp8"),
     (re.compile(r"(^|[^a-z])(h\d{3,5}gemm|hgemm|hcudnn)|f16f16|f16f32|_f16|fp16|c10::Half|__half|\bhalf\b"), "fp16"),

@@ -51,14 +51,21 @@ def as_int(value, default=-1) -> int:
         return default
 
 
+# kernel names that say nothing of the op: one kernel runs any collective (RCCL's
+# ncclDevKernel_Generic on MI300; NCCL's SendRecv kernel also runs all_to_all)
+_ANY_OP_KERNELS = {"Generic"}
+
+
 def collective_op(collective_name: str | None, kernel_name: str) -> str:
     """Our op name (torch.distributed spelling) from Kineto's "Collective name"
-    or, failing that, from the NCCL kernel name (ncclDevKernel_AllReduce_...)."""
+    or, failing that, from the NCCL kernel name (ncclDevKernel_AllReduce_...).
+    Callers try the launching CPU op or NVTX range first: a kernel name is the
+    last resort, and "nccl" (op unknown) where it names no op."""
     if collective_name:
         key = collective_name.strip().lower()
         return _OP_ALIASES.get(key, key)
     m = _NCCL_OP_RE.search(kernel_name)
-    if not m:
+    if not m or m.group(1) in _ANY_OP_KERNELS:
         return "nccl"
     snake = _CAMEL.sub("_", m.group(1)).lower()
     return _OP_ALIASES.get(snake.replace("_", ""), snake)

@@ -1,9 +1,12 @@
 """A 2-rank gloo job (torchrun) that queues collectives inside
 torch.distributed._coalescing_manager, as Megatron's DDP and distributed optimizer
 do: async all-reduces waited through the manager, sync all-reduces, then
-batch_isend_irecv and destroy_process_group. Writes every result to --out (rank 0)."""
+batch_isend_irecv and destroy_process_group. Meanwhile a second thread runs
+all-reduces on a group of its own (an async checkpoint upload's, a communication
+thread's). Writes every result to --out (rank 0)."""
 import argparse
 import json
+import threading
 
 import torch
 import torch.distributed as dist
@@ -17,6 +20,17 @@ def main():
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    side_group = dist.new_group(backend="gloo")
+    side = []
+
+    def upload():  # the second thread: its own group, so its calls never interleave with the main ones
+        for i in range(3 * STEPS):
+            t = torch.full((8,), float(rank + i))
+            dist.all_reduce(t, group=side_group)
+            side.append(t.tolist())
+
+    thread = threading.Thread(target=upload)
+    thread.start()
     results = []
     for step in range(STEPS):
         grads = [torch.full((4 + i,), float(rank + i + step)) for i in range(3)]
@@ -33,9 +47,10 @@ def main():
         for work in dist.batch_isend_irecv(ops):
             work.wait()
         results.append([t.tolist() for t in grads + norms + [recv]])
+    thread.join()
     if rank == 0:
         with open(args.out, "w") as f:
-            json.dump(results, f)
+            json.dump({"main": results, "side": side}, f)
     dist.destroy_process_group()
 
 
