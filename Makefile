@@ -32,10 +32,11 @@ mpi:
 demo: setup
 	$(VENV)/bin/diagnose demo --scenario $(DEMO_SCENARIO)
 
-# Serial by default. TEST_ARGS="-n 2 --dist loadgroup" runs two pytest-xdist workers
-# (482 s vs 691 s here), but beside the other worker's jobs the timing-bound live tests
-# failed in 3 of 6 runs on 2 cores (docs/testing.md): not yet CI's setting
-TEST_ARGS ?=
+# Two pytest-xdist workers, the 2-core box's cores (docs/testing.md, "Time": 511 s vs
+# 760 s serially; a third worker gains nothing, the jobs are CPU-bound). Tests that
+# read the shared DDP runs are one group, every module's tests another, so each job
+# launches once. TEST_ARGS= runs serially.
+TEST_ARGS ?= -n 2 --dist loadgroup
 test: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(TEST_ARGS) tests
 

@@ -343,3 +343,33 @@ def test_kernel_names_that_run_any_op_take_it_from_the_launching_call():
     b200, _ = kineto.file_table(str(fixture_path("kineto", "tracelens", "b200_vllm_tp8_rank0.json.gz")))
     gathers = [r for r in b200.to_pylist() if r["kind"] == "collective"]
     assert [r["name"] for r in gathers] == ["all_gather"] and gathers[0]["group_ranks"].count(",") == 7, gathers
+
+
+def test_one_groups_kernels_on_two_streams_are_one_group_in_call_order():
+    """Issue 44, W4: since torch 2.8 a synchronous collective runs on the current
+    (compute) stream and an async one on the group's NCCL stream, so one group's
+    kernels are on two streams. The group is the kernel's "Process Group Name",
+    never its stream, and each kernel is the call whose launch it came from: one
+    group numbered 0, 1, 2 in call order."""
+    from diagnose.importers import kineto
+
+    def cpu(name, tid, ts, dur, cat="user_annotation", **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+    def launch(ts, correlation):
+        return cpu("cudaLaunchKernel", 1, ts, 2, cat="cuda_runtime", correlation=correlation)
+
+    def kernel(stream, ts, correlation):
+        return {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgs)",
+                "pid": 0, "tid": stream, "ts": ts, "dur": 40,
+                "args": {"stream": stream, "correlation": correlation, "Process Group Name": "3",
+                         "Process Group Ranks": "[0, 1]", "Collective name": "allreduce"}}
+
+    events = [cpu("nccl:all_reduce", 1, 100, 20), launch(105, 1),     # sync: on the compute stream 7
+              cpu("nccl:all_reduce", 1, 200, 20), launch(205, 2),     # async: on the NCCL stream 20
+              cpu("nccl:all_reduce", 1, 300, 20), launch(305, 3),     # sync again
+              kernel(7, 130, 1), kernel(20, 230, 2), kernel(7, 330, 3)]
+    table, _ = kineto.trace_table({"traceEvents": events, "distributedInfo": {"rank": 0, "world_size": 2}})
+    calls = [r for r in table.to_pylist() if r["kind"] == "collective"]
+    assert [(r["group"], r["seq"], r["start_ns"]) for r in calls] == [("3", 0, 130_000), ("3", 1, 230_000),
+                                                                        ("3", 2, 330_000)]
