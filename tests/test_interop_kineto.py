@@ -373,3 +373,20 @@ def test_one_groups_kernels_on_two_streams_are_one_group_in_call_order():
     calls = [r for r in table.to_pylist() if r["kind"] == "collective"]
     assert [(r["group"], r["seq"], r["start_ns"]) for r in calls] == [("3", 0, 130_000), ("3", 1, 230_000),
                                                                         ("3", 2, 330_000)]
+
+
+def test_one_rank_of_eight_gets_no_share_above_the_step_and_says_what_it_cannot_tell(tmp_path):
+    """Issue 45 (item 5, in part): rank 0 alone of an 8-rank MI300 DDP job. Its RCCL
+    kernels run past the host's step end, and from one rank the time inside them is
+    waiting for the 7 others and transfer alike: exposed communication was a
+    critical "102% of the step". The share is of the longer of the host step and
+    the device's span of the step's kernels, and the finding is info, saying why."""
+    from diagnose.cli.after_run import analyze_run
+    out = import_kineto([str(fixture_path("kineto", "tracelens", "mi300_ddp_resnet_rank0.json.gz"))],
+                        str(tmp_path / "run"))[0]
+    _, findings = analyze_run([Path(out)], outputs=False, warn=lambda *a: None)
+    (comm,) = [f for f in findings if f["kind"] == "exposed_comm"]
+    m = comm["metrics"]
+    assert 0 < m["exposed_comm_frac"] <= 1 and m["max_rank_exposed_comm_frac"] <= 1, m
+    assert comm["severity"] == "info" and (m["ranks_seen"], m["world_size"]) == (1, 8)
+    assert "from 1 of 8 ranks" in comm["title"]

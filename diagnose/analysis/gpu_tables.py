@@ -35,7 +35,9 @@ of the compute, as it includes what the stream waited for in between.
 device_exposed_comm(): per rank and step, communication-kernel time (comm_ms)
 and the part of it no compute kernel overlaps (exposed_comm_ms): what the
 device spends communicating, or waiting inside NCCL kernels for the last
-member, with nothing else to do.
+member, with nothing else to do; span_ms, first kernel start to last kernel
+end of the step's kernels (they run past the host's step end when the device
+lags), the share's denominator where it exceeds the host step.
 
 comm_comp_overlap(): per rank, the fraction of communication-kernel time
 (union over streams) during which a compute kernel also runs: near 1, the
@@ -200,8 +202,9 @@ def device_exposed_comm(kernels: pd.DataFrame) -> pd.DataFrame:
         comm_ns = covered_ns(s[comm], e[comm])
         if comm_ns:
             hidden = intersection_ns((s[comm], e[comm]), (s[comp], e[comp]))
-            rows.append((int(rank), int(step), comm_ns / 1e6, (comm_ns - hidden) / 1e6))
-    return pd.DataFrame(rows, columns=["rank", "step", "comm_ms", "exposed_comm_ms"])
+            rows.append((int(rank), int(step), comm_ns / 1e6, (comm_ns - hidden) / 1e6,
+                         (int(e.max()) - int(s.min())) / 1e6))
+    return pd.DataFrame(rows, columns=["rank", "step", "comm_ms", "exposed_comm_ms", "span_ms"])
 
 
 def comm_comp_overlap(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:

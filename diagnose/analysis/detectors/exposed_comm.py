@@ -21,7 +21,12 @@ by prefetching (diagnose/analysis/fsdp_units.py; the report's FSDP2 view).
 On device traces (collectives are NCCL kernels) the host is never blocked in
 communication, so the breakdown says nothing: exposed communication is then
 the communication-kernel time no compute kernel overlaps, per step
-(gpu_tables.device_exposed_comm), again on the rank that exposes the least.
+(gpu_tables.device_exposed_comm), again on the rank that exposes the least,
+as a share of the longer of the host step and the device's span of the step's
+kernels (never above 100%). A trace of some ranks of a larger world (one
+rank's profile of an 8-rank job) is reported at info with that said: a
+collective kernel spins until its last member arrives, so from those ranks
+alone waiting and transfer are one figure.
 """
 from diagnose.analysis.detectors import hidden_sync
 from diagnose.analysis.findings import Finding
@@ -81,6 +86,9 @@ def detect(ctx):
         b = b[b["step"].isin(ctx.kernel_steady)].drop(columns="exposed_comm_ms").merge(
             device, on=["rank", "step"], how="left")
         b["exposed_comm_ms"] = b["exposed_comm_ms"].fillna(0.0)
+        # a step's kernels may run past the host's step end: the share is of the longer,
+        # so it is never above 100% (median of each, each step's exposed <= its own)
+        b["step_ms"] = b[["step_ms", "span_ms"]].max(axis=1)
     per_rank = b.groupby("rank")[["exposed_comm_ms", "step_ms"]].median()
     syncs = hidden_sync.candidates(ctx)
     syncs = syncs[syncs["kind"].astype(str) == "collective"]
@@ -96,6 +104,15 @@ def detect(ctx):
     severity = "critical" if exposed >= CRITICAL_FRAC else "warning" if exposed >= WARNING_FRAC else "info"
     metrics = {"exposed_comm_frac": exposed, "exposed_comm_ms_per_step": float(per_rank.loc[least, "exposed_comm_ms"]),
                "max_rank_exposed_comm_frac": float(frac.max()), "device_time": float(on_device)}
+    world, seen = ctx.run.world_size, len(frac)
+    partial = ""
+    if on_device and seen < world:
+        # a collective kernel spins until its last member arrives: from some ranks
+        # only, waiting for the absent ones and transferring cannot be told apart
+        severity = "info"
+        metrics.update(ranks_seen=seen, world_size=world)
+        partial = (f"; from {seen} of {world} ranks, this counts waiting for the others inside the kernels as "
+                   "communication: the other ranks' traces tell which it is")
     bandwidth = bandwidth_table(ctx)
     slowest = ""
     if len(bandwidth):
@@ -115,6 +132,6 @@ def detect(ctx):
         kind="exposed_comm", ranks=sorted(int(r) for r in frac.index), severity=severity,
         impact_ms_per_step=float(per_rank.loc[least, "exposed_comm_ms"]),
         title=(f"communication not overlapped with compute takes {exposed:.0%} of the step{slowest}"
-               f"{' (NCCL kernels on the GPUs)' if on_device else ''}"),
+               f"{' (NCCL kernels on the GPUs)' if on_device else ''}{partial}"),
         recommendation=fsdp_recommendation(units) if units else RECOMMENDATION,
         metrics=metrics)]
