@@ -394,3 +394,27 @@ def test_functional_collectives_get_device_rows_as_c10d_calls_do(traced, monkeyp
     assert rows == [("collective", 5, "gpu:wait"), ("done", 8, "gpu:wait")]
     stalls = [(r[2] // MS - 10_000, r[3] // MS - 10_000) for r in rec.events if r[14] == "gpu:wait" and r[0] == "wait"]
     assert stalls == [(6, 8)]             # the stream stalled 2 ms behind the all-reduce
+
+
+def test_a_dropped_works_device_events_never_attach_to_the_next_work_at_its_address(traced):
+    """Issue 44, W2: works never waited (dropped by the job) leave no entry behind:
+    CPython gives a new Work the address of one just freed, and entries keyed by
+    id(work) handed the dead work's arrival to the next one's wait (two device rows
+    for one call, the first at the dropped call's time)."""
+    import gc
+    rec, timer, all_reduce = traced["rec"], traced["timer"], traced["all_reduce"]
+    timer.set_anchor()                    # anchor: GPU 100 ms <-> host 10 s
+    for _ in range(50):                   # dropped unwaited, as a job may
+        all_reduce(Tensor(), async_op=True)
+    gc.collect()
+    # their entries went with them (keyed by id they stayed, 50 of them, for the
+    # next Work at one of those addresses to find)
+    assert len(traced["tracker"].device.by_work) == 0
+    _queue(20.0)                          # later: the next call arrives at 120 ms
+    work = all_reduce(Tensor(), async_op=True)
+    work.wait()
+    FakeGPU.now_ms = 300.0
+    for row in timer.poll():
+        rec.add(row)
+    arrivals = [r[2] // MS - 10_000 for r in _device_rows(rec) if r[0] == "collective"]
+    assert arrivals == [20], arrivals

@@ -57,7 +57,12 @@ def test_injected_clock_skew_is_removed_by_alignment(tmp_path):
     skew_ns = 50_000_000
     out = _sample_run(tmp_path, "skewed", steps=10, env=job_env(DIAGNOSE_TEST_CLOCK_SKEW_NS=f"1:{skew_ns}"))
     run = diagnose.load(out)
-    assert abs(run.offsets_ns[1] - skew_ns) < 1_000_000, run.rank_meta[1]["clock"]
+    # within the bound the ping measured (its round trip: causality, whatever the box's
+    # load), not a figure fitted to an idle box (1 ms failed beside the suite's other
+    # worker: ping bound 1.99 ms, error 1.22 ms); and small against the skew removed
+    bound_ns = run.rank_meta[1]["clock"]["offset_error_ns"]
+    error_ns = abs(run.offsets_ns[1] - skew_ns)
+    assert error_ns <= bound_ns and bound_ns < skew_ns / 10, run.rank_meta[1]["clock"]
     raw = pd.concat([pd.read_parquet(p).assign(rank=r) for r in (0, 1)
                      for p in sorted((out / "traces" / f"rank-0000{r}").glob("events-*.parquet"))])
     raw = raw[raw["kind"] == "collective"]
@@ -65,7 +70,7 @@ def test_injected_clock_skew_is_removed_by_alignment(tmp_path):
     truth = raw.pivot_table(index=["group", "seq"], columns="rank", values="true_ns")
     aligned = run.arrivals().pivot_table(index=["group", "seq"], columns="rank", values="arrival_ns")
     error_ms = ((aligned[1] - aligned[0]) - (truth[1] - truth[0])).abs() / 1e6
-    assert len(error_ms) >= 10 and error_ms.max() < 1.0
+    assert len(error_ms) >= 10 and error_ms.max() <= bound_ns / 1e6 + 0.001   # (+1 us: ns rounding)
 
 
 def test_store_ping_keeps_going_while_round_trips_are_slow(monkeypatch):

@@ -270,9 +270,9 @@ def install(rec):
 
     def forward_end():
         try:
-            if state["fwd"] is not None:
-                timer.finish(state["fwd"], _row("forward", st))
-                state["fwd"] = None
+            start, state["fwd"] = state["fwd"], None
+            if start is not None and not capturing(torch):  # a capture begun since: its end would join it
+                timer.finish(start, _row("forward", st))
         except Exception as exc:
             rec.record_error("cuda_events", exc)
 
@@ -285,7 +285,7 @@ def install(rec):
 
     def step_post(optimizer, args, kwargs):
         opt_ev = state["opt"].pop(id(optimizer), None)
-        if opt_ev is not None:  # every optimizer's step: its kernels on the current stream
+        if opt_ev is not None and not capturing(torch):  # every optimizer's step: its kernels on the current stream
             timer.finish(opt_ev, _row("optimizer", st))
         if state["primary"] is None:
             state["primary"] = id(optimizer)
@@ -330,7 +330,8 @@ def _timed(orig, name, timer, ready, st, depth):
         try:
             start = timer.start()
             result = orig(*args, **kwargs)
-            timer.finish(start, _row(name, st, callsite=user_callsite(2)))
+            if ready():  # `ready` is timing(): not if a capture began meanwhile
+                timer.finish(start, _row(name, st, callsite=user_callsite(2)))
             return result
         finally:
             depth[0] -= 1
