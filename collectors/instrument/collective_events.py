@@ -76,7 +76,8 @@ class CollectiveEvents:
             self._finish(arrival, row, "gpu", stream)
             return
         # with NCCL's timing the work is kept until its events are read (its
-        # tensors live up to one poll interval longer); else only its id
+        # tensors live up to one poll interval longer; an entry holding its own
+        # key lives until waited or the bound); else nothing of it
         held = work if self.nccl_timing else None
         entry = (arrival, row, held, stream)
         try:
