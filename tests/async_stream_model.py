@@ -99,7 +99,8 @@ def program_traces(world: int, steps: int, program: list) -> list:
                             (stream-ordered), `us` after the last member could
                             start; the compute stream then waits for it
 
-    Host calls return at once unless they block (sync, event_sync, data)."""
+    Host calls return at once unless they block (sync, event_sync, data).
+    Where `us` is a dict {rank: us}, ranks not in it take its key None (else 0)."""
     events = [[] for _ in range(world)]
     corr = [0]
     ranks = "[" + ", ".join(map(str, range(world))) + "]"
@@ -138,18 +139,21 @@ def program_traces(world: int, steps: int, program: list) -> list:
                 continue
             for r in range(world):
                 t = host_t[r]
+                us = action[1] if len(action) > 1 else None
+                if isinstance(us, dict):
+                    us = us.get(r, us.get(None, 0))
                 if what == "kernel":
                     host_t[r] = t + LAUNCH_US
                     start = max(device_t[r], host_t[r])
-                    launch(r, "void gemm_kernel<float>(float*)", start, action[1], 7)
-                    device_t[r] = start + action[1]
+                    launch(r, "void gemm_kernel<float>(float*)", start, us, 7)
+                    device_t[r] = start + us
                     kernel_ends[r].append(device_t[r])
                 elif what == "host":
-                    host_t[r] = t + action[1]
+                    host_t[r] = t + us
                 elif what == "data":
                     events[r].append({"ph": "X", "cat": "cpu_op", "name": DATA_NEXT, "pid": r, "tid": 1,
-                                      "ts": t, "dur": action[1]})
-                    host_t[r] = t + action[1]
+                                      "ts": t, "dur": us})
+                    host_t[r] = t + us
                 elif what in ("sync", "event_sync"):
                     k = action[1] if what == "event_sync" else 0
                     until = (device_t[r] if what == "sync" else

@@ -2,8 +2,9 @@
 
 kernels(): one row per GPU activity: start_ns, end_ns, name, kind (class:
 compute / communication / memory / other, HTA's kernel types), rank, stream,
-step (the profiler step that launched it), correlation, bytes, dur_ms; name
-and kind are pandas categoricals.
+step (the profiler step that launched it), correlation, bytes, dur_ms,
+queued_ns (launch to start: ~0 when the GPU waited for the host; -1 unknown);
+name and kind are pandas categoricals.
 
 temporal_breakdown(), HTA's definition (TraceAnalysis.get_temporal_breakdown):
 for each rank, over the span from the start of its first GPU kernel to the end
@@ -85,7 +86,7 @@ from diagnose.analysis.matching import per_distinct
 # the host's own ranges: when one starts after a sync, the host has moved on
 HOST_RANGE_KINDS = ("step", "phase", "forward", "backward", "optimizer", "data", "sync")
 KERNEL_COLUMNS = ["rank", "start_ns", "end_ns", "name", "kind", "stream", "step", "correlation",
-                  "bytes", "dur_ms"]
+                  "bytes", "dur_ms", "queued_ns"]
 
 
 def kernels_table(events: pd.DataFrame) -> pd.DataFrame:
@@ -97,7 +98,9 @@ def kernels_table(events: pd.DataFrame) -> pd.DataFrame:
         "stream": per_distinct(rows["group"], lambda group: pd.to_numeric(group.astype(str), errors="coerce"))
                   .fillna(-1).astype("int64"),
         "step": rows["step"].astype("int64"), "correlation": rows["seq"].astype("int64"),
-        "bytes": rows["bytes"].astype("int64")})
+        "bytes": rows["bytes"].astype("int64"),
+        # launch to start (-1: launch not in the trace, or a run dir written before it was kept)
+        "queued_ns": rows["queued_ns"].astype("int64") if "queued_ns" in rows else -1})
     table["dur_ms"] = (table["end_ns"] - table["start_ns"]) / 1e6
     return table.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)[KERNEL_COLUMNS]
 

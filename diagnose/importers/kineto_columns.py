@@ -152,8 +152,18 @@ def _kernel_block(gpu, launches, base_ns, step_starts, step_numbers) -> tuple:
                    step=assign_steps(step_starts, step_numbers, ns_from_us(launch_ts, base_ns)),
                    group=Strings(stream_codes.astype(np.int32).ravel(), [str(s) for s in stream_ids.tolist()]),
                    seq=[c if c in launches else -1 for c in correlations],  # -1: launched before the trace
-                   bytes=nbytes, detail=Strings(detail, list(classes)))
+                   bytes=nbytes, detail=Strings(detail, list(classes)),
+                   queued_ns=_queued_ns(starts, ns_from_us(launch_ts, base_ns), correlations, launches))
     return block, np.argsort(starts, kind="stable")
+
+
+def _queued_ns(starts: np.ndarray, launch_ns: np.ndarray, correlations, launches: dict) -> np.ndarray:
+    """Per kernel, how long it waited between its launch (the runtime call's
+    start) and its start: ~0 when the GPU's queue was empty (the device waited
+    for the host); -1 where the launch is not in the trace. Kineto maps GPU
+    times to the host's clock, so a few us either way are its error: clamped at 0."""
+    known = np.fromiter((c in launches for c in correlations), bool, len(starts))
+    return np.where(known, np.maximum(starts - launch_ns, 0), -1)
 
 
 def _collective_blocks(gpu, kernels: dict, start_order: np.ndarray, world_size: int, launches: dict,

@@ -28,6 +28,19 @@ beyond its peers' is reported (a pipeline neighbour of the straggler also arrive
 last at its own stage's collectives), and it must cost >= 3% of the step to be a warning (severity
 from impact). Evidence: busy and compute (forward+backward+optimizer) ratios to
 the median rank, and which part of its step is slow.
+
+Host-bound (device traces with kernels): a rank whose device compute is within
+DEVICE_BUSY_RATIO of its peers' can still be late because its host launches
+late (HTA's DLRM trace: rank 7 last into 5 of 8 collectives, compute equal).
+Its cause then is "host-bound" when, in at least half of the collectives it was
+last into, its GPU sat idle for at least half of its lateness (the median
+member's wait) until kernels that started within LAUNCH_BOUND_NS of their launch
+(the kernel row's queued_ns): an empty queue, the GPU waiting for the host. 20
+us: an idle GPU starts a launched kernel ~5-10 us after the runtime call, one
+with work queued ahead waits that work (a kernel's length); the margin covers
+the profiler's GPU-to-host clock mapping. Not when its own data loading (the
+data wait beyond its peers') explains half the waits it caused: input_stall.
+Ranked after device-slow candidates; its impact is the waits it causes.
 """
 import numpy as np
 import pandas as pd
@@ -43,6 +56,7 @@ MIN_INTERMITTENT_STEPS = 4
 ALPHA = 0.01
 BUSY_RATIO = 1.4
 DEVICE_BUSY_RATIO = 1.1
+LAUNCH_BOUND_NS = 20_000
 
 
 def _same_stage_groups(arrivals, stages):
@@ -172,6 +186,46 @@ def _slow_when_last(ctx, rank, stages, straggling) -> bool:
     return mannwhitneyu(slow, other, alternative="greater").pvalue <= ALPHA
 
 
+def launch_bound(ctx, rank, steps, caused_ms, breakdown) -> dict | None:
+    """A rank whose GPU waited for its host. On a device trace, per collective it
+    was last into (in `steps`), its lateness is the median member's wait; the
+    host made it late where, in that window before its arrival, its GPU sat idle
+    until a kernel that started within LAUNCH_BOUND_NS of its launch (the queue
+    was empty: the kernel ran as soon as the host launched it). Host-bound when
+    that idle is at least half the lateness in at least half of those
+    collectives. Not when its own data loading explains at least half of the
+    waits it caused (input_stall's cause). {"last_in", "launch_bound"} or None."""
+    kernels = ctx.run.kernels()
+    if kernels.empty or (kernels["queued_ns"] < 0).all():
+        return None
+    arrivals = ctx.run.arrivals()
+    arrivals = arrivals[(arrivals["last_rank"] == rank) & arrivals["step"].isin(steps) & (arrivals["members"] > 1)]
+    late = arrivals[arrivals["rank"] != rank].groupby(["group", "seq"])["wait_ms"].median()
+    mine = arrivals[arrivals["rank"] == rank].set_index(["group", "seq"])["arrival_ns"]
+    late = late[late.index.isin(mine.index)]
+    if late.empty:
+        return None
+    k = kernels[kernels["rank"] == rank].sort_values("start_ns", kind="stable")
+    # the idle before each kernel the host launched onto an empty queue: from the
+    # device's furthest end so far (before the first kernel: any time) to its start
+    start, queued = k["start_ns"].to_numpy(), k["queued_ns"].to_numpy()
+    idle_from = np.append(np.iinfo(np.int64).min, np.maximum.accumulate(k["end_ns"].to_numpy())[:-1])
+    bound = (queued >= 0) & (queued <= LAUNCH_BOUND_NS)
+    start, idle_from = start[bound], idle_from[bound]
+    n_bound = 0
+    for key, late_ms in late.items():
+        arrival, late_ns = mine[key], late_ms * 1e6
+        idle_ns = np.clip(np.minimum(start, arrival) - np.maximum(idle_from, arrival - late_ns), 0, None).sum()
+        n_bound += bool(idle_ns >= late_ns / 2)
+    if n_bound < len(late) / 2:
+        return None
+    data = breakdown["data_wait_ms"] if "data_wait_ms" in breakdown else None
+    if data is not None and rank in data.index and len(data) > 1:
+        if float(data[rank] - data.drop(rank).median()) >= caused_ms / 2:
+            return None
+    return {"last_in": len(late), "launch_bound": n_bound}
+
+
 def detect(ctx):
     caused = waiting_caused(ctx)
     if caused is None or caused.empty or len(caused) < 2:
@@ -205,18 +259,23 @@ def detect(ctx):
         for judged, persistent in judgements:
             busy_ratio, excess_busy_ms, breakdown = _busy_ratio(ctx, top, stages, judged)
             gate = DEVICE_BUSY_RATIO if "device_compute_ms" in breakdown.columns else BUSY_RATIO
-            if busy_ratio is None or busy_ratio < gate:
+            host_bound = None
+            if busy_ratio is not None and busy_ratio < gate and gate == DEVICE_BUSY_RATIO:
+                host_bound = launch_bound(ctx, top, judged, top_ms, breakdown)
+            if busy_ratio is None or (busy_ratio < gate and host_bound is None):
                 continue
             # slow only on some steps, in a run whose micro-batches differ in work:
             # those were its long batches (workload_imbalance), not a slow rank
             if not persistent and (lengths_vary(ctx) or not _slow_when_last(ctx, top, stages, straggling)):
                 break
-            passed.append((excess_busy_ms, top, baseline_ms, top_ms, top_in_steps, busy_ratio, breakdown,
-                           persistent))
+            # a host-bound rank works no longer on the device: rank it by the waits it causes
+            passed.append((top_ms if host_bound else excess_busy_ms, top, baseline_ms, top_ms, top_in_steps,
+                           busy_ratio, breakdown, persistent, host_bound))
             break
     if not passed:
         return []
-    _, top, baseline_ms, top_ms, top_in_steps, busy_ratio, breakdown, persistent = max(passed, key=lambda c: c[0])
+    _, top, baseline_ms, top_ms, top_in_steps, busy_ratio, breakdown, persistent, host_bound = \
+        max(passed, key=lambda c: (c[8] is None, c[0]))
     seen, group_size = members_seen(ctx)
     on_device = "device_compute_ms" in breakdown.columns
     compute = (breakdown["device_compute_ms"] if on_device
@@ -232,6 +291,13 @@ def detect(ctx):
     title = (f"rank {top} is {'a persistent' if persistent else 'an intermittent'} straggler: it works "
              f"{busy_ratio:.2f}x as long per step as the median rank (most in {where}, "
              f"+{extra_ms:.1f} ms); the others wait {top_ms:.1f} ms/step for it in collectives ({clock})")
+    if host_bound:
+        title = (f"rank {top} is {'a persistent' if persistent else 'an intermittent'} straggler, host-bound: it "
+                 f"launches late; its GPU sat idle until kernels it had just launched (started within "
+                 f"{LAUNCH_BOUND_NS // 1000} us) before {host_bound['launch_bound']} of the "
+                 f"{host_bound['last_in']} collectives it was last into, while its device compute is "
+                 f"{compute_ratio:.2f}x the median rank's; the others wait {top_ms:.1f} ms/step for it ({clock})")
+        where = "its host (launches late)"
     partial = seen < group_size
     if partial:
         title = (f"rank {top} is the later of the {seen} ranks seen (of the group's {group_size}): it works "
@@ -239,6 +305,9 @@ def detect(ctx):
                  f"ranks seen wait {top_ms:.1f} ms/step for it ({clock}); only {seen}/{group_size} members "
                  "were traced, so this wait is a lower bound and an unseen rank may be the cause")
     advice = {"data wait": "its input pipeline is slower: check its data shard, disk and loader workers",
+              "its host (launches late)": "its CPU side falls behind its GPU: profile its host (the profiler's "
+                                          "CPU ops, py-spy) for extra Python work, logging, garbage collection, "
+                                          "or CPU contention and affinity (fewer or busier cores than its peers)",
               "other": "it spends more time outside the recorded phases: check for extra work "
                        "(logging, checkpointing, Python overhead) on that rank"}.get(
         where, "check that rank's host and device (thermal throttling, a noisy neighbour, "
@@ -252,7 +321,8 @@ def detect(ctx):
                  "compute_ratio_x": compute_ratio, "busy_ratio_x": busy_ratio, "last_in_steps_frac": top_in_steps,
                  "persistent": float(persistent), "ranks_seen": seen, "group_size": group_size,
                  "members_seen_frac": seen / group_size, "wait_is_lower_bound": float(partial),
-                 "device_time": float(on_device),
+                 "device_time": float(on_device), "cause": "host-bound" if host_bound else "slower work",
+                 **({"launch_bound_frac": host_bound["launch_bound"] / host_bound["last_in"]} if host_bound else {}),
                  # (rank 0's clock is the reference: its own error is nil)
                  **({"clock_error_us": max([ctx.run.offset_errors_ns.get(r, 0) for r in ctx.run.ranks[1:]] or [0]) / 1e3}
                     if on_device else {})})]
