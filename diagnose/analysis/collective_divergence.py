@@ -3,9 +3,14 @@
 Each rank's `pg_status` says, per local `pg_id`, the last collective it
 enqueued, started (needs TORCH_NCCL_ENABLE_TIMING, else -1) and completed. The
 `pg_id` is local to the rank; the group's global name (the `pg_config` key, the
-same on every member) is linked to it only through the rank's entries
-(`pg_id`, `process_group`), so a rank whose buffer holds no entry of a group
-has numbers for it that cannot be placed: that is said, not guessed.
+same on every member) is linked to it by the rank's entries (`pg_id`,
+`process_group`), and, for the groups its buffer holds no entry of, by creation
+order: a rank numbers its groups as it makes them, and torch names a group (not
+hashed) by how many groups were made before it, so where the rank's
+`pg_config` has as many groups as its `pg_status`, all named by numbers, and
+its entries agree, the n-th id is the n-th name (true of every id the entries
+tie on both real 16-rank dump sets). A rank whose counters cannot be placed
+that way has numbers that stay unplaced: that is said, not guessed.
 
 Per group, with C = the furthest any member completed and W = C + 1:
 - a member that completed less than C while its peers went on:
@@ -29,6 +34,8 @@ it end: found on the `hang` demo, where a waiting rank looked "device stopped").
 """
 from collections import Counter, defaultdict
 
+from diagnose.analysis.flight_recorder_headline import headline, pg_status_sentence
+
 ROLE_ORDER = ("desync", "stuck", "device stopped", "missing")
 # ops whose input sizes are the same on every member (all_to_all and gather/scatter may differ)
 _SAME_SIZES = ("all_reduce", "allreduce", "broadcast", "reduce", "all_gather", "allgather",
@@ -42,6 +49,19 @@ def _pg_names(dump: dict) -> tuple[dict, bool]:
         seen = names.setdefault(e["pg_id"], (e["group"], e["group_desc"]))
         ok &= seen[0] == e["group"]
     return names, ok
+
+
+def _names_by_creation_order(dump: dict, from_entries: dict) -> dict:
+    """local pg_id -> (group name, description) for every pg_status id, when the
+    rank's pg_config and pg_status pair up in creation order and agree with its
+    entries (`from_entries`); else {}."""
+    config, ids = list(dump["groups"]), list(dump["pg_status"])
+    if len(config) != len(ids) or not all(n.isdigit() for n in config + ids):
+        return {}
+    tied = {pg_id: (name, dump["groups"][name]["desc"])
+            for pg_id, name in zip(sorted(ids, key=int), sorted(config, key=int))}
+    agree = all(tied[pg_id][0] == name for pg_id, (name, _) in from_entries.items())
+    return tied if agree else {}
 
 
 def _sizes_must_agree(op: str) -> bool:
@@ -58,6 +78,8 @@ def group_progress(dumps: dict[int, dict], world_size: int | None = None):
         if not consistent:
             notes.append(f"rank {rank}: one pg_id names two groups in its entries; its numbers are not used")
             continue
+        by_order = _names_by_creation_order(dump, names)
+        names = {**by_order, **names}
         for name, config in dump["groups"].items():
             groups.setdefault(name, {"desc": config["desc"], "ranks": config["ranks"], "p2p": False})
         for pg_id, status in dump["pg_status"].items():
@@ -69,6 +91,9 @@ def group_progress(dumps: dict[int, dict], world_size: int | None = None):
         if unplaced and not dump["entries"]:
             notes.append(f"rank {rank}'s buffer is empty: its pg_status ({len(unplaced)} groups) cannot be "
                          "tied to group names")
+        elif by_order and not dump["entries"]:
+            notes.append(f"rank {rank}'s buffer is empty: its pg_status is tied to group names by creation "
+                         "order (its pg_config)")
         for e in dump["entries"]:
             if e["is_p2p"]:
                 groups[e["group"]]["p2p"] = True
@@ -164,9 +189,15 @@ def diverge(dumps: dict[int, dict], world_size: int | None = None, blocked_in=No
         culprits[rank] = {"role": role, "groups": sorted(per_group, key=lambda g: per_group[g][1]),
                           "seq": {g: seq for g, (_, seq) in per_group.items()},
                           "why": {g: reasons.get((rank, g)) for g in per_group}}
+    for rank, culprit in culprits.items():
+        if rank in dumps and not dumps[rank]["entries"]:  # its counters are all there is of it
+            culprit["pg_status_says"] = {
+                g: pg_status_sentence(rank, g, progress.get(g, {}).get(rank), roles[rank][g][0], seq)
+                for g, seq in culprit["seq"].items()}
     victims = sorted(blocked - set(culprits))
+    pending = {name: _held(dumps, name, waited[name], sorted(ranks)) for name, ranks in waiting.items()}
     return {"culprits": culprits, "victims": victims, "cycle": cycle, "notes": notes,
-            "headline": _headline(dumps, groups, culprits, waiting, waited), "groups": groups,
+            "headline": headline(groups, culprits, waiting, waited, pending), "groups": groups,
             "progress": progress}
 
 
@@ -180,26 +211,3 @@ def _desync(dumps, name, seq, ranks, roles) -> None:
     for r, value in held.items():
         if value != majority:
             roles[r][name] = ("desync", seq)
-
-
-def _headline(dumps, groups, culprits, waiting, waited):
-    """The group most culprits stop, the smallest such, the one its waiters entered first."""
-    best = None
-    for name, ranks in waiting.items():
-        mine = [r for r, c in culprits.items() if name in c["groups"]]
-        if not mine:
-            continue
-        held = _held(dumps, name, waited[name], sorted(ranks))
-        first = min((e["created_ns"] or float("inf") for e in held.values()), default=float("inf"))
-        key = (-len(mine), len(groups[name]["ranks"]), first)
-        # shown: the lowest waiting rank's entry (all_to_all sizes differ by rank)
-        if best is None or key < best[0]:
-            best = (key, name, mine, held[min(held)] if held else None)
-    if best is None:
-        return None
-    _, name, mine, entry = best
-    return {"group": name, "desc": groups[name]["desc"], "ranks": groups[name]["ranks"],
-            "seq": waited[name], "culprits": sorted(mine), "waiting": sorted(waiting[name]),
-            "op": (entry or {}).get("op"),
-            "sizes": "x".join(map(str, entry["input_sizes"][0])) if entry and entry["input_sizes"] else None,
-            "dtype": (entry["dtypes"] or [None])[0] if entry else None}

@@ -5,8 +5,11 @@ backend's on a watchdog timeout, diagnose's on a hang, or imported), on any
 backend. Per process group, the collective each member enqueued, started and
 completed (diagnose/analysis/collective_divergence.py): the ranks that stopped
 where their peers went on are the culprits, each with its role (missing,
-device stopped, stuck, desync); one finding names them all, with the group
-most of them stop, its op and sizes and who waits there.
+device stopped, stuck, desync; for one whose buffer is empty, what its
+pg_status says); one finding names them all, with the op the job stalled on
+(the waiters' earliest-created pending op some culprit never reached: see
+diagnose/analysis/flight_recorder_headline.py), its sizes and who waits there,
+and the other such ops in that order (`also_pending`).
 
 Second witness (gloo, and NCCL without dumps): the launcher's watchdog saw no new event on any rank for
 --hang-timeout seconds and asked every rank for a dump (in-flight collectives
@@ -112,8 +115,10 @@ def _from_flight_recorder(ctx, dumps, witness):
         metrics[f"rank{rank}_groups"] = "; ".join(named)
         metrics[f"rank{rank}_seq"] = c["seq"][first]
         why = c["why"].get(first)
-        parts.append(f"rank {rank} {c['role']} at #{c['seq'][first]}"
-                     + (f" ({why})" if why and c["role"] == "missing" else "")
+        # a culprit with an empty buffer: what its pg_status says of that group, or that it cannot say
+        said = c.get("pg_status_says", {}).get(first)
+        parts.append((said or f"rank {rank} {c['role']} at #{c['seq'][first]}"
+                      + (f" ({why})" if why and c["role"] == "missing" else ""))
                      + (f", also in {len(named) - 1} more group{'s' if len(named) > 2 else ''}"
                         if len(named) > 1 else ""))
     if head:
@@ -128,6 +133,10 @@ def _from_flight_recorder(ctx, dumps, witness):
         metrics.update(group=head["group"], group_desc=head["desc"], group_ranks=_ranks_text(head["ranks"]),
                        op=head["op"], sizes=head["sizes"], dtype=head["dtype"], seq=head["seq"],
                        waiting_ranks=len(head["waiting"]), waiting_rank_list=_ranks_text(head["waiting"]))
+        if head["also_pending"]:
+            # the other ops culprits left peers waiting in, in the order the waiters entered them
+            metrics["also_pending"] = "; ".join(f"{o['op'] or 'a collective'} #{o['seq']} in group {o['group']} "
+                                                f"({o['desc']})" for o in head["also_pending"])
     else:
         title = "hang: " + "; ".join(parts)
     if result["notes"]:
