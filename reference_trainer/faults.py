@@ -14,6 +14,9 @@ real ones do (longer phases, extra collectives, a missing rank).
                                    checkpoint save: no collective, no event; not a hang)
     varlen:spread=S[,seed=K]       each micro-batch's forward/backward takes L times as long, L drawn
                                    uniformly in [1, 1+S] per (step, micro-batch, dp replica)
+    varlen:spread=S,tail=P[,seed=K]  real data's long tail instead: a fraction P of micro-batches
+                                   1+S times as long, the rest 1-1.1x (spread=6.5,tail=0.1: 1 in
+                                   10 at 7.5x, the production job of issue 45)
     accum_sync                     gradients all-reduced after every micro-batch's backward, not
                                    only the last one's (DDP without no_sync(): a round per backward)
     unpinned_copies[:mb=N]         batches copied to the GPU from pageable memory and waited for
@@ -44,6 +47,8 @@ import torch.distributed as dist
 
 from reference_trainer.device_slowdown import DeviceSlowdown
 
+SHORT_SPREAD = 0.1  # varlen's tail mode: the short micro-batches' lengths, 1-1.1x
+
 # name -> {key: (type, default)}; a default of None means the key is required
 _SCHEMA: dict[str, dict[str, tuple]] = {
     "straggler": {"rank": (int, None), "factor": (float, 2.0)},
@@ -54,7 +59,7 @@ _SCHEMA: dict[str, dict[str, tuple]] = {
     "hang": {"rank": (int, None), "step": (int, None)},
     "crash": {"rank": (int, None), "step": (int, None)},
     "comm_bound": {"mb": (float, 32.0), "repeat": (int, 1)},
-    "varlen": {"spread": (float, None), "seed": (int, 0)},
+    "varlen": {"spread": (float, None), "seed": (int, 0), "tail": (float, 0.0)},
     "checkpoint": {"every": (int, None), "factor": (float, None)},
     "accum_sync": {},
     "unpinned_copies": {"mb": (float, 64.0)},
@@ -89,8 +94,8 @@ def parse_fault(text: str) -> FaultSpec:
         raise ValueError("checkpoint needs every >= 1 and factor > 0")
     if name == "unpinned_copies" and params["mb"] < 0:
         raise ValueError("unpinned_copies needs mb >= 0")
-    if name == "varlen" and params["spread"] < 0:
-        raise ValueError("varlen needs spread >= 0")
+    if name == "varlen" and (params["spread"] < 0 or not 0 <= params["tail"] < 1):
+        raise ValueError("varlen needs spread >= 0 and 0 <= tail < 1")
     return FaultSpec(name, params)
 
 
@@ -105,7 +110,7 @@ class Faults:
         self.dp_rank = rank if dp_rank is None else dp_rank
         self.step = -1
         self.microbatch = -1  # set by the StageRunner before each forward/backward
-        self.varlen: tuple[float, int] | None = None  # (spread, seed)
+        self.varlen: tuple[float, int, float] | None = None  # (spread, seed, tail)
         self.compute_factor = 1.0
         self.slow_input_ms = 0.0
         self.hidden_sync_every_microbatch = False
@@ -147,7 +152,7 @@ class Faults:
                 self.extra_allreduce_numel = int(p["mb"] * 2**20 / 4)
                 self.extra_allreduce_repeat = p["repeat"]
             elif f.name == "varlen":
-                self.varlen = (p["spread"], p["seed"])
+                self.varlen = (p["spread"], p["seed"], p["tail"])
             elif f.name == "checkpoint":
                 self.checkpoint = (p["every"], p["factor"])
 
@@ -156,10 +161,13 @@ class Faults:
         a dp replica and on every call (forward and backward of one micro-batch agree)."""
         if self.varlen is None:
             return 1.0
-        spread, seed = self.varlen
+        spread, seed, tail = self.varlen
         # a string seed is hashed with SHA-512: the same draw in every process and run
-        draw = random.Random(f"varlen:{seed}:{step}:{microbatch}:{self.dp_rank}").random()
-        return 1.0 + spread * draw
+        draws = random.Random(f"varlen:{seed}:{step}:{microbatch}:{self.dp_rank}")
+        if not tail:
+            return 1.0 + spread * draws.random()
+        # most sequences short, a few long: the short ones differ a little too
+        return 1.0 + spread if draws.random() < tail else 1.0 + SHORT_SPREAD * draws.random()
 
     def compute_begins(self):
         """Call before a forward/backward's compute; hand the result to compute_ends."""

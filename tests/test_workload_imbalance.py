@@ -90,7 +90,7 @@ def test_varlen_fault_draws_lengths_per_microbatch_and_replica():
     import torch
     from reference_trainer.faults import Faults, parse_fault
     spec = parse_fault("varlen:spread=3")
-    assert spec.params == {"spread": 3.0, "seed": 0}
+    assert spec.params == {"spread": 3.0, "seed": 0, "tail": 0.0}
     with pytest.raises(ValueError):
         parse_fault("varlen")
     cpu = torch.device("cpu")
