@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from diagnose.analysis.breakdown import step_breakdown
+from diagnose.analysis.inferred_compute import with_inferred_rows
 from diagnose.analysis.step_tables import steps_table
 from diagnose.rundir import rank_reader, storage
 
@@ -99,7 +100,9 @@ def rank_tables(rank: int, rank_dir: str) -> tuple:
     meta = rank_reader.read_meta(rank_dir, notes.append)
     events = rank_reader.read_events(rank_dir, notes.append)
     samples = rank_reader.read_samples(rank_dir, lambda message: None)
-    return meta, _with_rank(events, rank), _with_rank(samples, rank), notes
+    events = _with_rank(events, rank)
+    # a pipeline rank without compute rows: forward and backward from its traffic
+    return meta, events if events is None else with_inferred_rows(events), _with_rank(samples, rank), notes
 
 
 def _with_rank(table: pa.Table | None, rank: int) -> pa.Table | None:

@@ -54,6 +54,33 @@ def _in_backward(calls: pd.DataFrame, backwards: pd.DataFrame) -> np.ndarray:
     return out
 
 
+def reduction_rounds(events: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
+    """Where no backward call is recorded (an import, a run without our hooks):
+    each round of gradient reductions as a window, in place of the backward that
+    issued it. A round is a run of reduction issues on a rank that no wait on
+    its reductions interrupts: a micro-batch's reductions are waited before the
+    next micro-batch reduces again (accumulation without no_sync); one
+    reduction per optimizer step is one round however it overlaps the backward."""
+    columns = ["rank", "step", "start_ns", "end_ns", "callsite"]
+    if calls.empty:
+        return pd.DataFrame(columns=columns)
+    keys = pd.MultiIndex.from_frame(calls[["rank", "group", "seq"]].astype({"group": str}))
+    waits = events[(events["kind"] == "wait").to_numpy() & ~timed_on_device(events["detail"])]
+    waits = waits[pd.MultiIndex.from_frame(waits[["rank", "group", "seq"]].astype({"group": str})).isin(keys)]
+    marks = pd.concat([calls[["rank", "step", "start_ns"]].assign(_issue=True),
+                       waits[["rank", "step", "start_ns"]].assign(_issue=False)])
+    marks = marks.sort_values(["rank", "step", "start_ns"], kind="stable")
+    issue = marks["_issue"].to_numpy(bool)
+    same = (marks[["rank", "step"]].shift() == marks[["rank", "step"]]).all(axis=1).to_numpy()
+    # a round starts at an issue after a wait, or at the step's first issue
+    new_run = issue & ~(same & np.roll(issue, 1))
+    run_id = np.cumsum(new_run)
+    issues = marks[issue].assign(_run=run_id[issue])
+    rounds = issues.groupby("_run").agg(rank=("rank", "first"), step=("step", "first"),
+                                         start_ns=("start_ns", "min"), end_ns=("start_ns", "max"))
+    return rounds.assign(callsite="").reset_index(drop=True)[columns]
+
+
 def extra_rounds(ctx) -> pd.DataFrame | None:
     """Per (rank, step): backwards, reduction rounds, bytes per round, and (in
     attrs["extra"]) the reductions of every backward but the step's last, for the
@@ -71,11 +98,13 @@ def _extra_rounds(ctx) -> pd.DataFrame | None:
     steady = events["step"].isin(ctx.steady).to_numpy()
     kind, device = events["kind"], timed_on_device(events["detail"])
     backwards = events[steady & (kind == "backward").to_numpy()].reset_index(drop=True)
-    if backwards.empty:
-        return None
     calls = events[steady & (kind == "collective").to_numpy() & events["async_op"].astype(bool).to_numpy()
                    & events["name"].isin(REDUCTIONS).to_numpy() & (events["detail"] != FUNCTIONAL).to_numpy()
                    & ~device & (events["seq"] >= 0).to_numpy()]
+    if backwards.empty:
+        backwards = reduction_rounds(events, calls)
+    if backwards.empty:
+        return None
     inside = _in_backward(calls, backwards)
     calls = calls.assign(_bw=inside)[inside >= 0]
     per_step = backwards.groupby(["rank", "step"]).size().rename("backwards").to_frame()

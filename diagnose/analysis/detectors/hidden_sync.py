@@ -5,7 +5,9 @@ Signal: (a) small collectives or barriers (<= 1 MiB) issued from user code,
 outside any forward/backward (so not tensor-parallel traffic) and not by DDP,
 repeated >= 2 times per step from one callsite: a logging all-reduce or a
 `.item()`-driven check inside the micro-batch loop; each one makes every rank
-wait for the slowest, every micro-batch. (b) device syncs (.item/.cpu/.tolist/
+wait for the slowest, every micro-batch (on a rank with no forward/backward
+rows, recorded or inferred, its asynchronous reductions are not counted: they
+are gradient reductions, accumulation_sync's). (b) device syncs (.item/.cpu/.tolist/
 .numpy on CUDA tensors, torch.cuda.synchronize) inside forward/backward.
 Impact: the time those calls block per step (median rank). Threshold: >= 3% of
 the step for a warning (severity from impact).
@@ -30,6 +32,7 @@ info, gives the host's blocked time and says how to measure the rest.
 """
 import pandas as pd
 
+from diagnose.analysis.detectors.accumulation_sync import REDUCTIONS
 from diagnose.analysis.device_collectives import timed_on_device
 from diagnose.analysis.gpu_tables import device_idle_behind_syncs
 from diagnose.analysis.findings import Finding
@@ -71,6 +74,12 @@ def _candidates(ctx):
                    & ~timed_on_device(detail)]  # a live CUDA run's device rows: the host's are here
     syncs = events[steady & (kind == "sync").to_numpy() & (detail == "cuda").to_numpy()]
     windows = events[steady & kind.isin(["forward", "backward"]).to_numpy()]
+    # a rank with no forward/backward rows (recorded or inferred) cannot tell its
+    # gradient reductions from a check: its asynchronous reductions are left to
+    # accumulation_sync (a check blocks: that is what makes it a hidden sync)
+    blind = ~calls["rank"].isin(windows["rank"].unique()).to_numpy()
+    gradients = calls["async_op"].astype(bool).to_numpy() & calls["name"].isin(REDUCTIONS).to_numpy()
+    calls = calls[~(blind & gradients)]
     found = pd.concat([calls[~started_inside(calls, windows)], syncs[started_inside(syncs, windows)]])
     found = found.assign(dur_ms=(found["end_ns"] - found["start_ns"]) / 1e6,
                          callsite=as_str(found["callsite"]), name=as_str(found["name"]))

@@ -15,9 +15,9 @@ peers gives, binomial p <= 0.01, and busier beyond its peers on those steps than
 on its own other steps, Mann-Whitney p <= 0.01: the steps it was last in are by
 that choice its slowest, and without these tests a plain 4-rank DDP job with no
 fault got a false straggler in 1 of 4 runs, a 2-rank one in tests/data/runs/
-ddp-clean-jitter, last in 8 of 10 steps, a coin's odds; not when the run's micro-batches
-differ in work beyond jitter, workload_imbalance's signal: then the rank was slow
-on the steps its batches were long),
+ddp-clean-jitter, last in 8 of 10 steps, a coin's odds), and, persistent or
+intermittent, not when its micro-batches' work explains its slowness
+(workload_imbalance.explains_slowness: the rank that drew the long batches),
 its busy time (step minus time blocked waiting on others, per step; the median
 over the judged steps, not the median step minus the median waits, which mixes
 steps: 1.47x for ddp-clean-jitter's rank 0, whose median busy step is 1.27x)
@@ -45,7 +45,7 @@ Ranked after device-slow candidates; its impact is the waits it causes.
 import numpy as np
 import pandas as pd
 
-from diagnose.analysis.detectors.workload_imbalance import lengths_vary
+from diagnose.analysis.detectors.workload_imbalance import explains_slowness
 from diagnose.analysis.findings import Finding
 
 CAUSED_RATIO = 2.0
@@ -264,9 +264,10 @@ def detect(ctx):
                 host_bound = launch_bound(ctx, top, judged, top_ms, breakdown)
             if busy_ratio is None or (busy_ratio < gate and host_bound is None):
                 continue
-            # slow only on some steps, in a run whose micro-batches differ in work:
-            # those were its long batches (workload_imbalance), not a slow rank
-            if not persistent and (lengths_vary(ctx) or not _slow_when_last(ctx, top, stages, straggling)):
+            # slow by its own micro-batches' work in a run whose lengths vary
+            # (workload_imbalance), persistent or not: the rank that drew the long
+            # batches, not a slow rank
+            if explains_slowness(ctx, top) or (not persistent and not _slow_when_last(ctx, top, stages, straggling)):
                 break
             # a host-bound rank works no longer on the device: rank it by the waits it causes
             passed.append((top_ms if host_bound else excess_busy_ms, top, baseline_ms, top_ms, top_in_steps,

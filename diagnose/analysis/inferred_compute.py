@@ -1,0 +1,145 @@
+"""Forward and backward compute inferred from a pipeline rank's own sends and
+receives, for ranks that record no forward/backward rows (an import, a job
+without our module hooks, a trainer that names its phases otherwise).
+
+What a pipeline rank does between two blocking points of its step is compute:
+the host's time inside the step outside every row that blocks it
+(collectives, sends, receives, waits, syncs, data loading, the optimizer).
+Each such gap is labelled by the pipeline's traffic around it:
+
+    next p2p is a send      the compute that produced it: forward for an
+                            activation, backward for a gradient
+    else, previous p2p is   the compute that consumes it: forward for an
+    a receive               activation, backward for a gradient (the first
+                            stage's backward, which sends nothing back)
+    otherwise               not labelled (idle before a receive, optimizer
+                            bookkeeping): left out
+
+Which way is forward, per peer, from the rank's own rows: a micro-batch's
+activation goes forward before its gradient can come back, so the direction of
+the earlier of its first send to the peer and its first receive from the peer
+completing, in most steps. The rows are kind forward/backward with detail
+"inferred" (SOURCE); stages and micro-batches then come to them as to recorded
+compute rows (diagnose/analysis/pipeline_topology.py), and the per-rank pass
+makes them before the step breakdown, so every reader of forward and backward
+sees them. Known limits: compute with no blocking point between two passes is
+one gap, labelled by what follows (1F1B's first stage runs a backward and the
+next forward back to back: both count as that forward); host time is what the
+host did, so on a CUDA run without kernels it is launch time, not the device's.
+"""
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+SOURCE = "inferred"
+BLOCKING_KINDS = ("collective", "p2p", "wait", "sync", "data", "optimizer")
+COMPUTE_KINDS = ("forward", "backward")
+# device rows of a live CUDA run (diagnose/analysis/device_collectives.py) are not the host's
+DEVICE_DETAIL_PREFIX = "gpu"
+
+
+def needs_inference(table: pa.Table) -> bool:
+    """A rank's events with sends or receives to a peer and no compute rows."""
+    kind = table.column("kind")
+    if pc.any(pc.is_in(kind, value_set=pa.array(COMPUTE_KINDS))).as_py():
+        return False
+    phases = pc.and_(pc.equal(kind, "phase"), pc.is_in(table.column("name"), value_set=pa.array(COMPUTE_KINDS)))
+    if pc.any(phases).as_py():
+        return False
+    return bool(pc.any(pc.and_(pc.equal(kind, "p2p"), pc.greater_equal(table.column("peer"), 0))).as_py())
+
+
+def with_inferred_rows(table: pa.Table) -> pa.Table:
+    """One rank's events (arrow) with its inferred forward/backward rows appended."""
+    if not needs_inference(table):
+        return table
+    rows = inferred_rows(table.to_pandas(use_threads=False))
+    if rows.empty:
+        return table
+    for column in table.column_names:
+        if column not in rows:
+            rows[column] = -1
+    rows = rows[table.column_names]
+    fields = [pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type)
+              for f in table.schema]
+    added = pa.Table.from_pandas(rows, schema=pa.schema(fields), preserve_index=False)
+    return pa.concat_tables([table, added.cast(table.schema)])
+
+
+def inferred_rows(events: pd.DataFrame) -> pd.DataFrame:
+    """The inferred forward/backward rows of one rank's events (pandas)."""
+    host = ~events["detail"].astype(str).str.startswith(DEVICE_DETAIL_PREFIX)
+    events = events[host]
+    p2p = events[(events["kind"] == "p2p") & (events["peer"] >= 0)]
+    steps = events[(events["kind"] == "step") & (events["step"] >= 0)]
+    if p2p.empty or steps.empty:
+        return pd.DataFrame()
+    forward_to = _forward_peers(events, p2p)
+    is_send = (p2p["name"].astype(str) == "send").to_numpy()
+    peer = p2p["peer"].to_numpy()
+    # a send travels forward to a peer downstream; a receive comes forward from one upstream
+    fwd = np.array([(p in forward_to) if s else (p not in forward_to) for s, p in zip(is_send, peer)], bool)
+    order = np.argsort(p2p["start_ns"].to_numpy(np.int64), kind="stable")
+    p2p_start = p2p["start_ns"].to_numpy(np.int64)[order]
+    is_send, fwd, p2p_step = is_send[order], fwd[order], p2p["step"].to_numpy()[order]
+    blocking = events[events["kind"].isin(BLOCKING_KINDS)]
+    b_start, b_end = blocking["start_ns"].to_numpy(np.int64), blocking["end_ns"].to_numpy(np.int64)
+    out = []
+    for step, s0, s1 in zip(steps["step"].tolist(), steps["start_ns"].tolist(), steps["end_ns"].tolist()):
+        inside = (b_end > s0) & (b_start < s1)
+        for g0, g1 in _gaps(b_start[inside], b_end[inside], s0, s1):
+            label = _label(g0, g1, step, p2p_start, p2p_step, is_send, fwd)
+            if label is not None:
+                out.append((label, g0, g1, step))
+    if not out:
+        return pd.DataFrame()
+    kind, start, end, step = zip(*out)
+    rank = int(events["rank"].iloc[0]) if "rank" in events else -1
+    return pd.DataFrame({"kind": kind, "name": kind, "start_ns": start, "end_ns": end, "step": step,
+                         "microbatch": -1, "stage": _marked_stage(events), "group": "", "group_ranks": "",
+                         "seq": -1, "peer": -1, "bytes": 0, "async_op": False, "callsite": "", "detail": SOURCE,
+                         "queued_ns": -1, "rank": rank})
+
+
+def _forward_peers(events: pd.DataFrame, p2p: pd.DataFrame) -> set:
+    """The peers this rank sends activations to (downstream), by majority over steps."""
+    sends = p2p[p2p["name"].astype(str) == "send"].groupby(["peer", "step"])["start_ns"].min()
+    # a receive completes at its done row (async), else at its return
+    recvs = events[(events["name"].astype(str) == "recv") & (events["peer"] >= 0)]
+    done = recvs[recvs["kind"] == "done"]
+    received = (done if len(done) else recvs[recvs["kind"] == "p2p"]).groupby(["peer", "step"])["end_ns"].min()
+    both = pd.concat([sends.rename("send"), received.rename("recv")], axis=1)
+    votes = (both["send"] < both["recv"]).where(both["recv"].notna(), True)  # only sends: downstream
+    votes = votes[both["send"].notna()]
+    by_peer = votes.groupby(level="peer").mean()
+    return {int(p) for p, frac in by_peer.items() if frac > 0.5}
+
+
+def _marked_stage(events: pd.DataFrame) -> int:
+    staged = events.loc[events["stage"] >= 0, "stage"]
+    return int(staged.mode().iloc[0]) if len(staged) else -1
+
+
+def _gaps(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int):
+    """The parts of [lo, hi] outside every [start, end]."""
+    order = np.argsort(starts, kind="stable")
+    t = lo
+    for s, e in zip(starts[order].tolist(), ends[order].tolist()):
+        if s > t:
+            yield t, min(s, hi)
+        t = max(t, e)
+        if t >= hi:
+            return
+    if t < hi:
+        yield t, hi
+
+
+def _label(g0, g1, step, p2p_start, p2p_step, is_send, fwd):
+    after = np.searchsorted(p2p_start, g1, side="left")
+    if after < len(p2p_start) and p2p_step[after] == step and is_send[after]:
+        return "forward" if fwd[after] else "backward"
+    before = np.searchsorted(p2p_start, g0, side="right") - 1
+    if before >= 0 and p2p_step[before] == step and not is_send[before]:
+        return "forward" if fwd[before] else "backward"
+    return None
