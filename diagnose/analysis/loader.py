@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from diagnose import rundir
 from diagnose.rundir import storage
-from diagnose.analysis import clock_align, device_collectives, event_budget, pipeline_topology
+from diagnose.analysis import clock_align, device_collectives, event_budget, pipeline_topology, trace_windows
 from diagnose.analysis.breakdown import step_breakdown
 from diagnose.analysis.rank_pass import in_rank_order, ranks_per_task
 from diagnose.analysis.rank_pass_engines import InProcess
@@ -69,6 +69,7 @@ class Run:
         event_tables, sample_tables = self._read_ranks(todo, engine or InProcess(), on_rank, max_events)
         self._events = _to_pandas(event_tables, _empty_events())
         self._samples = _to_pandas(sample_tables, None)
+        trace_windows.stamp(self._events, self._steps)  # a rank without steps: one window
         self.offsets_ns, self.offset_errors_ns, bounded = clock_align.measured_offsets(self.rank_meta)
         self._shift(self._events, self.offsets_ns, ("start_ns", "end_ns"))
         self.refinements_ns = self._refine(bounded)

@@ -10,9 +10,17 @@ A finding in both runs has changed when its severity did, or its impact per
 step grew or shrank IMPACT_CHANGE times (by 1 ms at least): a straggler that a
 busy machine made critical in a clean run and that a real fault made 40x dearer
 is not "the same".
+
+Runs with GPU kernels (imported traces) also compare their device figures
+(diagnose/analysis/device_figures.py): kernel time, communication, exposed
+communication and the kernel families that changed most. A run whose traces
+mark no steps is compared per window (diagnose/analysis/trace_windows.py):
+`unit` says "window", and its "step time" is the window's span.
 """
 from diagnose.analysis.breakdown import PART_LABELS, PARTS
+from diagnose.analysis.device_figures import compare_figures, device_figures
 from diagnose.analysis.step_tables import steady
+from diagnose.analysis.trace_windows import note, window_ranks
 
 ACTIONABLE = ("critical", "warning")
 IMPACT_CHANGE = 2.0
@@ -26,6 +34,7 @@ def finding_key(f: dict) -> tuple:
 def summarize(run, findings=None) -> dict:
     findings = run.findings if findings is None else findings
     breakdown = steady(run.breakdown(), run.steady_steps())
+    windows = window_ranks(run.steps())
     from diagnose.analysis.run_scaling import work_per_step
     layout = (run.manifest or {}).get("layout")
     out = {"root": run.root, "name": (run.manifest or {}).get("name") or run.root,
@@ -34,7 +43,9 @@ def summarize(run, findings=None) -> dict:
            "work": work_per_step(run),
            "findings": list(findings), "step_ms": None, "mean_step_ms": None,
            "slowest_step_ms": None, "parts": {},
-           "per_step": []}
+           "per_step": [], "unit": "window" if windows else "step",
+           "window_note": note(windows, len(run.ranks)) if windows else None,
+           "device": device_figures(run)}
     if breakdown is not None and len(breakdown):
         out["step_ms"] = float(breakdown["step_ms"].median())
         out["mean_step_ms"] = float(breakdown["step_ms"].mean())
@@ -88,10 +99,10 @@ def compare(a: dict, b: dict) -> dict:
     info_gained = [f for k, f in fb.items() if k not in fa and f.get("severity") not in ACTIONABLE]
     info_lost = [f for k, f in fa.items() if k not in fb and f.get("severity") not in ACTIONABLE]
     return {
-        "a": {k: a[k] for k in ("root", "name", "world_size", "step_ms", "mean_step_ms",
-                                "slowest_step_ms")},
-        "b": {k: b[k] for k in ("root", "name", "world_size", "step_ms", "mean_step_ms",
-                                "slowest_step_ms")},
+        "a": {k: a.get(k) for k in ("root", "name", "world_size", "step_ms", "mean_step_ms",
+                                    "slowest_step_ms", "window_note")},
+        "b": {k: b.get(k) for k in ("root", "name", "world_size", "step_ms", "mean_step_ms",
+                                    "slowest_step_ms", "window_note")},
         "step_time": {"a_ms": a["step_ms"], "b_ms": b["step_ms"],
                       "delta_ms": (b["step_ms"] - a["step_ms"]) if a["step_ms"] is not None and b["step_ms"] is not None else None,
                       "ratio": _ratio(a["step_ms"], b["step_ms"]),
@@ -99,7 +110,8 @@ def compare(a: dict, b: dict) -> dict:
                       "mean_ratio": _ratio(a["mean_step_ms"], b["mean_step_ms"]),
                       "slowest_a_ms": a["slowest_step_ms"], "slowest_b_ms": b["slowest_step_ms"],
                       "slowest_ratio": _ratio(a["slowest_step_ms"], b["slowest_step_ms"])},
-        "parts": parts,
+        "parts": parts, "unit": "window" if "window" in (a.get("unit"), b.get("unit")) else "step",
+        "device": compare_figures(a.get("device"), b.get("device")),
         "findings": {"gained": gained, "lost": lost, "changed": changed,
                      "info_gained": info_gained, "info_lost": info_lost},
         "per_step": {"a": a["per_step"], "b": b["per_step"]},

@@ -9,15 +9,22 @@ Times are ns on the run's aligned clock unless the column says otherwise.
 import numpy as np
 import pandas as pd
 
+from diagnose.analysis import trace_windows
+
 WARMUP_STEPS = 2
 PIPELINE_KINDS = ("forward", "backward")
 
 
 # -- steps -------------------------------------------------------------------
 def steps_table(events: pd.DataFrame) -> pd.DataFrame:
+    """One row per (rank, step); a rank with kernels and no step gets one
+    window instead (diagnose/analysis/trace_windows.py), trace_window True."""
     steps = events.loc[events["kind"] == "step", ["rank", "step", "start_ns", "end_ns"]]
-    steps = steps.drop_duplicates(["rank", "step"]).sort_values(["rank", "step"])
-    steps = steps.reset_index(drop=True)
+    steps = steps.drop_duplicates(["rank", "step"]).assign(**{trace_windows.WINDOW_COLUMN: False})
+    windows = trace_windows.windows(events, steps["rank"].unique())
+    if len(windows):
+        steps = pd.concat([steps, windows.astype(steps.dtypes.to_dict())], ignore_index=True)
+    steps = steps.sort_values(["rank", "step"]).reset_index(drop=True)
     steps["dur_ms"] = (steps["end_ns"] - steps["start_ns"]) / 1e6
     return steps
 

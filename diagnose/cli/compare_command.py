@@ -92,7 +92,14 @@ def print_comparison(result: dict, out=None) -> None:
     out = out or console()
     a, b, st = result["a"], result["b"], result["step_time"]
     out.print(Text(f"A: {a['name']}  ({a['root']})\nB: {b['name']}  ({b['root']})"))
-    table = Table(title="Step time (steady steps)")
+    window = result.get("unit") == "window"  # traces without steps: one window per rank, not a step
+    for side, run in (("A", a), ("B", b)):
+        if run.get("window_note"):
+            out.print(Text(f"{side}, {run['window_note']}"))
+    if window:
+        out.print(Text("the 'step' figures below are per window, not per training step"))
+    table = Table(title="Window span (each rank's first kernel to its last)" if window
+                  else "Step time (steady steps)")
     for column in ("", "A", "B", "change", "B/A"):
         table.add_column(column, justify="right" if column else "left")
     delta = st["delta_ms"]
@@ -108,13 +115,15 @@ def print_comparison(result: dict, out=None) -> None:
                   "-" if slow_delta is None else f"{slow_delta:+.1f} ms",
                   _fmt_ratio(st["slowest_ratio"]))
     out.print(table)
-    table = Table(title="Breakdown per phase, ms/step (steady mean over ranks)")
+    table = Table(title=f"Breakdown per phase, ms/{'window' if window else 'step'} (steady mean over ranks)")
     for column in ("phase", "A", "B", "change", "B/A"):
         table.add_column(column, justify="left" if column == "phase" else "right")
     for p in result["parts"]:
         table.add_row(p["label"], _fmt(p["a_ms"], ""), _fmt(p["b_ms"], ""),
                       f"{p['delta_ms']:+.1f}", _fmt_ratio(p["ratio"]))
     out.print(table)
+    if result.get("device"):
+        print_device(result["device"], "window" if window else "step", out)
     f = result["findings"]
     table = Table(title="Findings (warning and critical)")
     for column in ("", "severity", "kind", "ranks", "finding"):
@@ -136,6 +145,24 @@ def print_comparison(result: dict, out=None) -> None:
     if f["info_gained"] or f["info_lost"]:
         out.print(Text(f"info-level findings: {len(f['info_gained'])} gained, "
                        f"{len(f['info_lost'])} lost"))
+
+
+def print_device(device: dict, unit: str, out) -> None:
+    """run_compare's device figures (diagnose/analysis/device_figures.py): summed over ranks."""
+    from rich.table import Table
+    from rich.text import Text
+    table = Table(title=f"GPU time, ms/{unit} summed over ranks (devices)")
+    for column in ("", "A", "B", "change"):
+        table.add_column(column, justify="right" if column else "left")
+    for row in device["figures"]:
+        table.add_row(row["label"], _fmt(row["a_ms"], ""), _fmt(row["b_ms"], ""), f"{row['delta_ms']:+.2f}")
+    out.print(table)
+    table = Table(title=f"Kernels whose time changed most, ms/{unit} summed over ranks")
+    for column in ("kernel", "A", "B", "change"):
+        table.add_column(column, justify="left" if column == "kernel" else "right")
+    for row in device["kernels"]:
+        table.add_row(Text(row["family"]), _fmt(row["a_ms"], ""), _fmt(row["b_ms"], ""), f"{row['delta_ms']:+.2f}")
+    out.print(table)
 
 
 def compare_runs(runs: list, html: str | None = None, progress=None) -> dict:

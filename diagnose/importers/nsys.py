@@ -11,8 +11,12 @@ Read, per profiled process (one process = one rank):
         one PG per NCCL stream, as torch creates them); its members are taken
         to be all the imported ranks (docs/choices.md). The op is the NCCL call
         whose NVTX range encloses the kernel's launch on the launching thread
-        (NCCL's own ranges, domain "NCCL": ncclAllReduce...; or PyTorch's
-        nccl:<op> under emit_nvtx), else the kernel's name; a range whose
+        (NCCL's own ranges, domain "NCCL" or, where the export lacks the
+        domain's creation (a window cut from a longer capture), named
+        ncclAllReduce...); for ncclGroupEnd, which names no op, PyTorch's
+        range around it (nccl:<op>, record_function and emit_nvtx text
+        "nccl:all_to_all, op_id = 12": the op before the comma); else the
+        kernel's name. A range whose
         payload (jsonText) carries NCCL's "NCCL communicator ID" names the
         group "nccl:<id>" instead (the same on every member) and its "Message
         size [bytes]" the bytes. Consecutive kernels of one call are one
@@ -59,6 +63,7 @@ _MEMCPY_NAMES = {1: "HtoD", 2: "DtoH", 8: "DtoD", 9: "HtoH", 10: "PtoP"}
 _STEP_RE = re.compile(r"^(?:ProfilerStep\s*#\s*|(?:train[_ ])?step[ _:#-]*)(\d+)$", re.IGNORECASE)
 _DATA_RE = re.compile(r"^(data_wait|data|enumerate\(DataLoader\)#.*__next__)$")
 _RANK_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_NCCL_API_RE = re.compile(r"^nccl[A-Z]\w*$")  # NCCL's own NVTX ranges: ncclAllReduce, ncclGroupEnd
 _PHASES = {"forward": "forward", "backward": "backward", "optimizer": "optimizer"}
 MASK24 = 0xFFFFFF
 
@@ -162,7 +167,8 @@ class Export:
     def rows_for(self, pid: int, single: bool, world: str = "", rank: int = -1) -> list:
         def mine(gid):
             return single or (gid is not None and decode_global_id(gid)[0] == pid)
-        cpu, calls = [], []  # calls: (start, end, thread, op, group or "", bytes, peer) of NCCL calls' ranges
+        # calls: (start, end, thread, op, group or "", bytes, peer, NCCL's own range) of NCCL calls' ranges
+        cpu, calls = [], []
         launches = {}  # correlation -> (start, thread)
         for s, e, gtid, corr, name_id in self.runtime:
             if not mine(gtid) or s is None:
@@ -212,9 +218,13 @@ class Export:
         return "phase", text
 
     def _nccl_call(self, row):
-        """(start, end, thread, op, group or "", bytes, peer or -1) if the NVTX range is an NCCL call's."""
+        """(start, end, thread, op, group or "", bytes, peer or -1, whether NCCL's own range)
+        if the NVTX range is an NCCL call's: NCCL's, or PyTorch's nccl:<op> around it."""
         text = (self._text(row) or "").strip()
-        op = nccl_call_op(text) if self.domains.get(row[7], "") == "NCCL" or text.startswith("nccl:") else None
+        own = self.domains.get(row[7], "") == "NCCL" or bool(_NCCL_API_RE.match(text))
+        if not own and not text.startswith("nccl:"):
+            return None
+        op = nccl_call_op(text if own else text.split(",")[0])
         if op is None:
             return None
         payload = _payload(row[8])
@@ -223,7 +233,7 @@ class Export:
         nbytes = payload.get("Message size [bytes]")
         peer = payload.get("Peer rank") if op in ("send", "recv") else None
         return (row[0], row[1], row[5], op, group, nbytes if _count(nbytes) and nbytes > 0 else 0,
-                peer if _count(peer) else -1)
+                peer if _count(peer) else -1, own)
 
     def _gpu_rows(self, pid, single, launches, calls, step_starts, step_numbers, world: str, rank: int) -> list:
         gpu = [g for g in self.gpu if single or (g[5] is not None and decode_global_id(g[5])[0] == pid)]
@@ -232,8 +242,12 @@ class Export:
         launch = np.array([launches[g[4]][0] if g[4] in launches else g[0] for g in gpu], dtype=np.int64)
         step_of = assign_steps(step_starts, step_numbers, launch).tolist()
         nccl = [i for i, g in enumerate(gpu) if kernel_class(g[6]) == COMMUNICATION]
-        call_of = dict(zip(nccl, launching_ranges([launches.get(gpu[i][4]) for i in nccl],
-                                                  [c[:3] for c in calls])))
+        # NCCL's innermost range around the launch, and PyTorch's around that:
+        # ncclGroupEnd launches a group's kernel and names no op, PyTorch's range does
+        own, torch = [c for c in calls if c[7]], [c for c in calls if not c[7]]
+        nccl_launches = [launches.get(gpu[i][4]) for i in nccl]
+        call_of = dict(zip(nccl, zip(launching_ranges(nccl_launches, [c[:3] for c in own]),
+                                     launching_ranges(nccl_launches, [c[:3] for c in torch]))))
         rows, seqs, last_call = [], {}, {}  # last_call: stream -> (call, its done row's index)
         for i, ((s, e, _, stream, corr, _, name, nbytes), st) in enumerate(zip(gpu, step_of)):
             cls = MEMORY if name.startswith(("Memcpy", "Memset")) else kernel_class(name)
@@ -242,14 +256,16 @@ class Export:
                          int(nbytes), False, "", cls, -1))
             if cls != COMMUNICATION:
                 continue
-            c = call_of[i]
+            c = call_of[i]  # (NCCL's range, PyTorch's range), -1: none
             previous = last_call.get(stream)
-            if c >= 0 and previous is not None and previous[0] == c:  # another kernel of the same call
+            if max(c) >= 0 and previous is not None and previous[0] == c:  # another kernel of the same call
                 done = rows[previous[1]]
                 rows[previous[1]] = done[:2] + (e, e) + done[4:]
                 continue
-            _, _, _, op, group, sent, peer = calls[c] if c >= 0 else (0, 0, 0, collective_op(None, name), "", 0, -1)
-            if op == "nccl":  # a range that names no collective (ncclGroupEnd): the kernel says more
+            _, _, _, op, group, sent, peer, _ = own[c[0]] if c[0] >= 0 else (0, 0, 0, "nccl", "", 0, -1, True)
+            if op == "nccl" and c[1] >= 0:  # a range that names no collective (ncclGroupEnd): PyTorch's does
+                op = torch[c[1]][3]
+            if op == "nccl":  # nor PyTorch's: the kernel says more
                 op = collective_op(None, name)
             kind, members, detail = "collective", world, "gpu:order"
             if peer >= 0 and rank >= 0:  # a send/recv to a known peer: matched as the pair's n-th message
