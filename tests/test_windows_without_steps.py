@@ -117,6 +117,12 @@ def test_tracelens_rank_zero_traces_get_steps_or_a_window_and_no_share_above_the
     for f in findings:   # from 1 of 8 ranks, nothing critical built on collective-kernel time
         if f["kind"] == "exposed_comm":
             assert f["severity"] == "info" and "from 1 of 8 ranks" in f["title"]
+            assert "group [0,1,2,3,4,5,6,7] (default_pg)" in f["title"]   # its role, from pg_config
+    # the groups the trace's pg_config holds, read into the rank's meta
+    groups = run.rank_meta[0]["process_groups"]
+    assert len(groups) == (15 if windowed else 1) and groups["0"]["desc"] == "default_pg"
+    if windowed:
+        assert groups["3"]["ranks"] == list(range(8)) and groups["3"]["backend"] == "cuda:nccl"
 
 
 def test_only_ranks_with_kernels_and_no_steps_get_a_window():

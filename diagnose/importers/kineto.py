@@ -174,7 +174,8 @@ def import_kineto(paths: list, out_dir: str) -> tuple[str, dict]:
             writer.adopt_rank(rank, staged, events, {
                 "world_size": facts["world_size"] or len(parsed), "pid": facts["pid"], "host": "",
                 "clock": clock_meta(), "source": {"format": "kineto", "file": os.path.abspath(path)},
-                "profiler_steps": facts["steps"], "gpu_activities": facts["gpu_activities"]})
+                "profiler_steps": facts["steps"], "gpu_activities": facts["gpu_activities"],
+                **({"process_groups": facts["process_groups"]} if facts.get("process_groups") else {})})
     finally:
         shutil.rmtree(staging_dir, ignore_errors=True)
     run_dir = writer.finish()

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from collectors.schema import COMMUNICATION, EVENT_COLUMNS, EVENT_FIELDS, EVENT_SCHEMA, arrow_array, event_row
 from diagnose.importers.gpu_activity import (DTYPE_BYTES, as_int, collective_op, kernel_class, launching_ranges,
                                              p2p_pair, ranks_string)
+from diagnose.importers.process_groups import process_groups
 from diagnose.importers.run_writer import assign_steps
 
 _NUMPY_DTYPES = {pa.int32(): np.int32, pa.int64(): np.int64, pa.bool_(): np.bool_}
@@ -96,7 +97,8 @@ def table_and_facts(base_time, dist, cpu, gpu, launches, pids, ranges) -> tuple[
     facts = {"pid": max(pids, key=pids.get) if pids else None,
              "world_size": as_int(dist.get("world_size"), None), "backend": dist.get("backend"),
              "steps": [int(s) for s in step_numbers], "gpu_activities": len(gpu),
-             "base_time_ns": base_ns, "rank_in_trace": as_int(dist.get("rank"), None)}
+             "base_time_ns": base_ns, "rank_in_trace": as_int(dist.get("rank"), None),
+             "process_groups": process_groups(dist.get("pg_config"))}
     return pa.Table.from_arrays(arrays, schema=EVENT_SCHEMA), facts
 
 

@@ -30,6 +30,7 @@ alone waiting and transfer are one figure.
 """
 from diagnose.analysis.detectors import hidden_sync
 from diagnose.analysis.findings import Finding
+from diagnose.analysis.process_group_roles import group_roles
 
 INFO_FRAC, WARNING_FRAC, CRITICAL_FRAC = 0.10, 0.35, 0.50
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
@@ -121,7 +122,11 @@ def detect(ctx):
             metrics[f"{name}_busbw_gbps"] = float(row["busbw"])
             metrics[f"{name}_algbw_gbps"] = float(row["algbw"])
         by_group = bandwidth.groupby("group_ranks")["transfer_ms"].sum().sort_values(ascending=False)
-        slowest = f"; most communication time in group [{by_group.index[0]}]"
+        top_group = str(by_group.index[0])
+        role = group_roles(ctx.run.rank_meta).get(top_group)
+        slowest = f"; most communication time in group [{top_group}]" + (f" ({role})" if role else "")
+        if role:
+            metrics["top_group_role"] = role
     units = fsdp_blocked_ms(ctx)
     for unit, ms in units.items():
         metrics[f"fsdp_blocked_ms_per_step[{unit}]"] = float(ms)
