@@ -149,3 +149,14 @@ def test_kernel_family_drops_return_type_namespaces_templates_and_parameters():
         "vectorized_layer_norm_kernel"
     assert kernel_family("nvjet_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN") == \
         "nvjet_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN"
+
+
+def test_the_terminal_breakdown_of_a_windowed_trace_says_window_not_step(tmp_path):
+    from diagnose.cli.console import print_breakdown
+    out = import_kineto([str(fixture_path("kineto", "tracelens", "b200_vllm_tp8_rank0.json.gz"))],
+                        str(tmp_path / "run"))[0]
+    text = io.StringIO()
+    print_breakdown(load_run(out), Console(file=text, width=300))
+    printed = text.getvalue()
+    assert "Breakdown per window" in printed and "ms/step" not in printed
+    assert "rank 0: the trace marks no steps; analysed as one window" in printed

@@ -5,6 +5,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from diagnose.analysis import trace_windows
 from diagnose.analysis.breakdown import PART_COLUMNS
 
 
@@ -20,13 +21,19 @@ def print_breakdown(run, out: Console | None = None) -> None:
         out.print("no completed steps recorded")
         return
     per_rank = breakdown[breakdown["step"].isin(steady)].groupby("rank")[["step_ms", *PART_COLUMNS]].mean()
-    table = Table(title=f"Steady-state step breakdown, ms/step (steps {steady[0]}-{steady[-1]})")
+    windowed = trace_windows.window_ranks(run.steps())
+    title = ("Breakdown per window, ms (the trace marks no steps)" if windowed
+             else f"Steady-state step breakdown, ms/step (steps {steady[0]}-{steady[-1]})")
+    table = Table(title=title)
     table.add_column("rank", justify="right")
     for column in ("step_ms", *PART_COLUMNS):
-        table.add_column(column.removesuffix("_ms"), justify="right")
+        table.add_column("window" if windowed and column == "step_ms" else column.removesuffix("_ms"),
+                         justify="right")
     for rank, row in per_rank.iterrows():
         table.add_row(str(rank), *(f"{row[c]:.1f}" for c in ("step_ms", *PART_COLUMNS)))
     out.print(table)
+    if windowed:
+        out.print(escape(trace_windows.note(windowed, len(run.ranks))))
 
 
 def print_findings(findings: list[dict], out: Console | None = None) -> None:

@@ -28,6 +28,7 @@ rank's profile of an 8-rank job) is reported at info with that said: a
 collective kernel spins until its last member arrives, so from those ranks
 alone waiting and transfer are one figure.
 """
+from diagnose.analysis import trace_windows
 from diagnose.analysis.detectors import hidden_sync
 from diagnose.analysis.findings import Finding
 from diagnose.analysis.process_group_roles import group_roles
@@ -136,7 +137,8 @@ def detect(ctx):
     return [Finding(
         kind="exposed_comm", ranks=sorted(int(r) for r in frac.index), severity=severity,
         impact_ms_per_step=float(per_rank.loc[least, "exposed_comm_ms"]),
-        title=(f"communication not overlapped with compute takes {exposed:.0%} of the step{slowest}"
+        title=(f"communication not overlapped with compute takes {exposed:.0%} of the "
+               f"{'window' if trace_windows.window_ranks(ctx.run.steps()) else 'step'}{slowest}"
                f"{' (NCCL kernels on the GPUs)' if on_device else ''}{partial}"),
         recommendation=fsdp_recommendation(units) if units else RECOMMENDATION,
         metrics=metrics)]
