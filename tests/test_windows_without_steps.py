@@ -60,6 +60,9 @@ def test_nsys_pair_send_recv_kernels_match_across_both_devices_without_a_differ_
         assert (steps.set_index("rank")["start_ns"] == spans["first"]).all()
         assert (steps.set_index("rank")["end_ns"] == spans["last"]).all()
         assert run.steady_steps() == [0]
+        # each kernel keeps how long it waited after its launch (the host-bound straggler reads it)
+        queued = run.kernels()["queued_ns"]
+        assert (queued >= 0).mean() > 0.95 and queued.median() > 0
 
 
 def test_compare_of_the_nsys_pair_gives_the_authors_kernel_time_and_exposed_communication(pair):

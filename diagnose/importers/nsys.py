@@ -252,8 +252,9 @@ class Export:
         for i, ((s, e, _, stream, corr, _, name, nbytes), st) in enumerate(zip(gpu, step_of)):
             cls = MEMORY if name.startswith(("Memcpy", "Memset")) else kernel_class(name)
             launched = corr if corr in launches else -1
+            # queued_ns: launch to start (~0: the GPU waited for the host), as Kineto imports keep it
             rows.append(("kernel", name, s, e, st, -1, -1, str(stream), "", launched, -1,
-                         int(nbytes), False, "", cls, -1))
+                         int(nbytes), False, "", cls, max(s - int(launch[i]), 0) if launched >= 0 else -1))
             if cls != COMMUNICATION:
                 continue
             c = call_of[i]  # (NCCL's range, PyTorch's range), -1: none
