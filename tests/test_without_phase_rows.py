@@ -85,3 +85,12 @@ def test_the_scenarios_that_need_phase_rows_are_documented():
     docs = open("docs/analysis.md").read()
     for name in NEEDS_PHASES:
         assert name in RUNS and f"`{name}`" in docs
+
+
+def test_gaps_are_the_time_outside_blocking_rows_cut_at_step_boundaries():
+    import numpy as np
+
+    from diagnose.analysis.inferred_compute import _gaps
+    # steps [0, 10) and [10, 20); blocking rows [2, 3], [5, 7] (nested [6, 6.5]), [8, 12]
+    g0, g1 = _gaps(np.array([2, 5, 6, 8]), np.array([3, 7, 6, 12]), np.array([0, 10]), np.array([10, 20]))
+    assert list(zip(g0.tolist(), g1.tolist())) == [(0, 2), (3, 5), (7, 8), (12, 20)]

@@ -84,17 +84,18 @@ def inferred_rows(events: pd.DataFrame) -> pd.DataFrame:
     p2p_start = p2p["start_ns"].to_numpy(np.int64)[order]
     is_send, fwd, p2p_step = is_send[order], fwd[order], p2p["step"].to_numpy()[order]
     blocking = events[events["kind"].isin(BLOCKING_KINDS)]
-    b_start, b_end = blocking["start_ns"].to_numpy(np.int64), blocking["end_ns"].to_numpy(np.int64)
-    out = []
-    for step, s0, s1 in zip(steps["step"].tolist(), steps["start_ns"].tolist(), steps["end_ns"].tolist()):
-        inside = (b_end > s0) & (b_start < s1)
-        for g0, g1 in _gaps(b_start[inside], b_end[inside], s0, s1):
-            label = _label(g0, g1, step, p2p_start, p2p_step, is_send, fwd)
-            if label is not None:
-                out.append((label, g0, g1, step))
-    if not out:
+    steps = steps.sort_values("start_ns", kind="stable")
+    s0, s1 = steps["start_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64)
+    g0, g1 = _gaps(blocking["start_ns"].to_numpy(np.int64), blocking["end_ns"].to_numpy(np.int64), s0, s1)
+    # each gap's step: the one it starts in (the step boundaries cut every gap)
+    k = np.searchsorted(s0, g0, side="right") - 1
+    inside = (k >= 0) & (g1 <= s1[np.clip(k, 0, None)])
+    g0, g1, step = g0[inside], g1[inside], steps["step"].to_numpy()[k[inside]]
+    label = _labels(g0, g1, step, p2p_start, p2p_step, is_send, fwd)
+    keep = label != ""
+    if not keep.any():
         return pd.DataFrame()
-    kind, start, end, step = zip(*out)
+    kind, start, end, step = label[keep], g0[keep], g1[keep], step[keep]
     rank = int(events["rank"].iloc[0]) if "rank" in events else -1
     return pd.DataFrame({"kind": kind, "name": kind, "start_ns": start, "end_ns": end, "step": step,
                          "microbatch": -1, "stage": _marked_stage(events), "group": "", "group_ranks": "",
@@ -121,25 +122,27 @@ def _marked_stage(events: pd.DataFrame) -> int:
     return int(staged.mode().iloc[0]) if len(staged) else -1
 
 
-def _gaps(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int):
-    """The parts of [lo, hi] outside every [start, end]."""
-    order = np.argsort(starts, kind="stable")
-    t = lo
-    for s, e in zip(starts[order].tolist(), ends[order].tolist()):
-        if s > t:
-            yield t, min(s, hi)
-        t = max(t, e)
-        if t >= hi:
-            return
-    if t < hi:
-        yield t, hi
+def _gaps(starts: np.ndarray, ends: np.ndarray, step_starts: np.ndarray, step_ends: np.ndarray):
+    """(gap starts, gap ends): the time outside every [start, end], cut at every
+    step boundary (zero-length cuts), vectorised: one sort and a running max."""
+    cuts = np.concatenate([step_starts, step_ends])
+    s = np.concatenate([starts, cuts])
+    order = np.argsort(s, kind="stable")
+    s = s[order]
+    reach = np.maximum.accumulate(np.concatenate([ends, cuts])[order])  # furthest end so far
+    g0, g1 = reach[:-1], s[1:]
+    open_ = g1 > g0
+    return g0[open_], g1[open_]
 
 
-def _label(g0, g1, step, p2p_start, p2p_step, is_send, fwd):
+def _labels(g0, g1, step, p2p_start, p2p_step, is_send, fwd) -> np.ndarray:
+    """Per gap: "forward", "backward" or "" (not compute), from the p2p around it."""
+    n = len(p2p_start)
     after = np.searchsorted(p2p_start, g1, side="left")
-    if after < len(p2p_start) and p2p_step[after] == step and is_send[after]:
-        return "forward" if fwd[after] else "backward"
+    a = np.clip(after, 0, max(n - 1, 0))
+    by_send = (after < n) & (p2p_step[a] == step) & is_send[a]
     before = np.searchsorted(p2p_start, g0, side="right") - 1
-    if before >= 0 and p2p_step[before] == step and not is_send[before]:
-        return "forward" if fwd[before] else "backward"
-    return None
+    b = np.clip(before, 0, max(n - 1, 0))
+    by_recv = ~by_send & (before >= 0) & (p2p_step[b] == step) & ~is_send[b]
+    direction = np.where(by_send, fwd[a], fwd[b])
+    return np.where(by_send | by_recv, np.where(direction, "forward", "backward"), "")
