@@ -66,6 +66,7 @@ class Recorder:
         self.latest_samples: dict = {}  # metric -> its newest value (samplers' threads write it)
         self.dump_providers: list = []  # callables -> dict, merged into a watchdog dump
         self.dump_hooks: list = []      # callables run after it (Flight Recorder's own dumps)
+        self.periodic_hooks: list = []  # callables the writer thread runs at each flush (never the job's)
         self.close_hooks: list = []     # callables run once at close, before the last flush
         self._writer = PartWriter(rank_dir, live=True) if rank_dir else None
         self.active = self._writer is not None  # an attribute, not a property: read by every phase
@@ -169,6 +170,12 @@ class Recorder:
             if next_flush <= now:  # far behind (a stalled process): start afresh
                 next_flush = now + self.flush_interval_s
             self.flush()
+            for hook in list(self.periodic_hooks):
+                try:
+                    hook()
+                except Exception as exc:  # once: a failing hook is dropped, not retried every flush
+                    self.periodic_hooks.remove(hook)
+                    self.record_error("periodic", exc)
             if not dumped and os.path.exists(dump_request):
                 # The launcher saw no progress: say where every thread is. This
                 # thread does it because the main one may be stuck inside C++.

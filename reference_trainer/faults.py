@@ -7,7 +7,9 @@ real ones do (longer phases, extra collectives, a missing rank).
     slow_input:ms=M                each sample takes M ms to load (Dataset.__getitem__)
     hidden_sync:every=microbatch   loss all_reduce + .item() inside the micro-batch loop
     blocking_p2p                   pipeline sends/receives issued one at a time and waited at once
-    hang:rank=R,step=K             rank R stops for good right before its first collective of step K
+    hang:rank=R,step=K[,gil=1]     rank R stops for good right before its first collective of step K
+                                   (gil=1: deadlocked in a C call that holds the GIL, as a C
+                                   extension or a lock taken in C does: its Python threads stop too)
     crash:rank=R,step=K            rank R SIGKILLs itself at the same point
     comm_bound[:mb=N,repeat=K]     K extra N-MB all-reduces per step make communication dominate
     checkpoint:every=N,factor=F    every N steps all ranks pause F x their median step so far (a
@@ -34,6 +36,7 @@ replica's pipeline stages (and tensor-parallel ranks) see the same micro-batch,
 so the draw is keyed by the dp replica, not the rank. slow_input still sleeps in
 Dataset.__getitem__: loading runs on the host, on CPU and CUDA alike.
 """
+import ctypes
 import os
 import random
 import signal
@@ -56,7 +59,7 @@ _SCHEMA: dict[str, dict[str, tuple]] = {
     "slow_input": {"ms": (float, None)},
     "hidden_sync": {"every": (str, "microbatch")},
     "blocking_p2p": {},
-    "hang": {"rank": (int, None), "step": (int, None)},
+    "hang": {"rank": (int, None), "step": (int, None), "gil": (int, 0)},
     "crash": {"rank": (int, None), "step": (int, None)},
     "comm_bound": {"mb": (float, 32.0), "repeat": (int, 1)},
     "varlen": {"spread": (float, None), "seed": (int, 0), "tail": (float, 0.0)},
@@ -120,6 +123,7 @@ class Faults:
         self.offload_numel = 0
         self._offload = None  # (pageable host buffer, device buffer)
         self.stop: tuple[str, int] | None = None  # ("hang" | "crash", step) for this rank
+        self.hang_holds_gil = False
         self.extra_allreduce_numel = 0
         self.extra_allreduce_repeat = 0
         self._extra_buf = None
@@ -148,6 +152,7 @@ class Faults:
                 self.offload_numel = int(p["mb"] * 2**20 / 4)
             elif f.name in ("hang", "crash") and p["rank"] == rank:
                 self.stop = (f.name, p["step"])
+                self.hang_holds_gil = bool(p.get("gil"))
             elif f.name == "comm_bound":
                 self.extra_allreduce_numel = int(p["mb"] * 2**20 / 4)
                 self.extra_allreduce_repeat = p["repeat"]
@@ -233,6 +238,8 @@ class Faults:
               file=sys.stderr, flush=True)
         if kind == "crash":
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.hang_holds_gil:
+            hold_the_gil_forever()
         if self.device.type == "cuda":  # a deadlock: alive, never reaches the collective
             threading.Event().wait()
         while True:  # hang: alive but never reaches the collective
@@ -255,3 +262,14 @@ class Faults:
             self._extra_buf = torch.zeros(self.extra_allreduce_numel, device=self.device)
         for _ in range(self.extra_allreduce_repeat):
             dist.all_reduce(self._extra_buf, group=group)
+
+
+def hold_the_gil_forever() -> None:
+    """A self-deadlock in C with the GIL held: ctypes.PyDLL keeps the GIL across
+    the call, so no Python thread of this process runs again (diagnose's writer
+    included); only a signal handler in C (faulthandler) can still say where it is."""
+    libc = ctypes.PyDLL(None)
+    mutex = ctypes.create_string_buffer(64)  # >= sizeof(pthread_mutex_t) (40 on x86-64 glibc)
+    libc.pthread_mutex_init(mutex, None)
+    libc.pthread_mutex_lock(mutex)
+    libc.pthread_mutex_lock(mutex)  # the same non-recursive mutex again: never returns

@@ -65,7 +65,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
                                       "--layers-per-stage", "2,2,2,1"], faults=("blocking_p2p",), layers=7),
              "blocking_async", (0, 1, 2, 3),
              description="pipeline sends waited at once instead of overlapped with compute"),
-    Scenario("hang", 4, _run(_DP2_PP2, faults=("hang:rank=1,step=6",)), "hang", (1,), 1,
+    Scenario("hang", 4, _run(_DP2_PP2, faults=("hang:rank=1,step=6,gil=1",)), "hang", (1,), 1,
              description="rank 1 (stage 1) stops before its gradient all-reduce at step 6"),
     Scenario("crash", 4, _run(_DP2_PP2, faults=("crash:rank=3,step=6",)), "rank_failure", (3,), 1,
              description="rank 3 (stage 1) is SIGKILLed at step 6"),

@@ -136,7 +136,7 @@ def test_cli_and_fault_parsing():
     assert cfg.world_size == 4 and cfg.stage_layer_ranges() == [(0, 4), (4, 5)]
     assert cfg.faults[0].params == {"rank": 3, "factor": 1.5}
     assert parse_fault("comm_bound").params == {"mb": 32.0, "repeat": 1}
-    assert parse_fault("hang:rank=1,step=4").params == {"rank": 1, "step": 4}
+    assert parse_fault("hang:rank=1,step=4").params == {"rank": 1, "step": 4, "gil": 0}
     for bad in ("nosuch", "hang:rank=1", "straggler:rank=1,speed=2", "hidden_sync:every=step"):
         with pytest.raises(ValueError):
             parse_fault(bad)

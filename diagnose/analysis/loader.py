@@ -258,18 +258,10 @@ class Run:
 
     @functools.cached_property
     def watchdog_dumps(self) -> dict[int, dict]:
-        """rank -> the hang dump its writer thread left (in-flight collectives, stacks)."""
-        dumps = {}
-        for rank, rank_dir in self.rank_dirs.items():
-            for path in sorted(storage.glob(rank_dir, "watchdog-*.json")):
-                try:
-                    with storage.open(path) as f:
-                        dump = json.loads(f.read())
-                    if isinstance(dump, dict):
-                        dumps[rank] = dump
-                except (OSError, ValueError, UnicodeDecodeError):
-                    self.warn(f"{path}: unreadable watchdog dump; skipped")
-        return dumps
+        """rank -> what it left on a hang: its writer thread's dump (in-flight collectives,
+        stacks) and its faulthandler stacks (diagnose/rundir/hang_dumps.py)."""
+        from diagnose.rundir.hang_dumps import read_hang_dumps
+        return read_hang_dumps(self.rank_dirs, self.warn)
 
     @functools.cached_property
     def flight_recorder(self) -> dict[int, dict]:

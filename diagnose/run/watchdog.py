@@ -11,7 +11,9 @@ Then: ask every rank for dumps (a file the ranks' writer threads poll, so a
 main thread stuck in C++ cannot prevent it: in-flight collectives, every
 thread's stack, and the Flight Recorder buffer; plus a byte on each NCCL
 debug-info pipe, served by NCCL's own watchdog thread even while a rank holds
-the GIL), wait a few seconds for them, and hand over to the launcher, which
+the GIL; and a real-time signal to each rank's faulthandler, which writes every
+thread's stack without the GIL: diagnose/run/stack_signal.py), wait a few
+seconds for them, and hand over to the launcher, which
 analyzes and reports while the job is still hung. The job is not ended: that
 stays with the backend's watchdog or the user, unless `--kill-on-hang` (SIGTERM,
 then SIGKILL). Progress after the report (a stall, not a hang) is noted.
@@ -27,6 +29,7 @@ from collections import deque
 
 from collectors.recorder import DUMP_REQUEST
 from diagnose.run.flight_recorder_env import ask_backend_for_dumps
+from diagnose.run.stack_signal import signal_marked_ranks
 from diagnose.rundir.flight_recorder_reader import FOLDER
 
 DUMP_WAIT_S = 5.0
@@ -130,12 +133,14 @@ class HangWatchdog:
               f"asking every rank for dumps; {then}", flush=True)
         open(os.path.join(self.run_dir, DUMP_REQUEST), "w").close()
         asked = ask_backend_for_dumps(self.run_dir)
+        stacks_asked = signal_marked_ranks(self.run_dir)  # every thread, even a GIL holder's
         deadline = time.monotonic() + DUMP_WAIT_S
         while time.monotonic() < deadline and not self._dumps_in(len(progress)):
             time.sleep(0.2)
         self.report = {"stalled_s": round(stalled_s, 1), "timeout_s": round(timeout_s, 3),
                        "timeout_rule": self.summary()["rule"],
-                       "wall_ns": time.time_ns(), "pipes_asked": asked, "steps_done": steps_done,
+                       "wall_ns": time.time_ns(), "pipes_asked": asked, "stacks_asked": len(stacks_asked),
+                       "steps_done": steps_done,
                        "killed_by_diagnose": self.kill_on_hang}
         if self.on_hang is not None:
             self.on_hang(self.report)

@@ -23,6 +23,7 @@ Severity: always critical, the job did not finish.
 from collections import defaultdict
 
 from diagnose.analysis.collective_divergence import diverge
+from diagnose.analysis.stuck_frames import describe, sentence
 from diagnose.analysis.findings import Finding
 
 
@@ -31,6 +32,29 @@ def _main_thread_frame(dump: dict) -> str | None:
         if thread.get("main"):
             return thread.get("innermost_user_frame")
     return None
+
+
+def _stuck_at(ctx, dump: dict | None) -> tuple[str | None, str | None]:
+    """(file:line, what it is in as a phrase) of a culprit: from its faulthandler
+    stacks where it left them (they need no GIL), else its watchdog dump's main thread."""
+    if dump and dump.get("fault_stacks"):
+        where = describe(dump["fault_stacks"], bool(dump.get("watchdog_dumped")))
+        if where is not None:
+            return where["frame"], sentence(where, ctx.relpath)
+    frame = _main_thread_frame(dump) if dump else None
+    return frame, (f"at {ctx.relpath(frame)}" if frame else None)
+
+
+def waiters_by_place(ctx, dumps: dict) -> str:
+    """"3 ranks wait in all_reduce at train.py:120; ...": the blocked ranks grouped by op and line."""
+    places = defaultdict(list)
+    for rank, dump in sorted(dumps.items()):
+        rows = _blocking(dump)
+        if rows:
+            places[(str(rows[0].get("op")), rows[0].get("callsite") or "")].append(rank)
+    return "; ".join(f"{len(ranks)} rank{'s wait' if len(ranks) > 1 else ' waits'} in {op}"
+                     + (f" at {ctx.relpath(site)}" if site else "")
+                     for (op, site), ranks in sorted(places.items(), key=lambda p: -len(p[1])))
 
 
 def _blocking(dump: dict) -> list[dict]:
@@ -70,21 +94,22 @@ def _from_dumps(ctx, dumps):
             frame = next((r.get("callsite") for r in _blocking(dump)), None) if dump else None
             state = f"it is blocked in {other[2]} #{other[1]} of group {other[0]} instead"
         else:
-            frame = _main_thread_frame(dump) if dump else None
-            state = f"it is stuck at {ctx.relpath(frame)}" if frame else "it left no dump"
+            frame, where = _stuck_at(ctx, dump)
+            state = f"it is stuck {where}" if where else "it left no dump"
         callsite = ctx.relpath(frame) if frame else None
         victims = sorted({r for k in waiting for r in waiting[k]})
+        grouped = waiters_by_place(ctx, dumps)
         findings.append(Finding(
             kind="hang", severity="critical", ranks=[rank], callsite=callsite,
             title=(f"rank {rank} never entered {op} #{seq} of group {group} (ranks {group_ranks}); "
                    f"{state}; {len(victims)} rank{'s' if len(victims) != 1 else ''} "
-                   f"({','.join(map(str, victims))}) waited on it"),
+                   f"({','.join(map(str, victims))}) waited on it" + (f" ({grouped})" if grouped else "")),
             recommendation=("Make every member issue the same collectives in the same order: look at "
                             "the stuck line for a rank-dependent branch, early exit, exception or "
                             "blocking I/O before the collective."),
             metrics={"source": "watchdog", "group": group, "group_ranks": group_ranks, "op": op, "seq": seq,
                      "waiting_ranks": len(victims), "waiting_rank_list": _ranks_text(victims),
-                     "direct_waiters": len(waiting[key]), "root_cause": float(rank in roots),
+                     "direct_waiters": len(waiting[key]), "root_cause": float(rank in roots), "waiters": grouped,
                      "stalled_s": stalled_s}))
     return findings
 
@@ -117,10 +142,12 @@ def _from_flight_recorder(ctx, dumps, witness):
         why = c["why"].get(first)
         # a culprit with an empty buffer: what its pg_status says of that group, or that it cannot say
         said = c.get("pg_status_says", {}).get(first)
+        _, where = _stuck_at(ctx, ctx.run.watchdog_dumps.get(rank))
         parts.append((said or f"rank {rank} {c['role']} at #{c['seq'][first]}"
                       + (f" ({why})" if why and c["role"] == "missing" else ""))
                      + (f", also in {len(named) - 1} more group{'s' if len(named) > 2 else ''}"
-                        if len(named) > 1 else ""))
+                        if len(named) > 1 else "")
+                     + (f"; its host is {where}" if where else ""))
     if head:
         what = f"{head['op'] or 'a collective'} #{head['seq']}"
         if head["sizes"]:
@@ -149,13 +176,17 @@ def _from_flight_recorder(ctx, dumps, witness):
         advice.append("a rank whose device stopped or whose kernel never ended: check that GPU and its "
                       "links (Xid errors in dmesg, nvidia-smi, NCCL_DEBUG=INFO) and take it out of the job")
     if "missing" in roles:
-        advice.append("a rank that never enqueued the collective: its host is stuck before it (its "
-                      "stack: py-spy dump, or the watchdog dump's frames) or took another branch")
+        advice.append("a rank that never enqueued the collective: its host is stuck before it (the line "
+                      "above; every thread's stack is in its rank folder, stacks-PID.txt) or took another branch")
     if "desync" in roles:
         advice.append("a desync: make every member issue the same collectives, with the same sizes, in the "
                       "same order")
-    # where a culprit's host is (diagnose's own dump of its main thread), when it has one
-    frames = [_main_thread_frame(ctx.run.watchdog_dumps[r]) for r in sorted(culprits) if r in ctx.run.watchdog_dumps]
+    grouped = waiters_by_place(ctx, ctx.run.watchdog_dumps)
+    if grouped:
+        title += f" ({grouped})"
+        metrics["waiters"] = grouped
+    # where a culprit's host is (its stacks, else diagnose's own dump of its main thread)
+    frames = [_stuck_at(ctx, ctx.run.watchdog_dumps.get(r))[0] for r in sorted(culprits)]
     frame = next((f for f in frames if f), None)
     return [Finding(kind="hang", severity="critical", ranks=sorted(culprits), title=title,
                     callsite=ctx.relpath(frame) if frame else None,
@@ -196,6 +227,19 @@ def detect(ctx):
     if recorder:
         witness = sorted(r for f in native for r in f.ranks) if dumps else None
         found = _from_flight_recorder(ctx, recorder, witness)
+        # Flight Recorder sees only the ranks that could dump: one whose threads could not run
+        # (a GIL held in C) is absent, and the buffers then blame its victims (a cycle of
+        # waits, or a gloo call not yet retired behind a point-to-point wait). When diagnose's
+        # own dumps saw every such "culprit" blocked, and their root left no buffer, the root
+        # is the cause
+        unseen = sorted(r for f in native for r in f.ranks if r not in recorder and f.metrics.get("root_cause"))
+        seen_blocked = {r for r, d in dumps.items() if _blocking(d)}
+        if found and unseen and set(found[0].ranks) <= seen_blocked:
+            for f in native:
+                f.metrics["flight_recorder_view"] = (f"rank(s) {_ranks_text(found[0].ranks)}, which diagnose's "
+                                                     f"dumps saw waiting; rank(s) {_ranks_text(unseen)} left no "
+                                                     "buffer")
+            return native
         if found:
             return found
     return native or (_from_traces(ctx) if len(ctx.run.ranks) else [])
