@@ -3,6 +3,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from reference_trainer.faults import FaultSpec, parse_fault
+from reference_trainer.p2p import P2P_MODES
 
 
 @dataclass
@@ -12,6 +13,7 @@ class TrainConfig:
     tp: int = 1
     pp: int = 1
     schedule: str = "1f1b"
+    p2p_mode: str = "separate"  # how pipeline sends and receives are posted (reference_trainer/p2p.py)
     microbatches: int = 4
     layers_per_stage: tuple[int, ...] | None = None
     zero1: bool = False
@@ -70,6 +72,10 @@ class TrainConfig:
         need(min(self.dp, self.tp, self.pp, self.microbatches, self.steps) >= 1,
              "dp, tp, pp, microbatches and steps must be >= 1")
         need(self.schedule in ("afab", "1f1b"), f"unknown schedule {self.schedule!r}")
+        need(self.p2p_mode in P2P_MODES, f"unknown p2p mode {self.p2p_mode!r}")
+        need(self.p2p_mode == "separate" or not any(f.name == "blocking_p2p" for f in self.faults),
+             "the blocking_p2p fault waits each operation of the separate mode at once: "
+             "use it with --p2p-mode separate")
         need(self.precision in (None, "fp32", "bf16"), f"unknown precision {self.precision!r}")
         need(self.d_model % self.heads == 0, "d_model must be a multiple of heads")
         need(self.heads % self.tp == 0, "heads must be a multiple of tp")
@@ -92,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tp", type=int, default=d.tp)
     g.add_argument("--pp", type=int, default=d.pp)
     g.add_argument("--schedule", choices=("afab", "1f1b"), default=d.schedule)
+    g.add_argument("--p2p-mode", choices=P2P_MODES, default=d.p2p_mode,
+                   help="pipeline sends/receives: a batch per neighbour (separate), one batch with both "
+                        "neighbours (batched), or each alone with receives posted ahead (preposted)")
     g.add_argument("--microbatches", type=int, default=d.microbatches,
                    help="micro-batches per step on each dp rank")
     g.add_argument("--layers-per-stage", default=None, help="comma-separated block counts, e.g. 1,1,1,5")
@@ -130,7 +139,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     a = build_parser().parse_args(argv)
     lps = tuple(int(x) for x in a.layers_per_stage.split(",")) if a.layers_per_stage else None
     cfg = TrainConfig(
-        dp=a.dp, tp=a.tp, pp=a.pp, schedule=a.schedule, microbatches=a.microbatches,
+        dp=a.dp, tp=a.tp, pp=a.pp, schedule=a.schedule, p2p_mode=a.p2p_mode, microbatches=a.microbatches,
         layers_per_stage=lps, zero1=a.zero1, precision=a.precision, bucket_cap_mb=a.bucket_cap_mb,
         steps=a.steps, seed=a.seed, lr=a.lr, weight_decay=a.weight_decay,
         faults=[parse_fault(f) for f in a.fault], log_jsonl=a.log_jsonl, debug_dir=a.debug_dir,

@@ -1,5 +1,7 @@
-"""Pipeline schedules, written as the papers' pseudo-code over a StageRunner
-(one micro-batch forward or backward on this stage) and PipelineP2P.
+"""Pipeline schedules, written as the papers' pseudo-code: the order in which a
+stage runs its micro-batches' forwards and backwards, run by one loop over a
+StageRunner (one micro-batch forward or backward on this stage) and PipelineP2P
+(one exchange with the neighbours between two computes, in the --p2p-mode's way).
 
 AFAB (GPipe): all m forwards, then all m backwards; stage 0 keeps the
 activations of all m micro-batches alive. 1F1B (PipeDream-Flush): stage s runs
@@ -14,7 +16,7 @@ import time
 import torch
 
 from reference_trainer.optional_collectors import phase
-from reference_trainer.p2p import PipelineP2P
+from reference_trainer.p2p import BACKWARD, FORWARD, PipelineP2P
 
 
 class StageRunner:
@@ -95,55 +97,37 @@ class StageRunner:
         return None if x is None else x.grad
 
 
-def forward_step(run: StageRunner, p2p: PipelineP2P, i: int, inputs: list, outputs: list) -> None:
-    """recv activation, forward micro-batch i, send the result on; keep both for backward."""
-    x = p2p.recv_forward(i)
-    y = run.forward(x, i)
-    p2p.send_forward(y, i)
-    inputs.append(x)
-    outputs.append(y)
-    run.note_inflight(len(outputs))
+def afab(m: int, pp: int, stage: int) -> list:
+    return [(FORWARD, i) for i in range(m)] + [(BACKWARD, i) for i in range(m)]
 
 
-def afab(run: StageRunner, p2p: PipelineP2P, m: int) -> None:
-    inputs, outputs = [], []
-    for i in range(m):
-        forward_step(run, p2p, i, inputs, outputs)
-    for i in range(m):
-        dy = p2p.recv_backward(i)
-        dx = run.backward(inputs.pop(0), outputs.pop(0), dy, i)
-        p2p.send_backward(dx, i)
-    p2p.wait_sends()
-
-
-def one_f_one_b(run: StageRunner, p2p: PipelineP2P, m: int, pp: int, stage: int) -> None:
+def one_f_one_b(m: int, pp: int, stage: int) -> list:
     warmup = min(pp - stage - 1, m)
-    steady = m - warmup
-    inputs, outputs = [], []
-    for i in range(warmup):
-        forward_step(run, p2p, i, inputs, outputs)
-    x = p2p.recv_forward(warmup) if steady > 0 else None
-    for i in range(steady):
-        fwd_mb = warmup + i
-        y = run.forward(x, fwd_mb)
-        inputs.append(x)
-        outputs.append(y)
-        run.note_inflight(len(outputs))
-        dy = p2p.send_forward_recv_backward(y, fwd_mb)
-        dx = run.backward(inputs.pop(0), outputs.pop(0), dy, i)
-        if i == steady - 1:
-            p2p.send_backward(dx, i)
-        else:
-            x = p2p.send_backward_recv_forward(dx, i)
-    for i in range(steady, m):
-        dy = p2p.recv_backward(i)
-        dx = run.backward(inputs.pop(0), outputs.pop(0), dy, i)
-        p2p.send_backward(dx, i)
-    p2p.wait_sends()
+    order = [(FORWARD, i) for i in range(warmup)]
+    for i in range(m - warmup):
+        order += [(FORWARD, warmup + i), (BACKWARD, i)]
+    return order + [(BACKWARD, i) for i in range(m - warmup, m)]
+
+
+SCHEDULES = {"afab": afab, "1f1b": one_f_one_b}
 
 
 def run_schedule(name: str, run: StageRunner, p2p: PipelineP2P, m: int, pp: int, stage: int) -> None:
-    if name == "afab":
-        afab(run, p2p, m)
-    else:
-        one_f_one_b(run, p2p, m, pp, stage)
+    """Each compute takes what the exchange before it received and hands its result
+    to the exchange after it, which also receives the next compute's input."""
+    order = SCHEDULES[name](m, pp, stage)
+
+    def after(k: int):
+        return order[k] if k < len(order) else None
+    inputs, outputs = {}, {}
+    received = p2p.exchange(None, after(0), after(1))
+    for k, (kind, mb) in enumerate(order):
+        if kind == FORWARD:
+            y = run.forward(received, mb)
+            inputs[mb], outputs[mb] = received, y
+            run.note_inflight(len(outputs))
+            result = y
+        else:
+            result = run.backward(inputs.pop(mb), outputs.pop(mb), received, mb)
+        received = p2p.exchange((kind, mb, result), after(k + 1), after(k + 2))
+    p2p.wait_sends()

@@ -93,6 +93,10 @@ class JsonlWriter:
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv)
     mesh = init_mesh(cfg.dp, cfg.pp, cfg.tp, timeout_s=cfg.pg_timeout_s)
+    if cfg.p2p_mode == "preposted" and mesh.pp > 1 and mesh.backend == "nccl":
+        # a hang is worse than a refusal (reference_trainer/p2p.py says why it would hang)
+        raise SystemExit("--p2p-mode preposted is gloo-only: on NCCL a receive posted ahead "
+                         "queues the send it waits for behind it")
     torch.manual_seed(cfg.seed)
     stage, device = mesh.pp_rank, mesh.device
     precision = cfg.precision or ("bf16" if device.type == "cuda" else "fp32")
@@ -123,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
                          autocast_dtype=torch.bfloat16 if precision == "bf16" else None, device=device)
     p2p = PipelineP2P(stage=stage, prev_rank=mesh.prev_stage_rank, next_rank=mesh.next_stage_rank,
                       group=mesh.pp_group, activation_shape=(cfg.micro_batch_size, cfg.seq_len, cfg.d_model),
-                      dtype=torch.float32, device=device, blocking=faults.blocking_p2p)
+                      dtype=torch.float32, device=device, blocking=faults.blocking_p2p, mode=cfg.p2p_mode)
     log = LossLog(JsonlWriter(cfg.log_jsonl if mesh.logs_loss else None), device)
     debug = JsonlWriter(os.path.join(cfg.debug_dir, f"rank-{mesh.rank:05d}.jsonl") if cfg.debug_dir else None)
     tokens_per_step = cfg.global_batch_samples * cfg.seq_len

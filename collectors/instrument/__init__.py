@@ -8,7 +8,7 @@ import os
 INSTRUMENTORS = ("process_group_identity", "clock_sync", "steps", "forward_backward", "dataloader", "collectives",
                  # today's stacks, each patched when the job imports it
                  "functional_collectives", "fsdp2", "pipelining",
-                 "ddp", "host_sync", "host_sampler", "exceptions", "flight_recorder_dump",
+                 "ddp", "host_sync", "host_sampler", "exceptions", "flight_recorder_dump", "fault_stacks",
                  # GPU and interop (issue 7); each is quiet on a machine without a GPU
                  "nvml_sampler", "net_sampler", "cuda_events", "sync_debug", "torch_profiler")
 
@@ -37,6 +37,14 @@ def on_process_group(callback) -> None:
     for mod in (c10d, dist):
         if getattr(mod, "init_process_group", None) is orig:
             mod.init_process_group = init_process_group
+
+
+def records_compute_rows(environ=os.environ) -> bool:
+    """False under DIAGNOSE_COMPUTE_ROWS=0: no forward or backward rows (host or
+    device), as in what a Kineto or Nsight capture of a job holds, so that a live
+    run checks the analysis on what an imported trace gives it
+    (diagnose/analysis/inferred_compute.py). Every other row stays."""
+    return environ.get("DIAGNOSE_COMPUTE_ROWS", "1") != "0"
 
 
 def injected_failure(name: str) -> bool:

@@ -193,7 +193,7 @@ def install(rec):
         return
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    from collectors.instrument import collectives
+    from collectors.instrument import collectives, records_compute_rows
     from collectors.instrument.forward_backward import on_outermost_forward
     st = rec.state
     state = {"on": None, "fwd": None, "step_ev": None, "primary": None, "opt": {}}
@@ -259,12 +259,15 @@ def install(rec):
 
     # the outermost forward, from forward_backward's Module.__call__ wrapper (global
     # module hooks would put every module call on PyTorch's slow path)
+    compute_rows = records_compute_rows()  # DIAGNOSE_COMPUTE_ROWS=0: the step's span, no forward's
+
     def forward_start():
         try:
             if timing():
-                state["fwd"] = timer.start()
+                start = timer.start()
+                state["fwd"] = start if compute_rows else None
                 if state["step_ev"] is None:
-                    state["step_ev"] = (state["fwd"], st.step)
+                    state["step_ev"] = (start, st.step)
         except Exception as exc:
             rec.record_error("cuda_events", exc)
 
@@ -303,8 +306,9 @@ def install(rec):
     register_optimizer_step_pre_hook(step_pre)
     register_optimizer_step_post_hook(step_post)
     depth = [0]  # Tensor.backward calls torch.autograd.backward: one span, the outermost
-    torch.Tensor.backward = _timed(torch.Tensor.backward, "backward", timer, timing, st, depth)
-    torch.autograd.backward = _timed(torch.autograd.backward, "backward", timer, timing, st, depth)
+    if compute_rows:
+        torch.Tensor.backward = _timed(torch.Tensor.backward, "backward", timer, timing, st, depth)
+        torch.autograd.backward = _timed(torch.autograd.backward, "backward", timer, timing, st, depth)
 
     def replay(run):
         if not timing():

@@ -25,6 +25,10 @@ The events are the same: one "forward" per outermost call, from its start to
 its return or exception. Instrumentors that also need the outermost forward
 (cuda_events) register callbacks with `on_outermost_forward` instead of hooks
 of their own.
+
+DIAGNOSE_COMPUTE_ROWS=0 (records_compute_rows): no forward or backward rows and
+no NVTX ranges of ours, as in a trace a profiler took of the job; the forward
+wrapper stays, for the step's start and the outermost-forward callbacks.
 """
 import functools
 
@@ -32,7 +36,7 @@ from collectors import nvtx_ranges
 from collectors.after_import import after_import
 from collectors.callsite import user_callsite
 from collectors.clock import now_ns
-from collectors.instrument import InjectedFailure, injected_failure
+from collectors.instrument import InjectedFailure, injected_failure, records_compute_rows
 
 _CALLBACKS: list = []  # (start, end) pairs, called at the start and end of each outermost forward
 
@@ -49,6 +53,7 @@ def install(rec):
     st = rec.state
     depth = [0, 0]       # [forward depth, backward depth]
     fail = injected_failure("forward_backward")
+    rows = records_compute_rows()
     module_call = torch.nn.Module.__call__
     root_classes: set = set()  # classes whose calls were outermost while learning
 
@@ -63,7 +68,7 @@ def install(rec):
                 root_classes.add(type(self))
             if st.step_start_ns is None:
                 st.step_start_ns = t0
-            if nvtx_ranges.MIRRORING:
+            if rows and nvtx_ranges.MIRRORING:
                 nvtx_ranges.push("forward", "forward")
             for start, _ in _CALLBACKS:
                 start()
@@ -73,13 +78,14 @@ def install(rec):
                 depth[0] = 0
                 for _, end in _CALLBACKS:
                     end()
-                try:
+                try:  # (never a return in this finally: it would replace the forward's own)
                     if fail:
                         raise InjectedFailure("forward_backward")
-                    if nvtx_ranges.MIRRORING:
-                        nvtx_ranges.pop()
-                    rec.add(("forward", "forward", t0, now_ns(), st.step, st.microbatch, st.stage, "", "",
-                             -1, -1, 0, False, "", "", -1))
+                    if rows:
+                        if nvtx_ranges.MIRRORING:
+                            nvtx_ranges.pop()
+                        rec.add(("forward", "forward", t0, now_ns(), st.step, st.microbatch, st.stage,
+                                 "", "", -1, -1, 0, False, "", "", -1))
                 except Exception as exc:
                     rec.record_error("forward_backward", exc)
 
@@ -135,8 +141,9 @@ def install(rec):
 
         return backward
 
-    torch.Tensor.backward = wrap_backward(torch.Tensor.backward)
-    torch.autograd.backward = wrap_backward(torch.autograd.backward)
+    if rows:  # (the forward before a backward has started the step)
+        torch.Tensor.backward = wrap_backward(torch.Tensor.backward)
+        torch.autograd.backward = wrap_backward(torch.autograd.backward)
 
 
 def _noting_use(compile_fn, compiles: list):
