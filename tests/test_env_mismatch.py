@@ -145,6 +145,10 @@ class FakeNvml:
     def nvmlDeviceGetMaxClockInfo(self, h, c): return 1980 if c == 1 else 3201
     def nvmlDeviceGetApplicationsClock(self, h, c): raise RuntimeError("Not Supported")
     def nvmlDeviceGetEccMode(self, h): return (1, 1)
+    def nvmlDeviceGetUUID(self, h): return "GPU-8f6c1d2e-1b7a-4c1e-9a0b-3d5e7f9a1b2c"
+    def nvmlDeviceGetSerial(self, h): raise RuntimeError("Not Supported")
+    def nvmlDeviceGetIndex(self, h): return h[1]
+    def nvmlDeviceGetPciInfo(self, h): return type("nvmlPciInfo_t", (), {"busId": b"00000000:18:00.0"})()
 
 
 def test_probe_guards_every_part(tmp_path, monkeypatch):
@@ -152,9 +156,10 @@ def test_probe_guards_every_part(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     facts = rank_environment.nvml_facts(FakeNvml())
     assert facts["versions"] == {"driver": "580.65.06", "cuda_driver": "13.0"}
-    assert facts["gpu"] == {"model": "NVIDIA H200", "max_sm_clock_mhz": 1980, "max_mem_clock_mhz": 3201,
-                            "ecc": {"current": True, "pending": True}}
-    assert "app_sm_clock_mhz" in facts["absent"]  # unsupported: absent, with the reason
+    assert facts["gpu"] == {"model": "NVIDIA H200", "uuid": "GPU-8f6c1d2e-1b7a-4c1e-9a0b-3d5e7f9a1b2c",
+                            "index": 0, "pci_bus_id": "00000000:18:00.0", "max_sm_clock_mhz": 1980,
+                            "max_mem_clock_mhz": 3201, "ecc": {"current": True, "pending": True}}
+    assert "app_sm_clock_mhz" in facts["absent"] and "serial" in facts["absent"]  # unsupported: absent, why
 
     class Broken:
         def nvmlInit(self): raise OSError("no driver")

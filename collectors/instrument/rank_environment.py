@@ -154,6 +154,11 @@ def _read_nvml(nvml, out: dict, absent: dict) -> None:
         return
     sm, mem = getattr(nvml, "NVML_CLOCK_SM", 1), getattr(nvml, "NVML_CLOCK_MEM", 2)
     read(gpu, "model", lambda: _text(nvml.nvmlDeviceGetName(handle)))
+    # which physical GPU: a culprit named across runs (diagnose/exporters/repeat_offenders.py)
+    read(gpu, "uuid", lambda: _text(nvml.nvmlDeviceGetUUID(handle)))
+    read(gpu, "serial", lambda: _text(nvml.nvmlDeviceGetSerial(handle)))
+    read(gpu, "index", lambda: int(nvml.nvmlDeviceGetIndex(handle)))
+    read(gpu, "pci_bus_id", lambda: _text(nvml.nvmlDeviceGetPciInfo(handle).busId))
     read(gpu, "max_sm_clock_mhz", lambda: int(nvml.nvmlDeviceGetMaxClockInfo(handle, sm)))
     read(gpu, "max_mem_clock_mhz", lambda: int(nvml.nvmlDeviceGetMaxClockInfo(handle, mem)))
     # application clocks are what an admin may lock lower on one node (nvidia-smi -ac)

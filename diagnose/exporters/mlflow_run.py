@@ -14,9 +14,11 @@ than adding another:
                finding/<kind>_impact_ms_per_step for every kind (0 when absent);
                live/* streamed while the job ran
     tags       findings.count, findings.<severity>, finding.<kind> = worst
-               severity (+ finding.<kind>.title), diagnose.run_dir; the run's
-               Description (mlflow.note.content): layout, world size, step time,
-               top findings (a Description the user wrote is kept)
+               severity (+ finding.<kind>.title), diagnose.run_dir; culprit.<kind>
+               and repeat_offender.<kind> (diagnose/exporters/repeat_offenders.py);
+               the run's Description (mlflow.note.content): layout, world size,
+               step time, top findings, repeat offenders (a Description the user
+               wrote is kept)
     artifacts  report.html, findings.json, trace.json.gz (+ alerts.jsonl)
 
 Metric timestamps are the steps' wall-clock end times, so logging the same
@@ -29,6 +31,7 @@ import threading
 
 from collectors.part_writer import atomic_write_bytes
 from diagnose import rundir
+from diagnose.exporters import repeat_offenders
 
 EXPERIMENT = "diagnose"
 RUN_ID_FILE = "mlflow_run_id"
@@ -282,11 +285,11 @@ def finding_tags(findings: list) -> dict:
     return tags
 
 
-def _set_tags(client, run_id: str, tags: dict) -> None:
+def _set_tags(client, run_id: str, tags: dict, prune: bool = True) -> None:
     from mlflow.entities import RunTag
-    current = client.get_run(run_id).data.tags
-    for key in current:  # a finding the re-analysis no longer makes
-        if key.startswith("finding.") and key not in tags:
+    current = client.get_run(run_id).data.tags if prune else {}
+    for key in current:  # a finding (or its culprit) the re-analysis no longer makes
+        if key.startswith(("finding.", repeat_offenders.TAG, repeat_offenders.LINE_TAG)) and key not in tags:
             client.delete_tag(run_id, key)
     items = [RunTag(k, v) for k, v in tags.items()]
     for i in range(0, len(items), 100):
@@ -318,13 +321,18 @@ def log_run(run, findings) -> str | None:
     summary = summary_metrics(run, findings)
     metrics += [Metric(k, v, stamp, 0) for k, v in summary.items()]
     log_metrics(client, run_id, metrics)
-    tags = {**finding_tags(findings), "diagnose.run_dir": os.path.abspath(run.root)}
-    note = client.get_run(run_id).data.tags.get(NOTE_TAG, "")
-    if not note or note.startswith(NOTE_MARK):
-        tags[NOTE_TAG] = overview_note(run, findings, summary)
+    culprits, said = repeat_offenders.culprit_tags(run.rank_meta, findings)
+    tags = {**finding_tags(findings), **culprits, "diagnose.run_dir": os.path.abspath(run.root)}
     if manifest.get("exit_status") is not None:
         tags["diagnose.exit_status"] = str(manifest["exit_status"])
     _set_tags(client, run_id, tags)
+    # the machines blamed before too: asked once this run's culprits are tagged
+    repeats = repeat_offenders.repeat_lines(client, experiment_id(client, run.root), culprits, said)
+    note = client.get_run(run_id).data.tags.get(NOTE_TAG, "")
+    if not note or note.startswith(NOTE_MARK):
+        lines = [f"Repeat offender: {line}" for line in repeats.values()]
+        repeats[NOTE_TAG] = "\n".join([overview_note(run, findings, summary), *lines])[:5000]
+    _set_tags(client, run_id, repeats, prune=False)
     for name in (rundir.REPORT, rundir.FINDINGS, rundir.CHROME_TRACE, rundir.ALERTS):
         path = os.path.join(run.root, name)
         if os.path.isfile(path):
