@@ -125,7 +125,8 @@ def test_pipeline_bubble_is_the_device_idle_per_stage(tmp_path):
     host = run.breakdown()
     assert ((host["forward_ms"] + host["backward_ms"]) / host["step_ms"]).max() < 0.01
     (f,) = _findings(run)
-    assert f["kind"] == "pipeline_bubble" and f["ranks"] == [0, 1] and f["stage"] == 0 and f["callsite"] is None
+    assert f["kind"] == "pipeline_bubble" and f["ranks"] == [0, 1] and f["stage"] is None and f["callsite"] is None
+    assert f["metrics"]["idlest_stage"] == 0
     assert f["metrics"]["device_time"] == 1.0
     assert f["metrics"]["bubble_frac"] == pytest.approx(1 / 3, abs=0.01)
     assert f["metrics"]["theoretical_bubble_frac"] == pytest.approx(1 / 3, abs=1e-4)

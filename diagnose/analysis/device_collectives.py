@@ -35,7 +35,10 @@ EXACT_END_DETAILS = ("gpu", INFERRED)   # whose end is the kernel's: members end
 # a live async call timed by NCCL (TORCH_NCCL_ENABLE_TIMING): its end modelled from
 # the kernel's duration, close to the kernel's but not used to refine clocks
 NCCL_TIMED = "gpu:nccl"
-DEVICE_DETAILS = (*EXACT_END_DETAILS, WAIT_BOUND, NCCL_TIMED)
+# an imported trace's forward/backward passes on the device (diagnose/importers/kineto_structure.py):
+# device time, never the host's (the host breakdown leaves them out)
+INFERRED_PASS = "gpu:inferred"
+DEVICE_DETAILS = (*EXACT_END_DETAILS, WAIT_BOUND, NCCL_TIMED, INFERRED_PASS)
 END_TOLERANCE_NS = 1_000_000
 _UNEQUAL_SIZES = ("all_to_all", "send_recv", "nccl")
 

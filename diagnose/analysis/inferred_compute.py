@@ -7,11 +7,12 @@ the host's time inside the step outside every row that blocks it
 (collectives, sends, receives, waits, syncs, data loading, the optimizer).
 Each such gap is labelled by the pipeline's traffic around it:
 
-    next p2p is a send      the compute that produced it: forward for an
-                            activation, backward for a gradient
-    else, previous p2p is   the compute that consumes it: forward for an
-    a receive               activation, backward for a gradient (the first
-                            stage's backward, which sends nothing back)
+    next p2p posted is a    the compute that produced it: forward for an
+    send                    activation, backward for a gradient
+    else, the last p2p      the compute that consumes it: forward for an
+    before it is a receive  activation, backward for a gradient (the first
+    completing              stage's backward, which sends nothing back; a
+                            receive posted early counts when its data came)
     otherwise               not labelled (idle before a receive, optimizer
                             bookkeeping): left out
 
@@ -24,7 +25,8 @@ compute rows (diagnose/analysis/pipeline_topology.py), and the per-rank pass
 makes them before the step breakdown, so every reader of forward and backward
 sees them. Known limits: compute with no blocking point between two passes is
 one gap, labelled by what follows (1F1B's first stage runs a backward and the
-next forward back to back: both count as that forward); host time is what the
+next forward back to back: both count as that forward; the last stage's forward
+and backward of a micro-batch: both count as its backward); host time is what the
 host did, so on a CUDA run without kernels it is launch time, not the device's.
 """
 import numpy as np
@@ -33,6 +35,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 SOURCE = "inferred"
+# forward/backward rows an importer made from a GPU trace's kernels: device spans
+# of the compute kernels launched from the main thread (forward) or the autograd
+# thread (backward) between p2p exchanges (diagnose/importers/kineto_structure.py;
+# the run directory's contract, so spelled here too: analysis imports no importer)
+DEVICE_SOURCE = "gpu:inferred"
 BLOCKING_KINDS = ("collective", "p2p", "wait", "sync", "data", "optimizer")
 COMPUTE_KINDS = ("forward", "backward")
 # device rows of a live CUDA run (diagnose/analysis/device_collectives.py) are not the host's
@@ -82,6 +89,11 @@ def inferred_rows(events: pd.DataFrame) -> pd.DataFrame:
     fwd = np.array([(p in forward_to) if s else (p not in forward_to) for s, p in zip(is_send, peer)], bool)
     order = np.argsort(p2p["start_ns"].to_numpy(np.int64), kind="stable")
     p2p_start = p2p["start_ns"].to_numpy(np.int64)[order]
+    # what came before a gap: a send when it was posted, a receive when it completed (a
+    # pre-posted receive is posted long before its data arrives)
+    mark = np.where(is_send, p2p["start_ns"].to_numpy(np.int64), _completions(events, p2p))
+    by_mark = np.argsort(mark, kind="stable")
+    before = (mark[by_mark], is_send[by_mark], fwd[by_mark], p2p["step"].to_numpy()[by_mark])
     is_send, fwd, p2p_step = is_send[order], fwd[order], p2p["step"].to_numpy()[order]
     blocking = events[events["kind"].isin(BLOCKING_KINDS)]
     steps = steps.sort_values("start_ns", kind="stable")
@@ -91,7 +103,7 @@ def inferred_rows(events: pd.DataFrame) -> pd.DataFrame:
     k = np.searchsorted(s0, g0, side="right") - 1
     inside = (k >= 0) & (g1 <= s1[np.clip(k, 0, None)])
     g0, g1, step = g0[inside], g1[inside], steps["step"].to_numpy()[k[inside]]
-    label = _labels(g0, g1, step, p2p_start, p2p_step, is_send, fwd)
+    label = _labels(g0, g1, step, (p2p_start, is_send, fwd, p2p_step), before)
     keep = label != ""
     if not keep.any():
         return pd.DataFrame()
@@ -135,14 +147,41 @@ def _gaps(starts: np.ndarray, ends: np.ndarray, step_starts: np.ndarray, step_en
     return g0[open_], g1[open_]
 
 
-def _labels(g0, g1, step, p2p_start, p2p_step, is_send, fwd) -> np.ndarray:
-    """Per gap: "forward", "backward" or "" (not compute), from the p2p around it."""
-    n = len(p2p_start)
-    after = np.searchsorted(p2p_start, g1, side="left")
+def _completions(events: pd.DataFrame, p2p: pd.DataFrame) -> np.ndarray:
+    """Per p2p row, when its operation completed: the latest end of its own, wait and
+    done rows (same group and sequence number)."""
+    rows = events[events["kind"].isin(["p2p", "wait", "done"]) & (events["seq"] >= 0)]
+    ends = rows.groupby([rows["group"].astype(str), rows["seq"]])["end_ns"].max()
+    keys = pd.MultiIndex.from_arrays([p2p["group"].astype(str), p2p["seq"]])
+    return ends.reindex(keys).fillna(pd.Series(p2p["end_ns"].to_numpy(), index=keys)).to_numpy(np.int64)
+
+
+def _labels(g0, g1, step, posted, before) -> np.ndarray:
+    """Per gap: "forward", "backward" or "" (not compute). `posted`: the p2p rows by
+    posting time, `before`: by send posting and receive completion; each (times,
+    is_send, forward, step)."""
+    t, is_send, fwd, p_step = posted
+    n = len(t)
+    after = np.searchsorted(t, g1, side="left")
     a = np.clip(after, 0, max(n - 1, 0))
-    by_send = (after < n) & (p2p_step[a] == step) & is_send[a]
-    before = np.searchsorted(p2p_start, g0, side="right") - 1
-    b = np.clip(before, 0, max(n - 1, 0))
-    by_recv = ~by_send & (before >= 0) & (p2p_step[b] == step) & ~is_send[b]
-    direction = np.where(by_send, fwd[a], fwd[b])
+    by_send = (after < n) & (p_step[a] == step) & is_send[a]
+    t, is_send_b, fwd_b, p_step = before
+    prev = np.searchsorted(t, g0, side="right") - 1
+    b = np.clip(prev, 0, max(n - 1, 0))
+    by_recv = ~by_send & (prev >= 0) & (p_step[b] == step) & ~is_send_b[b]
+    direction = np.where(by_send, fwd[a], fwd_b[b])
     return np.where(by_send | by_recv, np.where(direction, "forward", "backward"), "")
+
+
+def phase_source(events: pd.DataFrame) -> str:
+    """Where a run's forward/backward come from, for a detector's evidence: the
+    phases when it has any (the detectors read them first), else its rows'."""
+    if (events["kind"] == "phase").any():
+        return "recorded phases"
+    details = set(events.loc[events["kind"].isin(COMPUTE_KINDS), "detail"].astype(str))
+    if DEVICE_SOURCE in details:
+        return ("device passes inferred from the trace: compute kernels by launching thread "
+                "(main: forward, autograd: backward) between p2p exchanges")
+    if SOURCE in details:
+        return "host gaps between blocking rows, labelled by the p2p around them"
+    return "recorded forward/backward rows"

@@ -15,8 +15,10 @@ The model, and where it says "ambiguous" instead of guessing:
                 not inferred: a rank with two forward links in or out (a
                 V-shaped or branching schedule), a ring (interleaved
                 schedules: the last rank sends back to the first, and a
-                rank's chunks cannot be told apart by links), or chains of
-                unequal length
+                rank's chunks cannot be told apart by links), chains of
+                unequal length, or a rank whose batched p2p an import could
+                not read (its fused exchanges name no peer: a chain without
+                it would stage the others wrongly)
     micro-batch the n-th forward send of a step on a link is micro-batch n
                 (and the n-th backward send). A forward compute row (module
                 forward) belongs to the micro-batch of the next forward send
@@ -36,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 _COMPUTE = ("forward", "backward")
+COALESCED = "coalesced"  # the op of a batched p2p call (torch's nccl:coalesced) left without peers
 
 
 def _p2p(events: pd.DataFrame, name: str) -> pd.DataFrame:
@@ -88,6 +91,14 @@ def chains(links: set) -> tuple[list | None, str | None]:
     return found, None
 
 
+def _unread_exchange_ranks(events: pd.DataFrame) -> set:
+    """Ranks with batched p2p exchanges an import left as collectives (no peer
+    resolved: diagnose/importers/kineto_structure.py): a chain without them
+    would stage the others wrongly."""
+    rows = events[(events["kind"] == "collective") & (events["name"] == COALESCED)]
+    return {int(r) for r in rows["rank"].unique()}
+
+
 def _nth_in_step(rows: pd.DataFrame) -> np.ndarray:
     """Each row's position among its link's sends of its step, in time order."""
     ordered = rows.sort_values(["src", "dst", "step", "start_ns"], kind="stable")
@@ -125,6 +136,10 @@ def infer(events: pd.DataFrame):
     sends = _sends(events)
     if sends.empty:
         return None, None
+    unread = _unread_exchange_ranks(events)
+    if unread:
+        return None, (f"rank {min(unread)}'s batched p2p (nccl:coalesced) names no peer the import could "
+                      "resolve (its meta.json device_structure says why), so its links are unknown")
     found, why = chains(forward_links(sends))
     if found is None:
         return None, why

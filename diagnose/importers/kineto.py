@@ -18,6 +18,12 @@ What becomes what (times: the trace's own clock, made absolute with
                                                Name/Ranks", "In msg nelems", "dtype", "Seq";
                                                a send/recv whose args name its peer ("Dst
                                                Rank"/"Src Rank"): "p2p" + "done" instead
+    fused exchange (ncclDevKernel_SendRecv  -> one "p2p" + "done" per nccl:send/nccl:recv op its
+      under nccl:coalesced)                    thread issued before it, peer from the op's "Dst
+                                               Rank"/"Src Rank" or the pipeline group in pg_config
+    compute kernels launched from the main  -> "forward" (main) / "backward" (autograd thread),
+      or the autograd thread, in a trace       device spans, detail "gpu:inferred"
+      that records no forward/backward         (kineto_structure.py)
 
 Other CPU ops are skipped: they are what HTA and TensorBoard already show, and
 the detectors need phases, not operators. A file that is not a Kineto trace is
@@ -112,7 +118,8 @@ def _scan_events(events, gpu_only: bool):
             continue
         if name.startswith(NCCL_RANGE_PREFIX):
             if cat in NCCL_RANGE_CATS:
-                ranges.append(nccl_range(name, ts, dur, e.get("tid"), args.get("Input Dims"), args.get("Input type")))
+                ranges.append(nccl_range(name, ts, dur, e.get("tid"), args.get("Input Dims"), args.get("Input type"),
+                                         args.get("Dst Rank"), args.get("Src Rank")))
             continue
         row = _classify(name, cat, ts, dur)
         if row is not None:
@@ -175,7 +182,9 @@ def import_kineto(paths: list, out_dir: str) -> tuple[str, dict]:
                 "world_size": facts["world_size"] or len(parsed), "pid": facts["pid"], "host": "",
                 "clock": clock_meta(), "source": {"format": "kineto", "file": os.path.abspath(path)},
                 "profiler_steps": facts["steps"], "gpu_activities": facts["gpu_activities"],
-                **({"process_groups": facts["process_groups"]} if facts.get("process_groups") else {})})
+                **({"process_groups": facts["process_groups"]} if facts.get("process_groups") else {}),
+                # what the trace's exchanges and passes could not say (kineto_structure.py)
+                **({"device_structure": facts["device_structure"]} if facts.get("device_structure") else {})})
     finally:
         shutil.rmtree(staging_dir, ignore_errors=True)
     run_dir = writer.finish()

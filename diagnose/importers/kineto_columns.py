@@ -25,6 +25,8 @@ import pyarrow.compute as pc
 from collectors.schema import COMMUNICATION, EVENT_COLUMNS, EVENT_FIELDS, EVENT_SCHEMA, arrow_array, event_row
 from diagnose.importers.gpu_activity import (DTYPE_BYTES, as_int, collective_op, kernel_class, launching_ranges,
                                              p2p_pair, ranks_string)
+from diagnose.importers.kineto_scan import peer_rank
+from diagnose.importers.kineto_structure import SOURCE as STRUCTURE_SOURCE, device_structure
 from diagnose.importers.process_groups import process_groups
 from diagnose.importers.run_writer import assign_steps
 
@@ -69,7 +71,8 @@ def table_and_facts(base_time, dist, cpu, gpu, launches, pids, ranges) -> tuple[
     meta.json, from a scan's CPU rows (kind, name, ts, dur, detail), GPU
     activities (name, ts, dur, stream, correlation, bytes, collective?, args),
     launches ((ts, tid) by correlation id), event counts by pid and "nccl:"
-    CPU ranges (op, ts, dur, tid, bytes)."""
+    CPU ranges (op, ts, dur, tid, bytes, peer). Exchanges and forward/backward
+    passes the trace holds without naming them: kineto_structure.py."""
     base_ns = max(as_int(base_time, 0), 0)
     steps = {}
     for kind, _, ts, dur, detail in cpu:
@@ -80,14 +83,18 @@ def table_and_facts(base_time, dist, cpu, gpu, launches, pids, ranges) -> tuple[
     cpu_block = _cpu_block(cpu, steps, base_ns, step_starts, step_numbers)
     kernel_block, start_order = _kernel_block(gpu, launches, base_ns, step_starts, step_numbers)
     dist = dist if isinstance(dist, dict) else {}
+    structure = device_structure(gpu, launches, ranges, cpu, kernel_block, as_int(dist.get("rank"), -1),
+                                 process_groups(dist.get("pg_config")))
     first, last, collective_block, done_block = _collective_blocks(
         gpu, kernel_block, start_order, as_int(dist.get("world_size"), 0), launches, ranges,
-        as_int(dist.get("rank"), -1))
-    blocks = (cpu_block, kernel_block, collective_block, done_block)
+        as_int(dist.get("rank"), -1), structure.exchanges)
+    pass_block = _pass_block(structure.rows)
+    blocks = (cpu_block, kernel_block, collective_block, done_block, pass_block)
     n_cpu = len(cpu_block["start_ns"])
     place = np.empty(len(gpu), np.int64)  # kernel i is the place[i]-th to start
     place[start_order] = np.arange(len(gpu))
-    tie_break = np.concatenate([np.arange(-n_cpu, 0), 3 * place, 3 * place[first] + 1, 3 * place[last] + 2])
+    tie_break = np.concatenate([np.arange(-n_cpu, 0), 3 * place, 3 * place[first] + 1, 3 * place[last] + 2,
+                                np.full(len(structure.rows), -1)])
     order = np.lexsort((tie_break, np.concatenate([b["start_ns"] for b in blocks])))
     arrays = []
     for name, typ in EVENT_FIELDS:
@@ -99,7 +106,17 @@ def table_and_facts(base_time, dist, cpu, gpu, launches, pids, ranges) -> tuple[
              "steps": [int(s) for s in step_numbers], "gpu_activities": len(gpu),
              "base_time_ns": base_ns, "rank_in_trace": as_int(dist.get("rank"), None),
              "process_groups": process_groups(dist.get("pg_config"))}
+    if structure.note:
+        facts["device_structure"] = structure.note
     return pa.Table.from_arrays(arrays, schema=EVENT_SCHEMA), facts
+
+
+def _pass_block(rows: list) -> dict:
+    """The forward/backward rows kineto_structure inferred: device spans."""
+    kinds, starts, ends, steps, microbatches = zip(*rows) if rows else ((),) * 5
+    kind = Strings.of(kinds)
+    return _block(len(rows), kind=kind, name=kind, start_ns=starts, end_ns=ends, step=steps,
+                  microbatch=microbatches, detail=STRUCTURE_SOURCE)
 
 
 def _block(n: int, **columns) -> dict:
@@ -169,7 +186,7 @@ def _queued_ns(starts: np.ndarray, launch_ns: np.ndarray, correlations, launches
 
 
 def _collective_blocks(gpu, kernels: dict, start_order: np.ndarray, world_size: int, launches: dict,
-                       ranges: list, rank: int = -1) -> tuple:
+                       ranges: list, rank: int = -1, exchanges: dict | None = None) -> tuple:
     """(each collective call's first NCCL kernel, and last; their collective
     (or p2p) rows; their done rows), calls in start order.
 
@@ -196,13 +213,15 @@ def _collective_blocks(gpu, kernels: dict, start_order: np.ndarray, world_size: 
     instance's members (diagnose.analysis.device_collectives), and a send's
     partner is a recv, so they would unmatch every pair. (So a trace that lost
     a message, sampled or cut, shifts the pair's numbering unchecked.) Without
-    a peer it stays a collective of its process group, as before."""
+    a peer it stays a collective of its process group, as before. A fused
+    exchange (`exchanges`: NCCL kernel index -> its messages with peers,
+    kineto_structure.py) is one p2p row per message, each with the kernel's times."""
     detail = kernels["detail"]
     nccl = start_order[detail.codes[start_order] == 0]  # (_kernel_block: 0 is COMMUNICATION)
     streams = list(dict.fromkeys(gpu[j][3] for j in nccl.tolist()))
     world = ",".join(map(str, range(world_size))) if world_size > 0 else ""
     launched_in = launching_ranges([launches.get(gpu[j][4]) for j in nccl.tolist()],
-                                   [(ts, ts + dur, tid) for _, ts, dur, tid, _ in ranges])
+                                   [(ts, ts + dur, tid) for _, ts, dur, tid, *_ in ranges])
     named = {}  # (Collective name, kernel name, group, stream, ranks) -> (op, group, ranks): a few distinct
     calls, next_seq, last_call = [], {}, {}  # [op, group, ranks, seq, bytes, inferred, first, last, key, peer]
     for position, (j, r) in enumerate(zip(nccl.tolist(), launched_in)):
@@ -216,6 +235,13 @@ def _collective_blocks(gpu, kernels: dict, start_order: np.ndarray, world_size: 
         except TypeError:  # an unhashable value (ranks as a list)
             op, group, group_ranks = _collective_names(*key, streams, world)
         peer = _p2p_peer(op, a, rank)
+        if peer < 0 and exchanges and j in exchanges:
+            for message, to, nbytes in exchanges[j]:
+                pair, pair_ranks = p2p_pair(message, rank, to)
+                seq = next_seq.get(pair, 0)
+                next_seq[pair] = seq + 1
+                calls.append([message, pair, pair_ranks, seq, nbytes, False, position, position, None, to])
+            continue
         if peer >= 0:
             group, group_ranks = p2p_pair(op, rank, peer)
         seq = as_int(a.get("Seq", a.get("seq")))
@@ -256,10 +282,7 @@ def _p2p_peer(op: str, args, rank: int) -> int:
     key = _PEER_KEYS.get(op)
     if key is None or rank < 0:
         return -1
-    value = args.get(key)
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else -1
+    return peer_rank(args.get(key))
 
 
 def _collective_names(collective_name, kernel_name: str, group, stream: int, ranks, streams: list,

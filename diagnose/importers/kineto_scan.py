@@ -117,6 +117,8 @@ if msgspec is not None:
     class _RangeArgs(msgspec.Struct, gc=False):
         input_dims: Any = msgspec.field(default=None, name="Input Dims")
         input_type: Any = msgspec.field(default=None, name="Input type")
+        dst_rank: Any = msgspec.field(default=None, name="Dst Rank")
+        src_rank: Any = msgspec.field(default=None, name="Src Rank")
 
     _TRACE = msgspec.json.Decoder(_Trace)
     _RANGE_ARGS = msgspec.json.Decoder(_RangeArgs)
@@ -163,7 +165,8 @@ def native_scan(raw: bytes, gpu_only: bool, classify):
         for name, cat, ts, dur, tid, span in found:
             if cat in NCCL_RANGE_CATS:
                 args = _RangeArgs() if span is None else _RANGE_ARGS.decode(text[slice(*span)])
-                ranges.append(nccl_range(name, ts, dur, tid, args.input_dims, args.input_type))
+                ranges.append(nccl_range(name, ts, dur, tid, args.input_dims, args.input_type, args.dst_rank,
+                                         args.src_rank))
     cpu = []
     for candidate in candidates:
         row = candidate if len(candidate) == 5 else classify(*candidate)
@@ -172,9 +175,22 @@ def native_scan(raw: bytes, gpu_only: bool, classify):
     return facts, cpu, gpu, launches, pids, ranges
 
 
-def nccl_range(name: str, ts, dur, tid, dims, types) -> tuple:
-    """(op, ts, dur, tid, bytes) of a "nccl:<op>" CPU range: what every scan path keeps of one."""
-    return collective_op(name[len(NCCL_RANGE_PREFIX):], ""), ts, dur, tid, tensor_bytes(dims, types)
+def nccl_range(name: str, ts, dur, tid, dims, types, dst=None, src=None) -> tuple:
+    """(op, ts, dur, tid, bytes, peer) of a "nccl:<op>" CPU range: what every scan
+    path keeps of one. peer: a send's "Dst Rank" or a recv's "Src Rank" (global
+    ranks, a number or a numeric string), else -1. Megatron's batched p2p is one
+    fused kernel under `nccl:coalesced`: its peers are only in these ops
+    (diagnose/importers/kineto_structure.py)."""
+    op = collective_op(name[len(NCCL_RANGE_PREFIX):], "")
+    return op, ts, dur, tid, tensor_bytes(dims, types), peer_rank(dst if op == "send" else src if op == "recv"
+                                                                  else None)
+
+
+def peer_rank(value) -> int:
+    """A peer's global rank as PyTorch writes it (a number or a numeric string), or -1."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else -1
 
 
 def _bytes(nbytes) -> int:
@@ -218,8 +234,10 @@ def _scan(trace, gpu_only: bool, classify):
         if not gpu_only and name.startswith(NCCL_RANGE_PREFIX):
             if cat in NCCL_RANGE_CATS:
                 dims, types = (UNSET, UNSET) if args is None else (args.input_dims, args.input_type)
+                dst, src = (UNSET, UNSET) if args is None else (args.dst_rank, args.src_rank)
                 ranges.append(nccl_range(name, ts, dur, e.tid, None if dims is UNSET else msgspec.json.decode(dims),
-                                         None if types is UNSET else msgspec.json.decode(types)))
+                                         None if types is UNSET else msgspec.json.decode(types),
+                                         None if dst is UNSET else dst, None if src is UNSET else src))
             continue
         if gpu_only or not name or name[0] not in classified_first or cat == "gpu_user_annotation":
             continue  # ("aten::..." and most operators: classify would say None)

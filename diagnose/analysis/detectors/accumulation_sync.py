@@ -60,15 +60,18 @@ def reduction_rounds(events: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     issued it. A round is a run of reduction issues on a rank that no wait on
     its reductions interrupts: a micro-batch's reductions are waited before the
     next micro-batch reduces again (accumulation without no_sync); one
-    reduction per optimizer step is one round however it overlaps the backward."""
+    reduction per optimizer step is one round however it overlaps the backward.
+    Only rounds that issue the same calls (callsites, sizes) as another round of
+    their step count: the same gradients reduced again, not two reductions."""
     columns = ["rank", "step", "start_ns", "end_ns", "callsite"]
     if calls.empty:
         return pd.DataFrame(columns=columns)
     keys = pd.MultiIndex.from_frame(calls[["rank", "group", "seq"]].astype({"group": str}))
     waits = events[(events["kind"] == "wait").to_numpy() & ~timed_on_device(events["detail"])]
     waits = waits[pd.MultiIndex.from_frame(waits[["rank", "group", "seq"]].astype({"group": str})).isin(keys)]
-    marks = pd.concat([calls[["rank", "step", "start_ns"]].assign(_issue=True),
-                       waits[["rank", "step", "start_ns"]].assign(_issue=False)])
+    calls = calls.assign(_what=as_str(calls["callsite"]) + "|" + calls["bytes"].astype(str))
+    marks = pd.concat([calls[["rank", "step", "start_ns", "_what"]].assign(_issue=True),
+                       waits[["rank", "step", "start_ns"]].assign(_issue=False, _what="")])
     marks = marks.sort_values(["rank", "step", "start_ns"], kind="stable")
     issue = marks["_issue"].to_numpy(bool)
     same = (marks[["rank", "step"]].shift() == marks[["rank", "step"]]).all(axis=1).to_numpy()
@@ -77,8 +80,12 @@ def reduction_rounds(events: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     run_id = np.cumsum(new_run)
     issues = marks[issue].assign(_run=run_id[issue])
     rounds = issues.groupby("_run").agg(rank=("rank", "first"), step=("step", "first"),
-                                         start_ns=("start_ns", "min"), end_ns=("start_ns", "max"))
-    return rounds.assign(callsite="").reset_index(drop=True)[columns]
+                                         start_ns=("start_ns", "min"), end_ns=("start_ns", "max"),
+                                         what=("_what", lambda w: "/".join(sorted(w))))
+    # the same gradients reduced again: rounds of one step that issue the same calls
+    # (callsites and sizes); two different reductions waited in turn are not rounds
+    again = rounds.groupby(["rank", "step", "what"])["what"].transform("size") >= 2
+    return rounds[again].assign(callsite="").reset_index(drop=True)[columns]
 
 
 def extra_rounds(ctx) -> pd.DataFrame | None:

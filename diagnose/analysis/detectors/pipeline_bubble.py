@@ -15,6 +15,9 @@ above theory stays (a slow stage, blocking p2p: findings of their own). A
 schedule change is not a duration change, so this is arithmetic on measured
 busy time, not a replay (diagnose/analysis/whatif.py); severity from impact.
 The old estimate (idle above 10%, times the step) is kept as evidence.
+A bubble is the pipeline's, not a stage's: the finding names no stage (the
+idlest one, `idlest_stage`, is evidence; with every stage idling about as much
+it changed with noise, and compare matched findings by stage).
 Measured idle far above theory (>= 30 points) with enough
 micro-batches is reported as info only: its causes (a slow stage, blocking p2p,
 CPU contention between co-located stages) have findings of their own. The
@@ -26,12 +29,15 @@ return when their kernels are queued, so the host's phases say nothing of the
 bubble: a stage is busy while one of its compute kernels runs
 (gpu_tables.device_compute) and idle otherwise, including while an NCCL
 receive kernel spins waiting for the neighbouring stage. Stages come from the
-phases' stage stamps, so an import without them has no pipeline to judge.
+phases' stage stamps, or from the p2p traffic (pipeline_topology.py): an
+import's fused exchanges and device passes (diagnose/importers/
+kineto_structure.py) give both; evidence `phases_from` says which phases.
 """
 import math
 
 from diagnose.analysis.schedule_slots import recorded_schedule_idle_frac
 from diagnose.analysis.findings import Finding
+from diagnose.analysis.inferred_compute import phase_source
 
 THEORY_GATE_FRAC = 0.2
 EXCESS_GATE_FRAC = 0.3
@@ -81,7 +87,7 @@ def detect(ctx):
                       + ("; the measured idle is well above theory, so also check stage balance "
                          "and point-to-point waits." if stalls else "."))
     return [Finding(
-        kind="pipeline_bubble", severity=severity, ranks=sorted(int(r) for r in idle_frac.index), stage=stages.get(worst),
+        kind="pipeline_bubble", severity=severity, ranks=sorted(int(r) for r in idle_frac.index), stage=None,
         impact_ms_per_step=saving_ms,
         title=(f"pipeline stages idle {measured:.0%} of the step (theory for {theory_of}: {theory:.0%})"
                + (ON_DEVICE_NOTE if on_device else "")),
@@ -90,8 +96,9 @@ def detect(ctx):
                  "microbatches": microbatches, "stages": n_stages,
                  "theory_from_schedule": float(from_schedule is not None),
                  "microbatches_for_10pct": needed_m, "worst_rank_bubble_frac": float(idle_frac.max()),
+                 "idlest_stage": stages.get(worst),
                  "device_time": float(on_device), "bottleneck_busy_ms": bottleneck_busy_ms,
-                 "whatif_saving_ms_per_step": saving_ms,
+                 "whatif_saving_ms_per_step": saving_ms, "phases_from": phase_source(events),
                  "estimate_ms_per_step": max(measured - TARGET_FRAC, 0.0) * ctx.step_ms})]
 
 

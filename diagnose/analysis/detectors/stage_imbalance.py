@@ -8,11 +8,18 @@ Threshold: max/mean >= 1.2 (below that, run-to-run noise and the last stage's
 loss head dominate) and impact >= 3% of the step for a warning. When layer
 counts are known (--layers-per-stage, or --layers split evenly), the finding
 proposes the layer move that minimises the slowest stage.
+
+Without phases, the forward/backward rows are read: recorded, inferred from
+host gaps (inferred_compute.py), or, on an imported GPU trace, the device spans
+of the passes its kernels show (diagnose/importers/kineto_structure.py: main
+thread forward, autograd thread backward, split at p2p exchanges), so that a
+micro-batch's compute is device time. Evidence `phases_from` says which.
 """
 import pandas as pd
 
 from diagnose.analysis.detectors.run_structure import layers_per_stage
 from diagnose.analysis.findings import Finding
+from diagnose.analysis.inferred_compute import phase_source
 
 IMBALANCE_RATIO = 1.2
 
@@ -74,7 +81,7 @@ def detect(ctx):
     recommendation = (f"Stage {bottleneck} sets the pipeline's pace: move work off it "
                       "(fewer layers there, or a cheaper loss/head placement).")
     metrics = {"imbalance_max_over_mean_x": ratio, "bottleneck_microbatch_ms": max_ms,
-               "mean_stage_microbatch_ms": mean_ms}
+               "mean_stage_microbatch_ms": mean_ms, "phases_from": phase_source(ctx.run.events())}
     for stage, ms in stage_ms.items():
         metrics[f"stage{int(stage)}_microbatch_ms"] = float(ms)
     layers = layers_per_stage(ctx.run.manifest, n_stages)

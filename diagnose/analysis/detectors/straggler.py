@@ -41,6 +41,13 @@ with work queued ahead waits that work (a kernel's length); the margin covers
 the profiler's GPU-to-host clock mapping. Not when its own data loading (the
 data wait beyond its peers') explains half the waits it caused: input_stall.
 Ranked after device-slow candidates; its impact is the waits it causes.
+
+A persistent device straggler on a trace with kernels must also run its
+kernels slower (kernels_slower: the typical kernel, matched to its peers' by
+step, name and order), where the ranks run one program: heavy-tailed jitter (a
+kernel 20 ms late now and then) moves a small group's busy time on a few
+steps, which passed the 1.1x gate on the median step in 8 of 20 jittered pp2 x
+dp2 runs.
 """
 import numpy as np
 import pandas as pd
@@ -186,6 +193,34 @@ def _slow_when_last(ctx, rank, stages, straggling) -> bool:
     return mannwhitneyu(slow, other, alternative="greater").pvalue <= ALPHA
 
 
+def kernels_slower(ctx, rank, stages, steps) -> bool:
+    """On a trace with kernels: do the rank's compute kernels themselves run
+    slower than its stage peers' same kernels (the median over its kernels of
+    duration / the peers' median duration of that kernel name >= DEVICE_BUSY_RATIO)?
+    A slow GPU (clocks, thermals, a noisy neighbour) slows every kernel; jitter
+    (a kernel 20 ms late now and then) adds time in a few, which moves a small
+    group's busy time on a few steps but not the typical kernel: 2 ranks over 4
+    steps, one late kernel in most of one rank's steps, made a persistent
+    "straggler" of it in 8 of 20 seeds. Asked only where the ranks run one
+    program (as many compute kernels per step): where their work differs (HTA's
+    sampled DLRM ranks, 547 and 572 kernels a step), it says nothing."""
+    kernels = ctx.run.kernels()
+    peers = [r for r in ctx.run.ranks if not stages or stages.get(r) == stages.get(rank)]
+    k = kernels[(kernels["kind"] == "compute") & kernels["step"].isin(list(steps)) & kernels["rank"].isin(peers)]
+    # the same kernel: same step, same name, same place among that name's launches
+    # (ranks of one stage run one program; one name can run several shapes)
+    k = k.assign(nth=k.groupby(["rank", "step", "name"], observed=True).cumcount())
+    keys = ["step", "name", "nth"]
+    typical = k[k["rank"] != rank].groupby(keys, observed=True)["dur_ms"].median().rename("typical_ms")
+    counts = k.groupby(["rank", "step"]).size().unstack("rank")
+    if counts.nunique(axis=1).max() > 1:
+        return True  # not one program (data-dependent work): kernel against kernel says nothing
+    mine = k[k["rank"] == rank].join(typical, on=keys, how="inner")
+    ratio = mine["dur_ms"] / mine["typical_ms"]
+    ratio = ratio[ratio.notna() & (mine["typical_ms"] > 0)]
+    return ratio.empty or float(ratio.median()) >= DEVICE_BUSY_RATIO
+
+
 def launch_bound(ctx, rank, steps, caused_ms, breakdown) -> dict | None:
     """A rank whose GPU waited for its host. On a device trace, per collective it
     was last into (in `steps`), its lateness is the median member's wait; the
@@ -263,6 +298,9 @@ def detect(ctx):
             if busy_ratio is not None and busy_ratio < gate and gate == DEVICE_BUSY_RATIO:
                 host_bound = launch_bound(ctx, top, judged, top_ms, breakdown)
             if busy_ratio is None or (busy_ratio < gate and host_bound is None):
+                continue
+            if (persistent and host_bound is None and ctx.kernel_steady and gate == DEVICE_BUSY_RATIO
+                    and not kernels_slower(ctx, top, stages, judged)):
                 continue
             # slow by its own micro-batches' work in a run whose lengths vary
             # (workload_imbalance), persistent or not: the rank that drew the long

@@ -4,7 +4,11 @@ lengths), so a different rank is the slowest at every step and its peers wait.
 Signal: forward and backward time per micro-batch, per rank (CUDA-event spans
 when the run has them, else the host phases less the time their thread queued
 for a core, `queued_ns`: on a host with more busy ranks than cores that is the
-neighbours' doing, not the micro-batch's work), over the steady steps. Ranks of
+neighbours' doing, not the micro-batch's work; on an imported GPU trace without
+phases, the device spans of its forward and backward passes, which the importer
+reads from the kernels' launching threads: diagnose/importers/kineto_structure.py;
+never the host-gap rows of inferred_compute.py, one host interval cut in two), over
+the steady steps; evidence `phases_from` says which. Ranks of
 one pipeline stage are data-parallel peers: they meet at the step's gradient
 all-reduce, so per step each waits for the peer whose micro-batches summed to
 the most compute.
@@ -60,6 +64,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analysis.findings import WARNING_FRAC, Finding
+from diagnose.analysis.inferred_compute import DEVICE_SOURCE, phase_source
 
 ALPHA = 0.01
 MAX_SLOWEST_SHARE = 0.5
@@ -77,8 +82,15 @@ def microbatch_phases(ctx) -> tuple[pd.DataFrame, bool]:
     # spans of the same phases are the device's time.
     device = base & events["name"].isin(["gpu:forward", "gpu:backward"]) & (events["detail"] == "cuda_event")
     on_device = bool(device.any())
-    rows = events.loc[device if on_device else base & events["name"].isin(["forward", "backward"]),
-                      [*_KEYS, "name", "start_ns", "end_ns", "queued_ns"]]
+    host = base & events["name"].isin(["forward", "backward"])
+    if not on_device and not host.any():
+        # an imported GPU trace without phases: the passes its kernels show, on
+        # the device's clock (kineto_structure; never the host-gap rows, whose
+        # two phases are cut from one host interval and cannot move apart)
+        device = ((events["kind"].isin(["forward", "backward"]) & (events["detail"] == DEVICE_SOURCE)
+                   & (events["microbatch"] >= 0) & events["step"].isin(ctx.steady)))
+        on_device = bool(device.any())
+    rows = events.loc[device if on_device else host, [*_KEYS, "name", "start_ns", "end_ns", "queued_ns"]]
     # (device spans and rows without the reading have queued_ns -1: nothing to take off)
     ms = (rows["end_ns"] - rows["start_ns"] - rows["queued_ns"].clip(lower=0)) / 1e6
     rows = rows.assign(phase=rows["name"].astype(str).str.removeprefix("gpu:") + "_ms", ms=ms)
@@ -167,6 +179,7 @@ def work_signal(ctx) -> dict | None:
         if len(wait) >= MIN_STEPS:
             rho, p, pairs = phase_comovement(per_mb)
             signal = {"per_mb": per_mb, "on_device": on_device, "per_step": per_step,
+                      "phases_from": phase_source(ctx.run.events()),
                       "work_step": work_step.reindex(per_step.index), "slowest": _slowest(per_step),
                       "rho": rho, "p": p, "pairs": pairs,
                       "wait_ms": float(wait.mean()), "work_wait_ms": float(work_wait.reindex(wait.index).mean()),
@@ -240,7 +253,7 @@ def detect(ctx):
                "slowest_rank_max_share_rank": worst_rank, "ranks_taking_turns": turns,
                "slowest_rank_work_explained_frac": explained,
                "equalised_wait_ms_per_step": impact_ms, "steps_judged": steps,
-               "device_time": float(signal["on_device"])}
+               "device_time": float(signal["on_device"]), "phases_from": signal["phases_from"]}
     for rank in ranks:
         metrics[f"rank{rank}_slowest_frac"] = float(share_by_rank.get(rank, 0.0))
     clock = "on the GPUs' clocks" if signal["on_device"] else "on the hosts' clocks"
