@@ -1,6 +1,7 @@
 """The findings summary at the top of the report: one row per finding, most
 severe first, each linking to the figure that is its evidence."""
 from dashboards.view_parts import SEVERITY_COLORS, esc
+from diagnose.analysis.gpu_hours import gpu_hour_cost, worth_line
 
 # Which view proves which kind of finding (first one present wins).
 EVIDENCE = {
@@ -42,6 +43,7 @@ def findings_html(findings: list, anchors, titles: dict) -> str:
     if not findings:
         return ('<p class="none">No findings: nothing above noise was detected. '
                 'The views below show the run as recorded.</p>')
+    worth = worth_line(findings, gpu_hour_cost())
     rows = []
     for i, f in enumerate(findings):
         severity = str(f.get("severity", "info"))
@@ -53,6 +55,8 @@ def findings_html(findings: list, anchors, titles: dict) -> str:
                 if anchor else "")
         impact = f.get("impact_ms_per_step")
         impact = f"{impact:.1f}" if isinstance(impact, (int, float)) else "-"
+        hours = (f.get("metrics") or {}).get("gpu_hours_per_day")
+        hours = f"{hours:,.1f}" if isinstance(hours, (int, float)) else "-"
         title = esc(f.get("title", ""))
         title_html = f'<a href="#{anchor}">{title}</a>' if anchor else title
         rows.append(
@@ -62,10 +66,12 @@ def findings_html(findings: list, anchors, titles: dict) -> str:
             f'<td class="title">{title_html}'
             f'<div class="rec">{esc(f.get("recommendation", ""))}</div>'
             f'<div class="metrics">{_metric_text(f.get("metrics"))}</div></td>'
-            f'<td class="num">{impact}</td><td>{_clock(f)}</td><td>{ranks}</td><td>{stage}</td>'
+            f'<td class="num">{impact}</td><td class="num">{hours}</td><td>{_clock(f)}</td>'
+            f'<td>{ranks}</td><td>{stage}</td>'
             f'<td class="callsite">{esc(f.get("callsite") or "-")}</td><td>{link}</td></tr>')
-    return ('<table class="findings"><thead><tr><th>severity</th><th>kind</th><th>finding</th>'
-            '<th>impact ms/step</th><th>clock</th><th>ranks</th><th>stage</th><th>callsite</th>'
+    return ((f'<p class="worth">{esc(worth)}</p>' if worth else "")
+            + '<table class="findings"><thead><tr><th>severity</th><th>kind</th><th>finding</th>'
+            '<th>impact ms/step</th><th>GPU-h/day</th><th>clock</th><th>ranks</th><th>stage</th><th>callsite</th>'
             '<th>evidence</th></tr></thead><tbody>' + "".join(rows) + "</tbody></table>")
 
 

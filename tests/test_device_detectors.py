@@ -55,7 +55,11 @@ def test_a_sync_that_drains_the_queue_costs_the_device_idle_behind_it(tmp_path):
     # the report says which clock: in its header, and per finding
     html = render(run, [f])
     assert "device work (collective arrivals and waits, compute" in html and "on the GPUs&#x27; clocks" in html
-    assert '<td class="num">8.1</td><td>GPU</td>' in html
+    # impact, then what it is worth a day: that share of the median step, on 2 GPUs, all day
+    from diagnose.analysis.run_detectors import Context
+    hours = f["metrics"]["gpu_hours_per_day"]
+    assert hours == pytest.approx(f["impact_ms_per_step"] / Context(run).step_ms * 24 * 2, rel=1e-3)
+    assert f'<td class="num">8.1</td><td class="num">{hours:,.1f}</td><td>GPU</td>' in html
     assert 'id="breakdown-device"' in html and "Device time per rank (GPU clocks)" in html
     assert '<a class="evidence" href="#breakdown-device">' in html   # the device view is its evidence
 

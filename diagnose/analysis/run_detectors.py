@@ -9,6 +9,7 @@ from diagnose import rundir
 from diagnose.analysis import device_collectives, whatif
 from diagnose.analysis.detectors import DETECTORS
 from diagnose.analysis.findings import sort_findings, with_severity
+from diagnose.analysis.gpu_hours import gpu_hours_per_day
 from diagnose.rundir import storage
 
 
@@ -58,6 +59,10 @@ def detect(run) -> list[dict]:
         run.step_figures = whatif.apply(ctx, found)
     except Exception as exc:
         run.warn(f"what-if replay failed: {type(exc).__name__}: {exc}")
+    for f in found:  # what each is worth per day of this job (gpu_hours.py: the formula)
+        worth = gpu_hours_per_day(f.impact_ms_per_step, ctx.step_ms, run.world_size)
+        if worth is not None:
+            f.metrics["gpu_hours_per_day"] = worth
     return sort_findings([with_severity(f, ctx.step_ms).to_dict() for f in found])
 
 

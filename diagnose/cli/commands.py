@@ -120,7 +120,10 @@ def analyze(runs: List[str] = typer.Argument(..., help="run directory (several: 
             every_step: bool = typer.Option(False, "--every-step",
                                             help="a run over --max-events is analyzed in windows of steps "
                                                  "that fit, one after the other, findings merged (findings "
-                                                 "and tables only: no trace, report or MLflow run)")):
+                                                 "and tables only: no trace, report or MLflow run)"),
+            gpu_hour_cost: Optional[float] = typer.Option(None, "--gpu-hour-cost", metavar="PRICE",
+                                                          help="the price of one GPU-hour: findings' GPU-hours "
+                                                               "per day also in money (DIAGNOSE_GPU_HOUR_COST)")):
     """Analyze a run directory: breakdown per rank and findings. The per-rank
     pass runs in this process unless an engine option says otherwise
     (docs/large-runs.md); the cross-rank pass always runs here."""
@@ -129,6 +132,10 @@ def analyze(runs: List[str] = typer.Argument(..., help="run directory (several: 
     from diagnose.cli.console import print_breakdown, print_findings, print_step_figures
     if max_events is not None and max_events < 0:
         raise UserError("--max-events must be >= 0 (0: no budget)")
+    if gpu_hour_cost is not None:
+        if not gpu_hour_cost > 0 or gpu_hour_cost == float("inf"):
+            raise UserError("--gpu-hour-cost must be a positive price")
+        os.environ["DIAGNOSE_GPU_HOUR_COST"] = repr(gpu_hour_cost)  # the report and console read it
     engine = make_engine(processes=processes, scheduler=scheduler, dask_workers=dask_workers)
     try:
         if getattr(engine, "dashboard", None):

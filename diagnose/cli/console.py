@@ -7,6 +7,7 @@ from rich.table import Table
 
 from diagnose.analysis import trace_windows
 from diagnose.analysis.breakdown import PART_COLUMNS
+from diagnose.analysis.gpu_hours import gpu_hour_cost, worth_line
 
 
 def console() -> Console:
@@ -41,13 +42,18 @@ def print_findings(findings: list[dict], out: Console | None = None) -> None:
     if not findings:
         out.print("findings: none")
         return
+    line = worth_line(findings, gpu_hour_cost())
+    if line:
+        out.print(line, markup=False)
     table = Table(title="Findings (by impact)")
-    for column in ("severity", "kind", "impact ms/step", "ranks", "stage", "callsite", "finding"):
+    for column in ("severity", "kind", "impact ms/step", "GPU-h/day", "ranks", "stage", "callsite", "finding"):
         table.add_column(column)
     for f in findings:
         ranks = ",".join(map(str, f.get("ranks") or [])) or "-"
         # finding text is data (an exception's message, a path): never rich markup
-        table.add_row(f["severity"], f["kind"], f"{f.get('impact_ms_per_step', 0):.1f}", ranks,
+        hours = (f.get("metrics") or {}).get("gpu_hours_per_day")
+        table.add_row(f["severity"], f["kind"], f"{f.get('impact_ms_per_step', 0):.1f}",
+                      "-" if hours is None else f"{hours:,.1f}", ranks,
                       "-" if f.get("stage") is None else str(f["stage"]), escape(f.get("callsite") or "-"),
                       f"{escape(f['title'])}\n[dim]{escape(f['recommendation'])}[/dim]", end_section=True)
     out.print(table, markup=True)

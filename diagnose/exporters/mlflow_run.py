@@ -11,7 +11,8 @@ than adding another:
     metrics    per step: step_time_p50_ms, step_time_max_ms, data_wait_frac,
                exposed_comm_frac, bubble_frac (pipelines); summary/* over the
                steady steps (each phase's ms per step among them);
-               finding/<kind>_impact_ms_per_step for every kind (0 when absent);
+               finding/<kind>_impact_ms_per_step and _gpu_hours_per_day for every
+               kind (0 when absent);
                live/* streamed while the job ran
     tags       findings.count, findings.<severity>, finding.<kind> = worst
                severity (+ finding.<kind>.title), diagnose.run_dir; culprit.<kind>
@@ -232,16 +233,17 @@ def summary_metrics(run, findings) -> dict:
 
 
 def finding_impacts(findings: list) -> dict:
-    """finding/<kind>_impact_ms_per_step for every kind diagnose reports: the
-    worst finding's, 0 when the run has none (so a fixed cause charts as 0, not
-    as a missing point)."""
+    """finding/<kind>_impact_ms_per_step and _gpu_hours_per_day for every kind
+    diagnose reports: the worst finding's, 0 when the run has none (so a fixed
+    cause charts as 0, not as a missing point)."""
     from diagnose.analysis.findings import KINDS
-    out = {f"finding/{kind}_impact_ms_per_step": 0.0 for kind in KINDS}
+    out = {f"finding/{kind}_{what}": 0.0 for kind in KINDS for what in ("impact_ms_per_step", "gpu_hours_per_day")}
     for f in findings:
-        key = f"finding/{f.get('kind')}_impact_ms_per_step"
-        impact = f.get("impact_ms_per_step")
-        if key in out and isinstance(impact, (int, float)) and impact == impact:
-            out[key] = max(out[key], float(impact))
+        for what, value in (("impact_ms_per_step", f.get("impact_ms_per_step")),
+                            ("gpu_hours_per_day", (f.get("metrics") or {}).get("gpu_hours_per_day"))):
+            key = f"finding/{f.get('kind')}_{what}"
+            if key in out and isinstance(value, (int, float)) and value == value:
+                out[key] = max(out[key], float(value))
     return out
 
 
