@@ -12,6 +12,8 @@ real ones do (longer phases, extra collectives, a missing rank).
                                    extension or a lock taken in C does: its Python threads stop too)
     crash:rank=R,step=K            rank R SIGKILLs itself at the same point
     comm_bound[:mb=N,repeat=K]     K extra N-MB all-reduces per step make communication dominate
+    slowdown:pct=P                 every step of every rank P% longer (a pause of P% of its median
+                                   step so far, host time): a regression for a CI gate to catch
     checkpoint:every=N,factor=F    every N steps all ranks pause F x their median step so far (a
                                    checkpoint save: no collective, no event; not a hang)
     varlen:spread=S[,seed=K]       each micro-batch's forward/backward takes L times as long, L drawn
@@ -64,6 +66,7 @@ _SCHEMA: dict[str, dict[str, tuple]] = {
     "comm_bound": {"mb": (float, 32.0), "repeat": (int, 1)},
     "varlen": {"spread": (float, None), "seed": (int, 0), "tail": (float, 0.0)},
     "checkpoint": {"every": (int, None), "factor": (float, None)},
+    "slowdown": {"pct": (float, None)},
     "accum_sync": {},
     "unpinned_copies": {"mb": (float, 64.0)},
 }
@@ -129,6 +132,8 @@ class Faults:
         self._extra_buf = None
         self._device_slowdown = None
         self.checkpoint: tuple[int, float] | None = None  # (every, factor)
+        self.slowdown_frac = 0.0
+        self._paused_s = 0.0
         self._step_times_s: list[float] = []
         for f in specs:
             p = f.params
@@ -138,6 +143,8 @@ class Faults:
                 self.compute_factor *= p["factor"]
             elif f.name == "slow_input":
                 self.slow_input_ms += p["ms"]
+            elif f.name == "slowdown":
+                self.slowdown_frac += p["pct"] / 100.0
             elif f.name == "hidden_sync":
                 self.hidden_sync_every_microbatch = True
             elif f.name == "blocking_p2p":
@@ -247,12 +254,23 @@ class Faults:
 
     def after_step(self, step: int, step_time_s: float) -> None:
         """checkpoint: a pause F x the median step, as saving a checkpoint takes (the
-        host writes; no collective runs and nothing is recorded meanwhile)."""
-        self._step_times_s.append(step_time_s)
+        host writes; no collective runs and nothing is recorded meanwhile); slowdown:
+        see slow_step."""
+        self._step_times_s.append(step_time_s - self._paused_s)  # the step without slow_step's pause
+        self._paused_s = 0.0
         if self.checkpoint is None or (step + 1) % self.checkpoint[0]:
             return
         times = sorted(self._step_times_s)
         time.sleep(self.checkpoint[1] * times[len(times) // 2])
+
+    def slow_step(self) -> None:
+        """slowdown: P% of the median step so far, inside the step (before the
+        optimizer), as a heavier code path would add; host time."""
+        if not self.slowdown_frac or not self._step_times_s:
+            return
+        times = sorted(self._step_times_s)
+        self._paused_s = self.slowdown_frac * times[len(times) // 2]
+        time.sleep(self._paused_s)
 
     def extra_comm(self, group) -> None:
         """comm_bound: gradient traffic far larger than the compute it follows."""

@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
             faults.extra_comm(mesh.dp_group if mesh.dp > 1 else None)
         with phase("optimizer", stage=stage):
             faults.offload_states()
+            faults.slow_step()
             optimizer.step()
         loss = global_mean_loss(runner, cfg, mesh) if mesh.is_last_stage else None
         # no device sync per step on CUDA: the host runs ahead, as in real training, so

@@ -47,6 +47,11 @@ def summarize(run, findings=None) -> dict:
            "window_note": note(windows, len(run.ranks)) if windows else None,
            "device": device_figures(run)}
     if breakdown is not None and len(breakdown):
+        # per steady step, for the regression gate's bootstrap (regression_gate.py)
+        by_step = breakdown.groupby("step")
+        out["steady_step_ms"] = [float(v) for v in by_step["step_ms"].median()]
+        out["steady_parts"] = {part: [float(v) for v in by_step[f"{part}_ms"].mean()]
+                               for part in PARTS if f"{part}_ms" in breakdown.columns}
         out["step_ms"] = float(breakdown["step_ms"].median())
         out["mean_step_ms"] = float(breakdown["step_ms"].mean())
         out["slowest_step_ms"] = float(breakdown.groupby("step")["step_ms"].max().median())

@@ -221,12 +221,23 @@ def compare(run_a: str = typer.Argument(..., help="run directory A (before)"),
             run_b: str = typer.Argument(..., help="run directory B (after)"),
             more: Optional[List[str]] = typer.Argument(None, help="more runs: a scaling table"),
             html: Optional[str] = typer.Option(None, "--html", help="also write the comparison as HTML here"),
-            as_json: bool = typer.Option(False, "--json", help="print the comparison as JSON")):
+            as_json: bool = typer.Option(False, "--json", help="print the comparison as JSON"),
+            fail_on: Optional[str] = typer.Option(None, "--fail-on", metavar="CHECKS",
+                                                  help="exit 3 when B regressed beyond A's noise: regression "
+                                                       "(all), or a list of step-time, new-critical, impact")):
     """Compare runs: step time, breakdown per phase, findings gained and lost; across
-    world sizes or layouts (or three runs and more), scaling efficiency and what grew."""
+    world sizes or layouts (or three runs and more), scaling efficiency and what grew.
+    With --fail-on, a CI gate: one line per verdict, exit 3 on a regression."""
     _local("compare", run_a, run_b, *(more or []))
+    from diagnose.analysis.regression_gate import parse_fail_on
     from diagnose.cli.compare_command import compare_command
-    return compare_command(run_a, run_b, html, as_json, more)
+    try:
+        checks = parse_fail_on(fail_on) if fail_on is not None else None
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if checks and more:
+        raise UserError("--fail-on compares two runs: a baseline and a candidate")
+    return compare_command(run_a, run_b, html, as_json, more, checks)
 
 
 def _local(command: str, *run_dirs: str) -> None:

@@ -5,23 +5,27 @@ in world size or layout (always with three or more)."""
 import json
 import math
 
-from diagnose.analysis.run_compare import compare, summarize
+from diagnose.analysis.run_compare import compare, finding_key, summarize
 from diagnose.analysis.run_scaling import scaling
 from diagnose.cli.report_commands import progress_steps
 from diagnose.errors import UserError
 
+REGRESSION_EXIT = 3  # --fail-on found a regression (2: misuse, as every command)
+
 
 def compare_command(run_a: str, run_b: str, html: str | None = None, as_json: bool = False,
-                    more: list | None = None) -> int:
+                    more: list | None = None, checks: list | None = None) -> int:
     runs = [run_a, run_b, *(more or [])]
     if html and len(runs) > 2:
         raise UserError("--html draws two runs; with more, the scaling table is printed (and --json)")
     with progress_steps("compare", len(runs) + 1) as advance:
-        result = compare_runs(runs, html=html, progress=advance)
+        result = compare_runs(runs, html=html, progress=advance, checks=checks)
         logged = _track(result, runs)
+    # a CI gate: exit 3 (2 is misuse) when a check found a regression
+    status = REGRESSION_EXIT if any(v["regression"] for v in result.get("gate", [])) else 0
     if as_json:
         print(json.dumps(result, indent=1, default=str))
-        return 0
+        return status
     if "a" in result:
         print_comparison(result)
     if result.get("scaling"):
@@ -30,7 +34,9 @@ def compare_command(run_a: str, run_b: str, html: str | None = None, as_json: bo
         print(f"diagnose: comparison written to {result['html']}")
     if logged:
         print(f"diagnose: comparison logged to the later run's MLflow run {logged} (artifacts compare/)")
-    return 0
+    for verdict in result.get("gate", []):
+        print(f"{'REGRESSION' if verdict['regression'] else 'ok'}: {verdict['line']}")
+    return status
 
 
 def _track(result: dict, runs: list) -> str | None:
@@ -165,7 +171,7 @@ def print_device(device: dict, unit: str, out) -> None:
     out.print(table)
 
 
-def compare_runs(runs: list, html: str | None = None, progress=None) -> dict:
+def compare_runs(runs: list, html: str | None = None, progress=None, checks: list | None = None) -> dict:
     from diagnose.analysis.loader import load
     summaries = []
     for i, run_dir in enumerate(runs):
@@ -173,6 +179,9 @@ def compare_runs(runs: list, html: str | None = None, progress=None) -> dict:
             progress(f"loading {chr(ord('A') + i) if i < 26 else i}")
         summaries.append(summarize(load(run_dir)))
     result = compare(*summaries) if len(summaries) == 2 else {}
+    if checks:
+        from diagnose.analysis.regression_gate import gate
+        result["gate"] = gate(summaries[0], summaries[1], checks, finding_key)
     if len(summaries) > 2 or len({(s["world_size"], s["layout"]) for s in summaries}) > 1:
         result["scaling"] = scaling(summaries)
     if progress:

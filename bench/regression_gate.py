@@ -1,0 +1,84 @@
+"""Issue 48, item 4: the CI gate (`diagnose compare A B --fail-on regression`) on
+live runs of the reference trainer: pairs of the same clean job must pass; a
+fault, or a planted slowdown of 10%, must fail naming it; a 2% slowdown is within
+noise unless the noise says otherwise.
+
+    .venv/bin/python bench/regression_gate.py [--pairs 10]
+
+Job: the clean scenario's layout (dp2 x pp2, 1F1B, 8 micro-batches, 16 steps)
+under `diagnose run`, findings only (DIAGNOSE_OUTPUTS=off, tracking off), one
+after the other, nothing else running. Candidates beside each pair's baseline:
+the same job (clean), `slowdown:pct=10`, `slowdown:pct=2`, and faults on the same
+layout (straggler, slow_input, hidden_sync). Writes
+bench/results/<date>-regression-gate.md.
+"""
+import argparse
+import datetime
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+sys.path.insert(0, str(REPO))
+from reference_trainer.scenarios import SCENARIOS  # noqa: E402
+
+CLEAN = SCENARIOS["clean"]
+CANDIDATES = {"clean": (), "slowdown 10%": ("slowdown:pct=10",), "slowdown 2%": ("slowdown:pct=2",),
+              "straggler": ("straggler:rank=2,factor=2",), "slow_input": ("slow_input:ms=10",),
+              "hidden_sync": ("hidden_sync:every=microbatch",)}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DIAGNOSE_OUTPUTS": "off", "DIAGNOSE_TRACKING": "off"}
+
+
+def launch(out: Path, faults: tuple) -> None:
+    argv = list(CLEAN.argv) + [a for f in faults for a in ("--fault", f)]
+    command = [PY, "-m", "diagnose", "run", "--out", str(out), "--", PY, "-m", "torch.distributed.run",
+               "--standalone", "--nproc-per-node", str(CLEAN.nproc), "-m", "reference_trainer", *argv]
+    proc = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise SystemExit(f"{faults}: exited {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+
+
+def gate(a: Path, b: Path) -> tuple[int, list]:
+    proc = subprocess.run([PY, "-m", "diagnose", "compare", str(a), str(b), "--fail-on", "regression"],
+                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+    return proc.returncode, [line for line in proc.stdout.splitlines() if line.startswith(("REGRESSION:", "ok:"))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pairs", type=int, default=10)
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.pairs):
+            base = Path(tmp) / f"base{i}"
+            launch(base, ())
+            # the clean candidate every pair; the others once (first pair)
+            for name, faults in CANDIDATES.items() if i == 0 else [("clean", ())]:
+                cand = Path(tmp) / f"{name.replace(' ', '_').replace('%', 'pct')}{i}"
+                launch(cand, faults)
+                code, lines = gate(base, cand)
+                rows.append((i + 1, name, code, lines))
+                print(f"pair {i + 1} {name}: exit {code}; " + " | ".join(lines), flush=True)
+    clean = [r for r in rows if r[1] == "clean"]
+    date = datetime.date.today().isoformat()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    text = [f"# CI regression gate on live runs ({date}, at {commit})", "",
+            f"`python bench/regression_gate.py --pairs {args.pairs}` on the 2-core VM, nothing else running "
+            "(job and candidates: the script's docstring).", "",
+            f"Clean vs clean: {sum(r[2] == 0 for r in clean)} of {len(clean)} pairs pass (exit 0).", "",
+            "| pair | candidate | exit | verdicts |", "|---|---|---|---|"]
+    for i, name, code, lines in rows:
+        text.append(f"| {i} | {name} | {code} | {'<br>'.join(line.replace('|', '/') for line in lines)} |")
+    path = REPO / "bench" / "results" / f"{date}-regression-gate.md"
+    path.write_text("\n".join(text) + "\n")
+    print("\n".join(text))
+    print(f"wrote {path.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()
