@@ -13,13 +13,14 @@ bench/results/<date>-clean-silence.md.
 """
 import argparse
 import collections
-import datetime
 import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from campaign import stamp  # bench/campaign.py (python bench/<script>.py puts bench/ first)
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -57,9 +58,7 @@ def main() -> None:
                 details.append(f"- {job}, run {i + 1}: {f['kind']} [{f['severity']}] {f['title']}")
             print(f"{job} run {i + 1}: {', '.join(f['kind'] for f in serious) or 'silent'}", flush=True)
         rows.append((job, args.runs, silent, counts))
-    date = datetime.date.today().isoformat()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip()
+    date, commit = stamp(REPO)
     text = [f"# Clean runs are silent ({date}, at {commit})", "",
             f"`python bench/clean_silence.py --runs {args.runs}` on the 2-core VM, nothing else running "
             "(jobs and target: the script's docstring).", "",

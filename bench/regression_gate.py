@@ -13,12 +13,13 @@ layout (straggler, slow_input, hidden_sync). Writes
 bench/results/<date>-regression-gate.md.
 """
 import argparse
-import datetime
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from campaign import stamp  # bench/campaign.py (python bench/<script>.py puts bench/ first)
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -64,9 +65,7 @@ def main() -> None:
                 rows.append((i + 1, name, code, lines))
                 print(f"pair {i + 1} {name}: exit {code}; " + " | ".join(lines), flush=True)
     clean = [r for r in rows if r[1] == "clean"]
-    date = datetime.date.today().isoformat()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip()
+    date, commit = stamp(REPO)
     text = [f"# CI regression gate on live runs ({date}, at {commit})", "",
             f"`python bench/regression_gate.py --pairs {args.pairs}` on the 2-core VM, nothing else running "
             "(job and candidates: the script's docstring).", "",
