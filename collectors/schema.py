@@ -17,7 +17,7 @@ SCHEMA_VERSION = 1
 # work, a "wait" row (the Work.wait call) and a "done" row (completion seen by a
 # future callback, start_ns == end_ns) follow with the same group and seq.
 KINDS = ("step", "forward", "backward", "optimizer", "data", "collective", "p2p",
-         "wait", "done", "sync", "phase", "kernel", "error", "mark")
+         "wait", "done", "sync", "phase", "kernel", "error", "mark", "checkpoint")
 # The class of a "kernel" row (its `detail`): HTA's kernel types, so that HTA's
 # temporal breakdown can be reproduced (diagnose.importers.gpu_activity).
 COMPUTE, COMMUNICATION, MEMORY, OTHER = "compute", "communication", "memory", "other"

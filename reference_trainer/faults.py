@@ -16,6 +16,8 @@ real ones do (longer phases, extra collectives, a missing rank).
                                    step so far, host time): a regression for a CI gate to catch
     checkpoint:every=N,factor=F    every N steps all ranks pause F x their median step so far (a
                                    checkpoint save: no collective, no event; not a hang)
+    checkpoint:every=N,mode=M[,slow_rank=R,slow_ms=S]  real saves instead (reference_trainer/
+                                   checkpointing.py: torch, dcp, dcp_async), rank R's disk slow
     varlen:spread=S[,seed=K]       each micro-batch's forward/backward takes L times as long, L drawn
                                    uniformly in [1, 1+S] per (step, micro-batch, dp replica)
     varlen:spread=S,tail=P[,seed=K]  real data's long tail instead: a fraction P of micro-batches
@@ -50,6 +52,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from reference_trainer.checkpointing import MODES as CHECKPOINT_MODES
+from reference_trainer.checkpointing import Checkpointer
+
 from reference_trainer.device_slowdown import DeviceSlowdown
 
 SHORT_SPREAD = 0.1  # varlen's tail mode: the short micro-batches' lengths, 1-1.1x
@@ -65,7 +70,8 @@ _SCHEMA: dict[str, dict[str, tuple]] = {
     "crash": {"rank": (int, None), "step": (int, None)},
     "comm_bound": {"mb": (float, 32.0), "repeat": (int, 1)},
     "varlen": {"spread": (float, None), "seed": (int, 0), "tail": (float, 0.0)},
-    "checkpoint": {"every": (int, None), "factor": (float, None)},
+    "checkpoint": {"every": (int, None), "factor": (float, 0.0), "mode": (str, "sleep"),
+                   "slow_rank": (int, -1), "slow_ms": (float, 0.0)},
     "slowdown": {"pct": (float, None)},
     "accum_sync": {},
     "unpinned_copies": {"mb": (float, 64.0)},
@@ -96,8 +102,10 @@ def parse_fault(text: str) -> FaultSpec:
         params[key] = given.get(key, default)
     if name == "hidden_sync" and params["every"] != "microbatch":
         raise ValueError("hidden_sync supports every=microbatch only")
-    if name == "checkpoint" and (params["every"] < 1 or params["factor"] <= 0):
-        raise ValueError("checkpoint needs every >= 1 and factor > 0")
+    if name == "checkpoint" and (params["every"] < 1 or params["mode"] not in CHECKPOINT_MODES
+                                 or (params["mode"] == "sleep") != (params["factor"] > 0) or params["slow_ms"] < 0):
+        raise ValueError(f"checkpoint needs every >= 1 and either factor > 0 (a pause) or mode in "
+                         f"{', '.join(CHECKPOINT_MODES[1:])} (real saves)")
     if name == "unpinned_copies" and params["mb"] < 0:
         raise ValueError("unpinned_copies needs mb >= 0")
     if name == "varlen" and (params["spread"] < 0 or not 0 <= params["tail"] < 1):
@@ -132,6 +140,8 @@ class Faults:
         self._extra_buf = None
         self._device_slowdown = None
         self.checkpoint: tuple[int, float] | None = None  # (every, factor)
+        self.checkpointer = None                  # real saves (mode != sleep)
+        self.checkpoint_state = None              # () -> the state to save, set by train.py
         self.slowdown_frac = 0.0
         self._paused_s = 0.0
         self._step_times_s: list[float] = []
@@ -167,6 +177,8 @@ class Faults:
                 self.varlen = (p["spread"], p["seed"], p["tail"])
             elif f.name == "checkpoint":
                 self.checkpoint = (p["every"], p["factor"])
+                if p["mode"] != "sleep":
+                    self.checkpointer = Checkpointer(p["mode"], rank, p["slow_ms"] if p["slow_rank"] == rank else 0.0)
 
     def length_factor(self, step: int, microbatch: int) -> float:
         """varlen: the micro-batch's length over the shortest, the same on every rank of
@@ -259,6 +271,9 @@ class Faults:
         self._step_times_s.append(step_time_s - self._paused_s)  # the step without slow_step's pause
         self._paused_s = 0.0
         if self.checkpoint is None or (step + 1) % self.checkpoint[0]:
+            return
+        if self.checkpointer is not None:
+            self.checkpointer.save(self.checkpoint_state())
             return
         times = sorted(self._step_times_s)
         time.sleep(self.checkpoint[1] * times[len(times) // 2])

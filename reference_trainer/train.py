@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> None:
                     emulated_device_ms=cfg.emulated_device_ms_per_sample * cfg.micro_batch_size)
 
     model = build_model(cfg, mesh)
+    faults.checkpoint_state = model.state_dict
     buckets = GradBuckets(model.parameters(), group=mesh.dp_group, dp=mesh.dp, device=device,
                           bucket_cap_mb=cfg.bucket_cap_mb, reduce_scatter=cfg.zero1,
                           before_first_launch=faults.before_collective)
@@ -171,6 +172,8 @@ def main(argv: list[str] | None = None) -> None:
                      "data_s": round(data_s, 6)})
     log.close()
     debug.close()
+    if faults.checkpointer is not None:
+        faults.checkpointer.close()  # an async upload still running finishes first
     dist.barrier()  # torn down together (samples/ddp_mlp.py says why)
     dist.destroy_process_group()
 

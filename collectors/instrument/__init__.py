@@ -9,6 +9,7 @@ INSTRUMENTORS = ("process_group_identity", "clock_sync", "steps", "forward_backw
                  # today's stacks, each patched when the job imports it
                  "functional_collectives", "fsdp2", "pipelining",
                  "ddp", "host_sync", "host_sampler", "exceptions", "flight_recorder_dump", "fault_stacks",
+                 "checkpoints",
                  # GPU and interop (issue 7); each is quiet on a machine without a GPU
                  "nvml_sampler", "net_sampler", "cuda_events", "sync_debug", "torch_profiler")
 

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 KINDS = ("straggler", "stage_imbalance", "pipeline_bubble", "input_stall", "hidden_sync",
          "blocking_async", "exposed_comm", "hang", "rank_failure", "memory_imbalance",
-         "env_mismatch", "workload_imbalance", "accumulation_sync", "fp32_math", "copy_stall")
+         "env_mismatch", "workload_imbalance", "accumulation_sync", "fp32_math", "copy_stall", "checkpoint_stall")
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 CRITICAL_FRAC = 0.15
 WARNING_FRAC = 0.03

@@ -40,7 +40,7 @@ SOURCE = "inferred"
 # thread (backward) between p2p exchanges (diagnose/importers/kineto_structure.py;
 # the run directory's contract, so spelled here too: analysis imports no importer)
 DEVICE_SOURCE = "gpu:inferred"
-BLOCKING_KINDS = ("collective", "p2p", "wait", "sync", "data", "optimizer")
+BLOCKING_KINDS = ("collective", "p2p", "wait", "sync", "data", "optimizer", "checkpoint")
 COMPUTE_KINDS = ("forward", "backward")
 # device rows of a live CUDA run (diagnose/analysis/device_collectives.py) are not the host's
 DEVICE_DETAIL_PREFIX = "gpu"

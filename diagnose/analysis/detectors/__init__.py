@@ -7,5 +7,6 @@ run_detectors runs them in DETECTORS order."""
 DETECTORS = ("hang", "rank_failure", "straggler", "workload_imbalance", "stage_imbalance",
              "pipeline_bubble",
              "input_stall", "hidden_sync", "accumulation_sync", "blocking_async", "exposed_comm", "fp32_math", "copy_stall",
+             "checkpoint_stall",
              "memory_imbalance",
              "env_mismatch")

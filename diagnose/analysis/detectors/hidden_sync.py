@@ -80,6 +80,10 @@ def _candidates(ctx):
     blind = ~calls["rank"].isin(windows["rank"].unique()).to_numpy()
     gradients = calls["async_op"].astype(bool).to_numpy() & calls["name"].isin(REDUCTIONS).to_numpy()
     calls = calls[~(blind & gradients)]
+    # a checkpoint save's own collectives (DCP plans and gathers inside save) are the save's
+    saves = events[steady & (kind == "checkpoint").to_numpy()]
+    if len(saves):
+        calls = calls[~started_inside(calls, saves)]
     found = pd.concat([calls[~started_inside(calls, windows)], syncs[started_inside(syncs, windows)]])
     found = found.assign(dur_ms=(found["end_ns"] - found["start_ns"]) / 1e6,
                          callsite=as_str(found["callsite"]), name=as_str(found["name"]))
