@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from campaign import stamp  # bench/campaign.py (python bench/<script>.py puts bench/ first)
+from campaign import write  # bench/campaign.py (python bench/<script>.py puts bench/ first)
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -64,22 +64,14 @@ def main() -> None:
                 print(f"{name} pair {i + 1}: measured {with_ms - without_ms:.1f} ms/step, "
                       f"predicted {impact:.1f}", flush=True)
             rows.append((name, measured, predicted))
-    date, commit = stamp(REPO)
-    text = [f"# checkpoint_stall: impact vs measured saving ({date}, at {commit})", "",
-            f"`python bench/checkpoint_stall.py --pairs {args.pairs}` on the 2-core VM, nothing else running "
-            "(job and method: the script's docstring).", "",
-            "| saves | measured saving ms/step (mean +- sd) | predicted (mean) | predicted / measured |",
+    body = ["| saves | measured saving ms/step (mean +- sd) | predicted (mean) | predicted / measured |",
             "|---|---|---|---|"]
     for name, measured, predicted in rows:
         m, p = statistics.mean(measured), statistics.mean(predicted)
         sd = statistics.stdev(measured) if len(measured) > 1 else 0.0
-        text.append(f"| {name} | {m:.1f} +- {sd:.1f} | {p:.1f} | {p / m:.2f} |" if m else
-                    f"| {name} | {m:.1f} +- {sd:.1f} | {p:.1f} | - |")
-    path = REPO / "bench" / "results" / f"{date}-checkpoint-stall.md"
-    path.write_text("\n".join(text) + "\n")
-    print("\n".join(text))
-    print(f"wrote {path.relative_to(REPO)}")
-
+        body.append(f"| {name} | {m:.1f} +- {sd:.1f} | {p:.1f} | {f'{p / m:.2f}' if m else '-'} |")
+    write(REPO, "checkpoint-stall", "checkpoint_stall: impact vs measured saving",
+          f"python bench/checkpoint_stall.py --pairs {args.pairs}", body)
 
 if __name__ == "__main__":
     main()

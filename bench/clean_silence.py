@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from campaign import stamp  # bench/campaign.py (python bench/<script>.py puts bench/ first)
+from campaign import write  # bench/campaign.py (python bench/<script>.py puts bench/ first)
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -58,21 +58,13 @@ def main() -> None:
                 details.append(f"- {job}, run {i + 1}: {f['kind']} [{f['severity']}] {f['title']}")
             print(f"{job} run {i + 1}: {', '.join(f['kind'] for f in serious) or 'silent'}", flush=True)
         rows.append((job, args.runs, silent, counts))
-    date, commit = stamp(REPO)
-    text = [f"# Clean runs are silent ({date}, at {commit})", "",
-            f"`python bench/clean_silence.py --runs {args.runs}` on the 2-core VM, nothing else running "
-            "(jobs and target: the script's docstring).", "",
-            "| job | runs | silent (nothing above info) | runs with a straggler above info | other kinds above info (runs) |",
+    body = ["| job | runs | silent (nothing above info) | runs with a straggler above info | other kinds above info (runs) |",
             "|---|---|---|---|---|"]
     for job, n, silent, counts in rows:
         others = ", ".join(f"{k} ({v})" for k, v in sorted(counts.items()) if k != "straggler") or "-"
-        text.append(f"| {job} | {n} | {silent} | {counts.get('straggler', 0)} | {others} |")
-    text += ["", "Findings above info:", ""] + (details or ["- none"]) + [""]
-    path = REPO / "bench" / "results" / f"{date}-clean-silence.md"
-    path.write_text("\n".join(text))
-    print("\n".join(text))
-    print(f"wrote {path.relative_to(REPO)}")
-
+        body.append(f"| {job} | {n} | {silent} | {counts.get('straggler', 0)} | {others} |")
+    body += ["", "Findings above info:", ""] + (details or ["- none"])
+    write(REPO, "clean-silence", "Clean runs are silent", f"python bench/clean_silence.py --runs {args.runs}", body)
 
 if __name__ == "__main__":
     main()

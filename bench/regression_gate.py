@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from campaign import stamp  # bench/campaign.py (python bench/<script>.py puts bench/ first)
+from campaign import write  # bench/campaign.py (python bench/<script>.py puts bench/ first)
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -65,19 +65,12 @@ def main() -> None:
                 rows.append((i + 1, name, code, lines))
                 print(f"pair {i + 1} {name}: exit {code}; " + " | ".join(lines), flush=True)
     clean = [r for r in rows if r[1] == "clean"]
-    date, commit = stamp(REPO)
-    text = [f"# CI regression gate on live runs ({date}, at {commit})", "",
-            f"`python bench/regression_gate.py --pairs {args.pairs}` on the 2-core VM, nothing else running "
-            "(job and candidates: the script's docstring).", "",
-            f"Clean vs clean: {sum(r[2] == 0 for r in clean)} of {len(clean)} pairs pass (exit 0).", "",
+    body = [f"Clean vs clean: {sum(r[2] == 0 for r in clean)} of {len(clean)} pairs pass (exit 0).", "",
             "| pair | candidate | exit | verdicts |", "|---|---|---|---|"]
     for i, name, code, lines in rows:
-        text.append(f"| {i} | {name} | {code} | {'<br>'.join(line.replace('|', '/') for line in lines)} |")
-    path = REPO / "bench" / "results" / f"{date}-regression-gate.md"
-    path.write_text("\n".join(text) + "\n")
-    print("\n".join(text))
-    print(f"wrote {path.relative_to(REPO)}")
-
+        body.append(f"| {i} | {name} | {code} | {'<br>'.join(line.replace('|', '/') for line in lines)} |")
+    write(REPO, "regression-gate", "CI regression gate on live runs",
+          f"python bench/regression_gate.py --pairs {args.pairs}", body)
 
 if __name__ == "__main__":
     main()
