@@ -164,3 +164,32 @@ print("withdrawn", stacks.withdrawn, flush=True)
 def test_the_parser_reads_what_faulthandler_writes_and_skips_the_rest(text, names, expected):
     from diagnose.rundir.fault_stacks_reader import parse_stacks
     assert [(t["ident"], t["name"], len(t["frames"])) for t in parse_stacks(text, names)] == expected
+
+
+def test_under_diagnose_run_a_jobs_own_handlers_stay_its_and_only_ranks_get_the_signal(tmp_path):
+    """A job with its own SIGUSR1/SIGUSR2/SIGRTMIN+1 handlers hangs under `diagnose run`:
+    at the verdict each rank's stacks are taken on a signal the job does not use, none of
+    the job's handlers runs, and a process of the same host that no rank is stays alive."""
+    import json
+
+    from conftest import job_env, run_diagnose, torchrun
+    handled = tmp_path / "handled.log"
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        proc = run_diagnose(["run", "--out", tmp_path / "run", "--hang-timeout", 3, "--kill-on-hang", "--no-outputs",
+                             "--", *torchrun(2, "tests/scripts/own_handlers_job.py")],
+                            env=job_env(HANDLED_LOG=str(handled)), check=False, timeout=240)
+        assert proc.returncode != 0   # killed on the hang, as asked
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+    assert not handled.exists(), handled.read_text()
+    marks = markers(str(tmp_path / "run"))
+    assert len(marks) == 2 and {m["signal"] for m in marks} == {int(signal.SIGRTMIN) + 2}
+    for rank in (0, 1):
+        stacks = read_rank_stacks(str(tmp_path / "run" / "traces" / f"rank-{rank:05d}"))
+        assert stacks is not None and any(t["name"] == "MainThread" for t in stacks["threads"])
+    findings = json.loads((tmp_path / "run" / "analysis" / "findings.json").read_text())
+    (hang,) = [f for f in findings if f["kind"] == "hang"]
+    assert hang["ranks"] == [1] and "own_handlers_job.py:" in hang["title"] and "time.sleep(600)" in hang["title"]
