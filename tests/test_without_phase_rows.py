@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import fixture_path
+from conftest import fixture_path, load_run
 from diagnose.analysis.inferred_compute import SOURCE
 
 NEEDS_PHASES = {
@@ -54,7 +54,9 @@ def test_a_recorded_run_without_its_phase_rows_names_the_same_cause(name, record
     recorded, _ = recorded_scenario(name)
     stripped = tmp_path / name
     _strip(fixture_path("runs", name), stripped)
-    run, _ = analyze_run([str(stripped)], outputs=False, warn=lambda w: None)
+    warnings = []
+    run, _ = analyze_run([str(stripped)], outputs=False, warn=warnings.append)
+    assert warnings == []   # a detector that failed would be one of them
     assert not run.events()["kind"].isin(["phase"]).any()
     want, got = _top(recorded), _top(stripped)
     if want is None:
@@ -66,10 +68,9 @@ def test_a_recorded_run_without_its_phase_rows_names_the_same_cause(name, record
 
 
 def test_the_pipeline_runs_use_inferred_forward_and_backward(recorded_scenario, tmp_path):
-    import diagnose
     stripped = tmp_path / "bubble"
     _strip(fixture_path("runs", "bubble"), stripped)
-    run = diagnose.load(str(stripped), warn=lambda w: None)
+    run = load_run(stripped)   # fails on any loader warning
     events = run.events()
     inferred = events[events["detail"] == SOURCE]
     assert set(inferred["kind"].astype(str)) == {"forward", "backward"}
