@@ -13,31 +13,24 @@ bench/results/<date>-checkpoint-stall.md.
 """
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from campaign import write  # bench/campaign.py (python bench/<script>.py puts bench/ first)
+from campaign import run_trainer, write  # bench/campaign.py (python bench/<script>.py puts bench/ first)
 
 REPO = Path(__file__).resolve().parents[1]
-PY = sys.executable
 sys.path.insert(0, str(REPO))
 JOB = ["--dp", "2", "--steps", "24", "--layers", "2", "--d-model", "64", "--heads", "4", "--seq-len", "64",
        "--micro-batch-size", "2", "--microbatches", "2"]
 MODES = {"torch.save, rank 1 slow disk": "checkpoint:every=4,mode=torch,slow_rank=1,slow_ms=2",
          "DCP save": "checkpoint:every=4,mode=dcp", "DCP async_save": "checkpoint:every=4,mode=dcp_async"}
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DIAGNOSE_OUTPUTS": "off", "DIAGNOSE_TRACKING": "off"}
 
 
 def run(out: Path, fault: str | None) -> tuple[float, float]:
     """(mean steady step ms on the median rank, checkpoint_stall's impact or 0)."""
-    argv = JOB + (["--fault", fault] if fault else [])
-    subprocess.run([PY, "-m", "diagnose", "run", "--out", str(out), "--", PY, "-m", "torch.distributed.run",
-                    "--standalone", "--nproc-per-node", "2", "-m", "reference_trainer", *argv],
-                   cwd=REPO, env=ENV, capture_output=True, text=True, timeout=900, check=True)
+    run_trainer(REPO, out, 2, JOB + (["--fault", fault] if fault else []))
     import diagnose
     loaded = diagnose.load(str(out), warn=lambda w: None)
     b = loaded.breakdown()

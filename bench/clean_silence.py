@@ -14,13 +14,12 @@ bench/results/<date>-clean-silence.md.
 import argparse
 import collections
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from campaign import write  # bench/campaign.py (python bench/<script>.py puts bench/ first)
+from campaign import QUIET_ENV, write  # bench/campaign.py (python bench/<script>.py puts bench/ first)
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -32,10 +31,9 @@ JOBS = {
 
 
 def launch(job: str, out: Path) -> list:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DIAGNOSE_OUTPUTS": "off", "DIAGNOSE_TRACKING": "off"}
     command = ([PY, "-m", "diagnose", "demo", "--scenario", "clean", "--out", str(out)] if JOBS[job] is None
                else [PY, "-m", "diagnose", "run", "--out", str(out), "--", *JOBS[job]])
-    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(command, cwd=REPO, env=QUIET_ENV, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise SystemExit(f"{job}: exited {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     return json.loads((out / "analysis" / "findings.json").read_text())

@@ -13,13 +13,12 @@ layout (straggler, slow_input, hidden_sync). Writes
 bench/results/<date>-regression-gate.md.
 """
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from campaign import write  # bench/campaign.py (python bench/<script>.py puts bench/ first)
+from campaign import QUIET_ENV, run_trainer, write  # bench/campaign.py (python bench/<script>.py puts bench/ first)
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -30,21 +29,13 @@ CLEAN = SCENARIOS["clean"]
 CANDIDATES = {"clean": (), "slowdown 10%": ("slowdown:pct=10",), "slowdown 2%": ("slowdown:pct=2",),
               "straggler": ("straggler:rank=2,factor=2",), "slow_input": ("slow_input:ms=10",),
               "hidden_sync": ("hidden_sync:every=microbatch",)}
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DIAGNOSE_OUTPUTS": "off", "DIAGNOSE_TRACKING": "off"}
-
-
 def launch(out: Path, faults: tuple) -> None:
-    argv = list(CLEAN.argv) + [a for f in faults for a in ("--fault", f)]
-    command = [PY, "-m", "diagnose", "run", "--out", str(out), "--", PY, "-m", "torch.distributed.run",
-               "--standalone", "--nproc-per-node", str(CLEAN.nproc), "-m", "reference_trainer", *argv]
-    proc = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        raise SystemExit(f"{faults}: exited {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    run_trainer(REPO, out, CLEAN.nproc, list(CLEAN.argv) + [a for f in faults for a in ("--fault", f)])
 
 
 def gate(a: Path, b: Path) -> tuple[int, list]:
     proc = subprocess.run([PY, "-m", "diagnose", "compare", str(a), str(b), "--fail-on", "regression"],
-                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+                          cwd=REPO, env=QUIET_ENV, capture_output=True, text=True, timeout=600)
     return proc.returncode, [line for line in proc.stdout.splitlines() if line.startswith(("REGRESSION:", "ok:"))]
 
 
