@@ -35,6 +35,8 @@ OUR_THREAD_PREFIX = "diagnose-"
 
 
 def is_library(path: str) -> bool:
+    # not collectors.callsite.is_internal: that one knows this interpreter's stdlib
+    # directory; a dump may come from another machine's, so its path shape is read
     return (path.startswith("<") or bool(_STDLIB.search(path)) or f"{os.sep}torch{os.sep}" in path
             or path.startswith(_OURS))
 

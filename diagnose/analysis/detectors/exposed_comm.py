@@ -28,9 +28,8 @@ kernels spin while the neighbour computes, the bubble's time, not transfer
 (on a Megatron-shaped pp4 trace of 2 micro-batches they made a critical 28.6
 ms/step of "communication" that outranked the bubble). A trace of some ranks
 of a larger world (one rank's profile of an 8-rank job) is reported at info
-with that said: a
-collective kernel spins until its last member arrives, so from those ranks
-alone waiting and transfer are one figure.
+with that said: a collective kernel spins until its last member arrives, so
+from those ranks alone waiting and transfer are one figure.
 """
 import pandas as pd
 
