@@ -16,8 +16,11 @@ SCHEMA_VERSION = 1
 # Event kinds. A "collective"/"p2p" row is the call (issue -> return); for async
 # work, a "wait" row (the Work.wait call) and a "done" row (completion seen by a
 # future callback, start_ns == end_ns) follow with the same group and seq.
+# "stream_wait" (imported traces): one stream told to wait for an event recorded
+# on another (cudaStreamWaitEvent), the replay's cross-stream edge
+# (docs/run-directory.md). Appended last: exporters number kinds by position.
 KINDS = ("step", "forward", "backward", "optimizer", "data", "collective", "p2p",
-         "wait", "done", "sync", "phase", "kernel", "error", "mark", "checkpoint")
+         "wait", "done", "sync", "phase", "kernel", "error", "mark", "checkpoint", "stream_wait")
 # The class of a "kernel" row (its `detail`): HTA's kernel types, so that HTA's
 # temporal breakdown can be reproduced (diagnose.importers.gpu_activity).
 COMPUTE, COMMUNICATION, MEMORY, OTHER = "compute", "communication", "memory", "other"

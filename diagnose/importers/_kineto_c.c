@@ -380,9 +380,11 @@ static const char *args_end(const char *p, const char *end, Args *a) {
             a->other = 3;
         } else if (key_is(&key, "Process Group Name") || key_is(&key, "Process Group Ranks") ||
                    key_is(&key, "Seq") || key_is(&key, "seq") || key_is(&key, "In msg nelems") ||
-                   key_is(&key, "dtype") || key_is(&key, "Dst Rank") || key_is(&key, "Src Rank")) {
+                   key_is(&key, "dtype") || key_is(&key, "Dst Rank") || key_is(&key, "Src Rank") ||
+                   key_is(&key, "wait_on_stream") || key_is(&key, "wait_on_cuda_event_record_corr_id")) {
             /* (the peer keys too: a kernel whose op comes from its nccl:send
-             * range may carry them without a "Collective name") */
+             * range may carry them without a "Collective name"; and a Stream
+             * Wait Event's stream and event record, its "stream_wait" row) */
             a->other |= 1;
         }
     }

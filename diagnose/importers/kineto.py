@@ -13,6 +13,8 @@ What becomes what (times: the trace's own clock, made absolute with
     cudaDeviceSynchronize / cudaStreamSynchronize / cudaEventSynchronize / cudaMemcpy
                                             -> "sync" (detail "cuda")
     GPU kernels, memcpy, memset, GPU syncs  -> "kernel" rows (diagnose.importers.run_writer)
+    "Stream Wait Event" (cuda_sync)         -> "stream_wait" instead: a stream waits for an event
+                                               recorded on another (docs/run-directory.md)
     NCCL kernels                            -> also "collective" + "done" rows, from the
                                                kernel's "Collective name", "Process Group
                                                Name/Ranks", "In msg nelems", "dtype", "Seq";
@@ -195,7 +197,8 @@ def import_profiler_windows(run_dir: str, warn=print) -> dict:
     """After `diagnose run --torch-profiler`: add each rank's GPU activity from
     its own Kineto trace to its rank folder (the CPU side is already recorded
     natively). Kineto's wall-clock times are put on the rank's monotonic clock
-    through its meta.json anchors. Idempotent: a rank already done is skipped."""
+    through its meta.json anchors. Idempotent: a rank already done is skipped.
+    {rank: its kernel rows}."""
     from diagnose import rundir
     from diagnose.rundir import rank_reader
     done = {}
@@ -212,12 +215,13 @@ def import_profiler_windows(run_dir: str, warn=print) -> dict:
             except UserError as exc:
                 warn(f"diagnose: warning: {exc}")
                 continue
-            table = table.filter(pc.equal(table.column("kind"), "kernel"))
+            # the GPU side: its activities, and the waits between its streams
+            table = table.filter(pc.is_in(table.column("kind"), pa.array(["kernel", "stream_wait"])))
             for column in ("start_ns", "end_ns"):
                 table = table.set_column(table.schema.get_field_index(column), column,
                                          pc.add(table.column(column), shift))
             tables.append(table)
         table = pa.concat_tables(tables) if tables else events_table([])
         append_rank_events(rank_dir, table, "kineto")
-        done[rundir.rank_of_dir(rank_dir)] = len(table)
+        done[rundir.rank_of_dir(rank_dir)] = pc.sum(pc.equal(table.column("kind"), "kernel")).as_py() or 0
     return done

@@ -10,10 +10,11 @@ columns are numpy arrays from start to end.
 
 Rows, in start order (ties: CPU rows first, then the trace's GPU order, a
 collective call's first NCCL kernel followed by its collective row and its
-last kernel by its done row):
+last kernel by its done row; stream_wait rows last):
 
     CPU rows          step, data, forward/backward/optimizer, sync (kineto._classify)
     kernel rows       one per GPU activity (docs/run-directory.md: what is what)
+                      but a Stream Wait Event, which is a stream_wait row
     collective, done  one each per collective call (its NCCL kernels)
     p2p, done         instead, for a send or recv whose peer the kernel's args
                       name (PyTorch's "Dst Rank" / "Src Rank": global ranks)
@@ -25,7 +26,7 @@ import pyarrow.compute as pc
 from collectors.schema import COMMUNICATION, EVENT_COLUMNS, EVENT_FIELDS, EVENT_SCHEMA, arrow_array, event_row
 from diagnose.importers.gpu_activity import (DTYPE_BYTES, as_int, collective_op, kernel_class, launching_ranges,
                                              p2p_pair, ranks_string)
-from diagnose.importers.kineto_scan import peer_rank
+from diagnose.importers.kineto_scan import STREAM_WAIT, peer_rank
 from diagnose.importers.kineto_structure import SOURCE as STRUCTURE_SOURCE, device_structure
 from diagnose.importers.process_groups import process_groups
 from diagnose.importers.run_writer import assign_steps
@@ -74,6 +75,9 @@ def table_and_facts(base_time, dist, cpu, gpu, launches, pids, ranges) -> tuple[
     CPU ranges (op, ts, dur, tid, bytes, peer). Exchanges and forward/backward
     passes the trace holds without naming them: kineto_structure.py."""
     base_ns = max(as_int(base_time, 0), 0)
+    waits = [g for g in gpu if g[0] == STREAM_WAIT]
+    if waits:  # not device work: a dependency between streams
+        gpu = [g for g in gpu if g[0] != STREAM_WAIT]
     steps = {}
     for kind, _, ts, dur, detail in cpu:
         if kind == "step":
@@ -89,12 +93,13 @@ def table_and_facts(base_time, dist, cpu, gpu, launches, pids, ranges) -> tuple[
         gpu, kernel_block, start_order, as_int(dist.get("world_size"), 0), launches, ranges,
         as_int(dist.get("rank"), -1), structure.exchanges)
     pass_block = _pass_block(structure.rows)
-    blocks = (cpu_block, kernel_block, collective_block, done_block, pass_block)
+    wait_block = _wait_block(waits, launches, base_ns, step_starts, step_numbers)
+    blocks = (cpu_block, kernel_block, collective_block, done_block, pass_block, wait_block)
     n_cpu = len(cpu_block["start_ns"])
     place = np.empty(len(gpu), np.int64)  # kernel i is the place[i]-th to start
     place[start_order] = np.arange(len(gpu))
     tie_break = np.concatenate([np.arange(-n_cpu, 0), 3 * place, 3 * place[first] + 1, 3 * place[last] + 2,
-                                np.full(len(structure.rows), -1)])
+                                np.full(len(structure.rows), -1), 3 * len(gpu) + np.arange(len(waits))])
     order = np.lexsort((tie_break, np.concatenate([b["start_ns"] for b in blocks])))
     arrays = []
     for name, typ in EVENT_FIELDS:
@@ -109,6 +114,29 @@ def table_and_facts(base_time, dist, cpu, gpu, launches, pids, ranges) -> tuple[
     if structure.note:
         facts["device_structure"] = structure.note
     return pa.Table.from_arrays(arrays, schema=EVENT_SCHEMA), facts
+
+
+def _wait_block(waits, launches, base_ns, step_starts, step_numbers) -> dict:
+    """A Stream Wait Event's "stream_wait" row (docs/run-directory.md): group its
+    stream, seq the correlation of its cudaStreamWaitEvent, peer the stream and
+    bytes the correlation of the cudaEventRecord it waits for (libkineto's
+    wait_on_stream and wait_on_cuda_event_record_corr_id; -1 where it wrote -1
+    or nothing, as older versions do for the record)."""
+    names, ts, durs, streams, correlations, _, _, args = zip(*waits) if waits else ((),) * 8
+    ts = np.array(ts, dtype=np.float64)
+    return _block(len(waits), kind="stream_wait", name=Strings.of(names), start_ns=ns_from_us(ts, base_ns),
+                  end_ns=ns_from_us(ts + np.array(durs, dtype=np.float64), base_ns),
+                  step=assign_steps(step_starts, step_numbers, _launch_ns(ts, correlations, launches, base_ns)),
+                  group=Strings.of([str(s) for s in streams]), seq=correlations,
+                  peer=[max(as_int(a.get("wait_on_stream")), -1) for a in args],
+                  bytes=[max(as_int(a.get("wait_on_cuda_event_record_corr_id")), -1) for a in args], detail="cuda")
+
+
+def _launch_ns(ts: np.ndarray, correlations, launches: dict, base_ns: int) -> np.ndarray:
+    """Per GPU activity, its launch's (the runtime call's) start, or its own
+    start where the launch is not in the trace: the time its step is chosen by."""
+    return ns_from_us(np.array([launches[c][0] if c in launches else t for c, t in zip(correlations, ts.tolist())],
+                               dtype=np.float64), base_ns)
 
 
 def _pass_block(rows: list) -> dict:
@@ -159,8 +187,7 @@ def _kernel_block(gpu, launches, base_ns, step_starts, step_numbers) -> tuple:
     names, ts, durs, streams, correlations, nbytes, collectives, _ = zip(*gpu) if gpu else ((),) * 8
     ts = np.array(ts, dtype=np.float64)
     starts = ns_from_us(ts, base_ns)
-    launch_ts = np.array([launches[c][0] if c in launches else t for c, t in zip(correlations, ts.tolist())],
-                         dtype=np.float64)
+    launch_ns = _launch_ns(ts, correlations, launches, base_ns)
     name = Strings.of(names)
     classes = {COMMUNICATION: 0}  # code 0: NCCL kernels, and any activity with a "Collective name"
     class_of_name = np.array([classes.setdefault(kernel_class(v), len(classes)) for v in name.values], np.int32)
@@ -168,11 +195,11 @@ def _kernel_block(gpu, launches, base_ns, step_starts, step_numbers) -> tuple:
     stream_ids, stream_codes = np.unique(np.array(streams, np.int64), return_inverse=True)
     block = _block(n, kind="kernel", name=name, start_ns=starts,
                    end_ns=ns_from_us(ts + np.array(durs, dtype=np.float64), base_ns),
-                   step=assign_steps(step_starts, step_numbers, ns_from_us(launch_ts, base_ns)),
+                   step=assign_steps(step_starts, step_numbers, launch_ns),
                    group=Strings(stream_codes.astype(np.int32).ravel(), [str(s) for s in stream_ids.tolist()]),
                    seq=[c if c in launches else -1 for c in correlations],  # -1: launched before the trace
                    bytes=nbytes, detail=Strings(detail, list(classes)),
-                   queued_ns=_queued_ns(starts, ns_from_us(launch_ts, base_ns), correlations, launches))
+                   queued_ns=_queued_ns(starts, launch_ns, correlations, launches))
     return block, np.argsort(starts, kind="stable")
 
 

@@ -48,6 +48,9 @@ PHASE_FIRST = frozenset("#fbFBoD")
 NCCL_RANGE_PREFIX = "nccl:"
 NCCL_RANGE_CATS = ("user_annotation", "cpu_op")
 CLASSIFIED_FIRST = PHASE_FIRST | {"P", "e", "O"}
+# libkineto's name for a CUPTI STREAM_WAIT_EVENT sync (cupti_strings.cpp: syncTypeString):
+# a "stream_wait" row, not a kernel (kineto_columns)
+STREAM_WAIT = "Stream Wait Event"
 
 # the phases of the Trace Event Format besides complete events ("X"); the C scan
 # accepts the same ones
@@ -76,6 +79,9 @@ if msgspec is not None:
         # a send's / recv's peer (global rank), which makes it a p2p row (kineto_columns)
         dst_rank: Any = msgspec.field(default=UNSET, name="Dst Rank")
         src_rank: Any = msgspec.field(default=UNSET, name="Src Rank")
+        # a Stream Wait Event's stream and event record (kineto_columns: "stream_wait" rows)
+        wait_on_stream: Any = UNSET
+        wait_on_record: Any = msgspec.field(default=UNSET, name="wait_on_cuda_event_record_corr_id")
         # (Raw: decoded only for the few nccl: ranges, not for every operator)
         input_dims: Union[msgspec.Raw, msgspec.UnsetType] = msgspec.field(default=UNSET, name="Input Dims")
         input_type: Union[msgspec.Raw, msgspec.UnsetType] = msgspec.field(default=UNSET, name="Input type")

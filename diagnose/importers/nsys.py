@@ -26,6 +26,13 @@ Read, per profiled process (one process = one rank):
         communicator, taken as its global rank (a world communicator).
     CUPTI_ACTIVITY_KIND_RUNTIME                    -> launch times (the step a kernel
         belongs to) and host syncs (cudaDeviceSynchronize & co.) as "sync" rows
+    CUPTI_ACTIVITY_KIND_SYNCHRONIZATION rows of   -> "stream_wait" rows (docs/run-directory.md);
+        syncType STREAM_WAIT_EVENT                   the stream waited on and the record's
+        (cudaStreamWaitEvent)                        correlation: the CUDA_EVENT row (a
+                                                     cudaEventRecord) of the same context and
+                                                     event with the highest correlation below
+                                                     the wait's, as libkineto pairs them; -1
+                                                     without one (no --cuda-event-trace)
     NVTX_EVENTS push/pop and start/end ranges      -> our kinds: ranges from the
         collectors' own domain "diagnose" keep their category as the kind; other
         ranges by name ("step 12" / "ProfilerStep#12" -> step 12, "forward",
@@ -42,6 +49,7 @@ Ranks: a file whose name says `rank<N>` (what `diagnose run --nsys` writes) and
 holds one process is rank N; otherwise the processes with GPU kernels (else
 with NVTX ranges) get the next free ranks, ordered by GPU then pid.
 """
+import bisect
 import json
 import os
 import pathlib
@@ -53,6 +61,7 @@ import numpy as np
 from collectors.schema import COMMUNICATION, KINDS, MEMORY
 from diagnose.errors import UserError
 from diagnose.importers.gpu_activity import collective_op, kernel_class, launching_ranges, nccl_call_op, p2p_pair
+from diagnose.importers.kineto_scan import STREAM_WAIT
 from diagnose.importers.run_writer import RunDirWriter, assign_steps, clock_meta
 
 NVTX_RANGE_TYPES = (59, 60)      # NvtxPushPopRange, NvtxStartEndRange
@@ -65,6 +74,7 @@ _DATA_RE = re.compile(r"^(data_wait|data|enumerate\(DataLoader\)#.*__next__)$")
 _RANK_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _NCCL_API_RE = re.compile(r"^nccl[A-Z]\w*$")  # NCCL's own NVTX ranges: ncclAllReduce, ncclGroupEnd
 _PHASES = {"forward": "forward", "backward": "backward", "optimizer": "optimizer"}
+_STREAM_WAIT_EVENT = 2  # CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT (the export's ENUM_CUPTI_SYNC_TYPE)
 MASK24 = 0xFFFFFF
 
 
@@ -126,6 +136,11 @@ class Export:
             memset = _select(con, "CUPTI_ACTIVITY_KIND_MEMSET",
                              ["start", "end", "deviceId", "streamId", "correlationId", "globalPid",
                               "bytes"])
+            self.waits = [w for w in _select(con, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+                                             ["start", "end", "streamId", "correlationId", "globalPid", "contextId",
+                                              "eventId", "syncType"]) if w[7] == _STREAM_WAIT_EVENT]
+            events = _select(con, "CUPTI_ACTIVITY_KIND_CUDA_EVENT",
+                             ["globalPid", "contextId", "eventId", "correlationId", "streamId"])
             self.runtime = _select(con, "CUPTI_ACTIVITY_KIND_RUNTIME",
                                    ["start", "end", "globalTid", "correlationId", "nameId"])
             self.nvtx = _select(con, "NVTX_EVENTS",
@@ -142,6 +157,14 @@ class Export:
         self.gpu += [(s, e, d, st, c, gp, "Memset", b or 0) for s, e, d, st, c, gp, b in memset]
         self.domains = {r[7]: self._text(r) for r in self.nvtx if r[2] == NVTX_DOMAIN}
         self.categories = {(r[7], r[6]): self._text(r) for r in self.nvtx if r[2] == NVTX_CATEGORY}
+        # cudaEventRecord's activities: (pid, context, event) -> [(correlation, stream recorded on)]
+        # in call order (an event is recorded again and again: eventId is the handle, not the record)
+        self.records = {}
+        for gpid, context, event, corr, stream in events:
+            if corr is not None:
+                self.records.setdefault((_pid_of(gpid), context, event), []).append((corr, stream))
+        for recorded in self.records.values():
+            recorded.sort()
 
     def _str(self, string_id) -> str:
         return self.strings.get(string_id, "") if string_id is not None else ""
@@ -196,7 +219,24 @@ class Export:
         for (kind, name, s, e, detail), st in zip(cpu, step_of.tolist()):
             rows.append((kind, name, s, e, st, -1, -1, "", "", -1, -1, 0, False, "", detail, -1))
         rows.extend(self._gpu_rows(pid, single, launches, calls, starts, numbers, world, rank))
+        rows.extend(self._wait_rows(pid, single, launches, starts, numbers))
         rows.sort(key=lambda r: r[2])
+        return rows
+
+    def _wait_rows(self, pid, single, launches, step_starts, step_numbers) -> list:
+        """The process's cudaStreamWaitEvent calls as "stream_wait" rows, their
+        step the one their call ran in, as a kernel's is its launch's."""
+        waits = [w for w in self.waits if single or _pid_of(w[4]) == pid]
+        calls = np.array([launches[w[3]][0] if w[3] in launches else w[0] for w in waits], dtype=np.int64)
+        rows = []
+        for (s, e, stream, corr, gpid, context, event, _), st in zip(waits, assign_steps(step_starts, step_numbers,
+                                                                                           calls).tolist()):
+            corr = -1 if corr is None else corr
+            recorded = self.records.get((_pid_of(gpid), context, event), ())
+            at = bisect.bisect_left(recorded, (corr,))  # the last record before the wait call
+            record, peer = recorded[at - 1] if at else (-1, -1)
+            rows.append(("stream_wait", STREAM_WAIT, s, e, st, -1, -1, str(stream), "", corr,
+                         -1 if peer is None else peer, record, False, "", "nsys", -1))
         return rows
 
     def _nvtx_kind(self, row) -> tuple[str, str]:
@@ -280,6 +320,10 @@ class Export:
             rows.append(("done", op, e, e, st, -1, -1, group, members, seq, peer, 0, True, "", detail, -1))
             last_call[stream] = (c, len(rows) - 1)
         return rows
+
+
+def _pid_of(gpid):
+    return None if gpid is None else decode_global_id(gpid)[0]
 
 
 def _count(value) -> bool:
