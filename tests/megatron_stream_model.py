@@ -25,13 +25,27 @@ inputs are ready; each of its messages moves `transfer_us` after both its
 kernel and the partner's kernel are running, and the kernel ends when its last
 message has moved, so a pair of exchanges ends together. An all-reduce ends
 `transfer_us` after its last member starts. The host never blocks before the
-step's final sync, so it runs ahead of the device, as a real one does.
+step's final sync, so it runs ahead of the device, as a real one does; unless
+told to (a loss.item() sync, blocking p2p waits): then it waits for its device,
+and each step the hosts and the devices of all ranks advance together, as far
+as each one's launches and waits allow (_Model.run_step).
+
+Faults and host behaviour, all off by default (simulate's arguments; the host
+calls that order or wait for streams, and their Kineto records, are in
+tests/stream_sim_faults.py): a slow rank, per-rank launch cost, host work
+between micro-batches, host syncs, blocking p2p, a ring of fused exchanges,
+recorded cross-stream waits and some of them left out of the export.
+simulate() also returns each step's end on the simulation's own clock: the
+truth a what-if is measured against (tests/whatif_sim_cases.py).
 
 distributedInfo carries pg_config with Megatron's descriptions (ranks laid out
 tensor-data-pipeline: pipeline groups [d, d+dp, ...], data-parallel groups of
 consecutive ranks).
 """
 import numpy as np
+
+from stream_sim_faults import (COMPUTE_STREAM, DP_STREAM, NCCL_STREAMS, P2P_STREAM, HostCalls, drop_waits,
+                               ring_schedule)
 
 T0_US = 1_700_000_000_000_000.0
 LAUNCH_US = 8.0
@@ -94,15 +108,43 @@ def interleaved(stage: int, stages: int, microbatches: int, chunks: int) -> list
     return [a for a in fused if a[0] != "X" or a[1]]
 
 
-def traces(pp: int, dp: int, microbatches: int, steps: int, seed: int = 0, fwd_us: float = 3000.0,
-           stage_factor: dict | None = None, length=None, jitter_sigma: float = 0.0, delay_every: int = 0,
-           delay_us: float = 20000.0, peer_args: bool = True, kernels=(4, 8), transfer_us: float = 200.0,
-           chunks: int = 1) -> list:
-    """One Kineto trace (dict) per rank. A micro-batch's forward is `fwd_us`
-    (x stage_factor[stage], x length(rng, rank, step, mb) when given), its
-    backward twice that, split into kernels[0] / kernels[1] equal kernels; each
-    kernel x lognormal(0, jitter_sigma), and 1 kernel in `delay_every` (at
-    random) `delay_us` longer. chunks > 1: the interleaved schedule above."""
+class Sim:
+    """A simulated job: its Kineto traces (one dict per rank) and, per rank, each
+    step's end (the ProfilerStep's end, us) on the simulation's own clock."""
+
+    def __init__(self, traces: list, step_end_us: list):
+        self.traces, self.step_end_us = traces, step_end_us
+
+
+def traces(*args, **kwargs) -> list:
+    """One Kineto trace (dict) per rank: simulate(...)'s."""
+    return simulate(*args, **kwargs).traces
+
+
+def simulate(pp: int, dp: int, microbatches: int, steps: int, seed: int = 0, fwd_us: float = 3000.0,
+             stage_factor: dict | None = None, length=None, jitter_sigma: float = 0.0, delay_every: int = 0,
+             delay_us: float = 20000.0, peer_args: bool = True, kernels=(4, 8), transfer_us: float = 200.0,
+             chunks: int = 1, rank_factor: dict | None = None, launch_us: dict | float | None = None,
+             host_gap_us: float = 0.0, host_sync_every_mb: int = 0, blocking_p2p: bool = False,
+             ring: bool = False, record_waits: bool = False, drop_waits_frac: float = 0.0) -> Sim:
+    """A micro-batch's forward is `fwd_us` (x stage_factor[stage], x
+    rank_factor[rank], x length(rng, rank, step, mb) when given), its backward
+    twice that, split into kernels[0] / kernels[1] equal kernels; each kernel x
+    lognormal(0, jitter_sigma), and 1 kernel in `delay_every` (at random)
+    `delay_us` longer. chunks > 1: the interleaved schedule above. The rest is
+    off by default:
+        rank_factor      {rank: x}: all that rank's compute kernels (the optimizer's too) x as long
+        launch_us        host time per kernel launch, one value or {rank: us} (default LAUNCH_US)
+        host_gap_us      host work (a "host_work" op) before each forward micro-batch
+        host_sync_every_mb  k: after every k-th micro-batch's backward, loss.item():
+                         the host waits for the compute stream (stream_sim_faults.py)
+        blocking_p2p     the host waits for each exchange's kernel right after launching it
+        ring             (pp=1) after each micro-batch's backward, one fused exchange round
+                         the data-parallel group: send to the next rank, receive from the
+                         previous (the gradient all-reduce still ends the step)
+        record_waits     the cross-stream waits as Kineto records them (stream_sim_faults.py)
+        drop_waits_frac  that share of the recorded waits left out of the export only"""
+    assert not ring or pp == 1, "a ring exchanges within the data-parallel group (pp=1)"
     rng = np.random.default_rng(seed)
     world = pp * dp
     stage_of = {r: r // dp for r in range(world)}
@@ -117,46 +159,62 @@ def traces(pp: int, dp: int, microbatches: int, steps: int, seed: int = 0, fwd_u
                        "ranks": data_of[s * dp]})
     model = _Model(world, rng, jitter_sigma, delay_every, delay_us, transfer_us)
     model.names = {tuple(g["ranks"]): g["pg_name"] for g in groups}
+    model.peer_args, model.record_waits = peer_args, record_waits
+    per_rank = launch_us if isinstance(launch_us, dict) else {}
+    everyone = LAUNCH_US if launch_us is None or isinstance(launch_us, dict) else launch_us
+    model.launch_us = [per_rank.get(r, everyone) for r in range(world)]
+    factor = {r: (rank_factor or {}).get(r, 1.0) for r in range(world)}
     host = [T0_US] * world
+    step_end_us = [[] for _ in range(world)]
     for step in range(steps):
+        # (x 1.0 is exact: without faults the floats, and so the traces, are as before them)
         sizes = {(r, i): (length(rng, r, step, i) if length else 1.0) * (stage_factor or {}).get(stage_of[r], 1.0)
-                 for r in range(world) for i in range(microbatches)}
-        starts = list(host)
-        for r in range(world):
-            model.rank, model.t = r, host[r]
-            program = (interleaved(stage_of[r], pp, microbatches, chunks) if chunks > 1
-                       else one_f_one_b(stage_of[r], pp, microbatches) if pp > 1
-                       else [(p, i) for i in range(microbatches) for p in "FB"])
-            for what, arg in program:
+                 * factor[r] for r in range(world) for i in range(microbatches)}
+        programs = []
+        for r in range(world):  # drawn rank by rank, kernel by kernel: the draws' order of old
+            schedule = (ring_schedule(microbatches) if ring
+                        else interleaved(stage_of[r], pp, microbatches, chunks) if chunks > 1
+                        else one_f_one_b(stage_of[r], pp, microbatches) if pp > 1
+                        else [(p, i) for i in range(microbatches) for p in "FB"])
+            peers, desc = (data_of[r], DATA_DESC) if ring else (pipeline_of[r], PIPELINE_DESC)
+            program = []
+            for what, arg in schedule:
                 if what == "X":
-                    ops = [(op, pipeline_of[r][(stage_of[r] + off) % pp]) for op, off in arg]
-                    model.exchange(ops, pipeline_of[r], peer_args)
-                else:
-                    n = kernels[0] if what == "F" else kernels[1]
-                    dur = fwd_us * sizes[(r, arg)] * (1 if what == "F" else 2) / n
-                    for _ in range(n):
-                        model.compute(dur, what == "B")
+                    ops = [(op, peers[(peers.index(r) + off) % len(peers)]) for op, off in arg]
+                    program.append(("X", ops, peers, desc))
+                    if blocking_p2p:
+                        program.append(("S", P2P_STREAM, "p2p"))
+                    continue
+                if what == "F" and host_gap_us:
+                    program.append(("G", host_gap_us))
+                n = kernels[0] if what == "F" else kernels[1]
+                dur = fwd_us * sizes[(r, arg)] * (1 if what == "F" else 2) / n
+                program += [("C", model.draw(dur), what == "B") for _ in range(n)]
+                if what == "B" and host_sync_every_mb and (arg + 1) % host_sync_every_mb == 0:
+                    program.append(("S", COMPUTE_STREAM, "item"))
             if dp > 1:
-                model.all_reduce(data_of[r])
-            model.optimizer()
-            host[r] = model.t
-        ends = model.run()
+                program.append(("A", data_of[r]))
+            program.append(("O", 1500.0 * factor[r]))
+            programs.append(program)
+        starts = list(host)
+        ends = model.run_step(programs, host)
         for r in range(world):
             sync_start = host[r]
             done = max(sync_start, ends[r]) + 5
             model.cpu(r, "cudaDeviceSynchronize", sync_start, done - sync_start, cat="cuda_runtime")
             model.cpu(r, f"ProfilerStep#{step}", starts[r] - 1, done + 20 - starts[r], cat="user_annotation")
+            step_end_us[r].append(done + 20)
             host[r] = done + 30
     out = []
     for r in range(world):
         mine = [g for g in groups if r in g["ranks"]]
         out.append({"schemaVersion": 1, "traceEvents": sorted(model.events[r], key=lambda e: e["ts"]),
                     "distributedInfo": {"backend": "nccl", "rank": r, "world_size": world, "pg_config": mine}})
-    return out
+    return Sim(drop_waits(out, drop_waits_frac, seed), step_end_us)
 
 
-class _Model:
-    """The host's launches (events) and the device's queues (ops), per rank."""
+class _Model(HostCalls):
+    """The hosts' launches (events) and the device's queues (ops), per rank."""
 
     def __init__(self, world, rng, jitter_sigma, delay_every, delay_us, transfer_us):
         self.events = [[] for _ in range(world)]
@@ -164,84 +222,147 @@ class _Model:
         self.rng, self.sigma, self.every, self.delay_us = rng, jitter_sigma, delay_every, delay_us
         self.transfer_us, self.corr, self.rank, self.t = transfer_us, 0, 0, T0_US
         self.names = {}  # process group ranks (tuple) -> its name
+        self.launch_us, self.peer_args = [LAUNCH_US] * world, True
 
     def cpu(self, rank, name, ts, dur, tid=1, cat="cpu_op", args=None):
-        self.events[rank].append({"ph": "X", "cat": cat, "name": name, "pid": rank, "tid": tid, "ts": ts,
-                                  "dur": dur, "args": args or {}})
+        event = {"ph": "X", "cat": cat, "name": name, "pid": rank, "tid": tid, "ts": ts, "dur": dur,
+                 "args": args or {}}
+        self.events[rank].append(event)
+        return event
 
-    def _launch(self, tid, op, name, stream, args=None):
-        self.corr += 1
-        self.cpu(self.rank, "cudaLaunchKernel", self.t, LAUNCH_US / 2, tid, "cuda_runtime",
-                 {"correlation": self.corr})
-        op.update(launch=self.t, stream=stream, name=name, corr=self.corr, args=args or {}, start=None, end=None)
-        self.ops[self.rank].append(op)
-        self.t += LAUNCH_US
-
-    def compute(self, dur_us, backward):
+    def draw(self, dur_us):
         dur = dur_us * (float(self.rng.lognormal(0.0, self.sigma)) if self.sigma else 1.0)
         if self.every and self.rng.random() < 1.0 / self.every:
             dur += self.delay_us
-        if backward:
-            self.cpu(self.rank, "autograd::engine::evaluate_function: MmBackward0", self.t - 1, LAUNCH_US, tid=2)
-        self._launch(2 if backward else 1, {"kind": "compute", "dur": dur}, GEMM, 7)
+        return dur
 
-    def exchange(self, ops, group, peer_args):
+    def run_step(self, programs, host) -> list:
+        """Run every rank's host program for this step and the devices' queues
+        along: a host that syncs waits for its device, whose ops may wait for
+        other ranks' launches. Updates `host` (each host's time); returns each
+        rank's last device end."""
+        world = len(programs)
+        pos = [0] * world
+        self.latest = [{} for _ in range(world)]  # stream -> its last launched op
+        self.waited = [{} for _ in range(world)]  # NCCL stream -> the op the compute stream last waited for
+        self.count, self.links = [{} for _ in range(world)], {}  # (src, dst, n) -> [send op, recv op]
+        self.blocked, self.pending = [None] * world, [[] for _ in range(world)]
+        while True:
+            moved = False
+            for r in range(world):
+                self.rank, self.t = r, host[r]
+                while pos[r] < len(programs[r]) and self._do(programs[r][pos[r]]):
+                    pos[r], moved = pos[r] + 1, True
+                host[r] = self.t
+            moved = self._resolve() or moved
+            if all(p == len(prog) for p, prog in zip(pos, programs)) and not any(self.pending):
+                return self._write_kernels()
+            assert moved, "the schedule deadlocks"
+
+    def _do(self, instruction) -> bool:
+        what, *arg = instruction
+        if what == "S":
+            return self.host_sync(*arg)
+        if what == "C":
+            self.compute(*arg)
+        elif what == "X":
+            self.exchange(arg[0], arg[1], self.peer_args, arg[2])
+        elif what == "A":
+            self.all_reduce(arg[0])
+        elif what == "O":
+            self.optimizer(arg[0])
+        else:  # "G": the host's own work between micro-batches
+            self.cpu(self.rank, "host_work", self.t, arg[0])
+            self.t += arg[0]
+        return True
+
+    def _launch(self, tid, op, name, stream, args=None):
+        launch_us, latest = self.launch_us[self.rank], self.latest[self.rank]
+        self.corr += 1
+        self.cpu(self.rank, "cudaLaunchKernel", self.t, launch_us / 2, tid, "cuda_runtime",
+                 {"correlation": self.corr})
+        # it waits for the op before it on its stream and the latest launched on the
+        # streams it waits on (compute on the NCCL streams, NCCL on compute)
+        waits_on = (stream, *(NCCL_STREAMS if op["kind"] == "compute" else (COMPUTE_STREAM,)))
+        op.update(launch=self.t, stream=stream, name=name, corr=self.corr, args=args or {}, start=None, end=None,
+                  deps=[latest[s] for s in waits_on if s in latest])
+        count = self.count[self.rank]
+        for kind, peer in op.get("msgs", ()):
+            pair = (self.rank, peer) if kind == "send" else (peer, self.rank)
+            n = count[(kind, pair)] = count.get((kind, pair), -1) + 1
+            self.links.setdefault((*pair, n), [None, None])[kind == "recv"] = op
+            op.setdefault("keys", []).append((*pair, n))
+        self.ops[self.rank].append(op)
+        self.pending[self.rank].append(op)
+        latest[stream] = op
+        self.t += launch_us
+
+    def compute(self, dur, backward):
+        self.order_streams(COMPUTE_STREAM)
+        if backward:
+            self.cpu(self.rank, "autograd::engine::evaluate_function: MmBackward0", self.t - 1,
+                     self.launch_us[self.rank], tid=2)
+        self._launch(2 if backward else 1, {"kind": "compute", "dur": dur}, GEMM, COMPUTE_STREAM)
+
+    def exchange(self, ops, group, peer_args, desc=PIPELINE_DESC):
         t0 = self.t
         self.t += 2
         for op, peer in ops:  # one CPU op per message: the only place the peer is written
-            args = {"Process Group Description": PIPELINE_DESC, "Process Group Ranks": str(group),
+            args = {"Process Group Description": desc, "Process Group Ranks": str(group),
                     "In msg nelems": 1 << 20, "dtype": "BFloat16"}
             if peer_args:
                 args["Dst Rank" if op == "send" else "Src Rank"] = peer
             args["Process Group Name"] = self.names[tuple(group)]
             self.cpu(self.rank, f"nccl:{op}", self.t, 6, args=args)
             self.t += 8
-        args = {"Collective name": "coalesced", "Process Group Description": PIPELINE_DESC,
+        args = {"Collective name": "coalesced", "Process Group Description": desc,
                 "Process Group Ranks": str(group)}
         args["Process Group Name"] = self.names[tuple(group)]
-        self._launch(1, {"kind": "p2p", "msgs": ops}, P2P_KERNEL, 24, args)
+        self.order_streams(P2P_STREAM)
+        kernel = {"kind": "p2p", "msgs": ops}
+        self._launch(1, kernel, P2P_KERNEL, P2P_STREAM, args)
+        self.end_event(kernel)
         self.cpu(self.rank, "nccl:coalesced", t0, self.t - t0, args={"Process Group Ranks": str(group)})
 
     def all_reduce(self, group):
         args = {"Collective name": "allreduce", "Process Group Description": DATA_DESC,
                 "Process Group Ranks": str(group), "In msg nelems": 1 << 24, "dtype": "BFloat16"}
         args["Process Group Name"] = self.names[tuple(group)]
-        self.cpu(self.rank, "nccl:all_reduce", self.t - 2, LAUNCH_US + 4)
-        self._launch(1, {"kind": "all_reduce", "members": tuple(group)}, ALL_REDUCE_KERNEL, 21, args)
+        t0, call = self.t, self.cpu(self.rank, "nccl:all_reduce", self.t - 2, 0)
+        self.order_streams(DP_STREAM)
+        kernel = {"kind": "all_reduce", "members": tuple(group)}
+        self._launch(1, kernel, ALL_REDUCE_KERNEL, DP_STREAM, args)
+        self.end_event(kernel)
+        call["dur"] = self.t - t0 + 4
 
-    def optimizer(self):
-        self.cpu(self.rank, "Optimizer.step#FusedAdam.step", self.t - 2, LAUNCH_US + 4, cat="user_annotation")
-        self._launch(1, {"kind": "compute", "dur": 1500.0}, ADAM, 7)
+    def optimizer(self, dur):
+        t0, call = self.t, self.cpu(self.rank, "Optimizer.step#FusedAdam.step", self.t - 2, 0, cat="user_annotation")
+        self.order_streams(COMPUTE_STREAM)
+        self._launch(1, {"kind": "compute", "dur": dur}, ADAM, COMPUTE_STREAM)
+        call["dur"] = self.t - t0 + 4
 
-    def run(self) -> list:
-        """Resolve this step's device ops of every rank; write the kernels; each rank's last end."""
-        world = len(self.ops)
-        waits = [self._waits(ops) for ops in self.ops]
-        links = {}  # (src, dst, n) -> [send op, recv op]
-        for r, ops in enumerate(self.ops):
-            count = {}
-            for op in ops:
-                for kind, peer in op.get("msgs", ()):
-                    pair = (r, peer) if kind == "send" else (peer, r)
-                    n = count[(kind, pair)] = count.get((kind, pair), -1) + 1
-                    links.setdefault((*pair, n), [None, None])[kind == "recv"] = op
-                    op.setdefault("keys", []).append((*pair, n))
-        pending = sum(len(ops) for ops in self.ops)
-        while pending:
+    def _resolve(self) -> bool:
+        """Resolve what the launches so far allow; whether anything was."""
+        resolved = False
+        while True:
             progress = False
-            for r in range(world):
-                for i, op in enumerate(self.ops[r]):
-                    if op["end"] is not None:
-                        continue
+            for r, ops in enumerate(self.pending):
+                for op in ops:
                     if op["start"] is None:
-                        deps = [self.ops[r][j]["end"] for j in waits[r][i]]
+                        deps = [d["end"] for d in op["deps"]]
                         if any(d is None for d in deps):
                             continue
                         op["start"] = max([op["launch"], *deps])
-                    end = self._end(op, links)
+                    end = self._end(op)
                     if end is not None:
-                        op["end"], progress, pending = end, True, pending - 1
-            assert progress, "the schedule deadlocks"
+                        op["end"], progress = end, True
+                self.pending[r] = [op for op in ops if op["end"] is None]
+            if not progress:
+                return resolved
+            resolved = True
+
+    def _write_kernels(self) -> list:
+        """Write this step's kernels; each rank's last end."""
         last = []
         for r, ops in enumerate(self.ops):
             for op in ops:
@@ -253,21 +374,7 @@ class _Model:
             self.ops[r] = []
         return last
 
-    @staticmethod
-    def _waits(ops) -> list:
-        """Per op, the ops it waits for: the one before it on its stream, and the
-        latest launched before it on the streams it waits on."""
-        out, latest = [], {}
-        for op in ops:
-            deps = [latest[op["stream"]]] if op["stream"] in latest else []
-            for stream in ((24, 21) if op["kind"] == "compute" else (7,)):
-                if stream in latest:
-                    deps.append(latest[stream])
-            out.append(deps)
-            latest[op["stream"]] = len(out) - 1
-        return out
-
-    def _end(self, op, links):
+    def _end(self, op):
         if op["kind"] == "compute":
             return op["start"] + op["dur"]
         if op["kind"] == "all_reduce":
@@ -278,7 +385,7 @@ class _Model:
             return max(starts) + self.transfer_us
         ends = [op["start"] + 5.0]
         for key in op.get("keys", ()):
-            send, recv = links[key]
+            send, recv = self.links[key]
             if send is None or recv is None or send["start"] is None or recv["start"] is None:
                 return None
             ends.append(max(send["start"], recv["start"]) + self.transfer_us)

@@ -1,0 +1,152 @@
+"""Test aid: the host calls of tests/megatron_stream_model.py that order its
+CUDA streams or wait for them, as Kineto records them, and the export's
+"dependencies removed" (issue 46: the what-if replay reads only the export).
+
+The model's cross-stream dependencies (a compute kernel waits for the exchanges
+and all-reduce launched before it; an NCCL kernel waits for the compute launched
+before it) become, with record_waits, what torch.profiler writes with
+`experimental_config=_ExperimentalConfig(enable_cuda_sync_events=True)`:
+
+    NCCL waits for compute   at the collective's call, right before its kernel
+                             launch (ProcessGroupNCCL's syncStream): cudaEventRecord
+                             on the compute stream, cudaStreamWaitEvent of the NCCL
+                             stream on it
+    compute waits for NCCL   right after each NCCL launch, cudaEventRecord on its
+                             stream (the work's end event); before the next compute
+                             launch that depends on it, cudaStreamWaitEvent of the
+                             compute stream (Megatron's req.wait()), once per NCCL
+                             op: stream order covers the later compute kernels
+
+each cudaStreamWaitEvent with its device record, a "Stream Wait Event" on the
+waiting stream that names the stream and the cudaEventRecord waited on. Every
+record written is a dependency the simulation obeys. Host calls are on the main
+thread (tid 1) and cost CALL_US of host time each, as real ones cost some.
+
+A host sync (`.item()` every few micro-batches, a blocking p2p wait) is a
+cudaStreamSynchronize that holds the host until the stream's last launched op
+ends, with its "Stream Sync" record on that stream.
+
+Format, verified against libkineto's source (pytorch/kineto) and the real traces
+in tests/data/kineto/hta/critical_path/{alexnet,simple_add}/:
+- libkineto/src/CuptiActivity.{h,cpp}, CudaSyncActivity::metadataJson: args
+  "cuda_sync_kind", then for Event Sync / Stream Wait Event only "wait_on_stream",
+  "wait_on_cuda_event_record_corr_id", "wait_on_cuda_event_id", then "stream",
+  "correlation", "device", "context"; name() is syncTypeString
+  (libkineto/src/cupti_strings.cpp): "Event Sync", "Stream Wait Event",
+  "Stream Sync", "Context Sync". resourceId() (the trace's tid) is the stream.
+- CuptiActivityProfiler.cpp: handleCudaEventActivity keeps, per (context, event
+  id), the stream and correlation id of the CUDA_EVENT record, i.e. of the
+  cudaEventRecord call; handleCudaSyncActivity fills wait_on_stream and
+  wait_on_cuda_event_record_corr_id from it (-1 when unknown). Stream Wait Events
+  are kept only with activitiesCudaSyncWaitEvents (torch's enable_cuda_sync_events)
+  and only on streams that ran a kernel in the window.
+- The fixtures: cat "cuda_sync", ph "X", pid the device, tid the waiting stream;
+  "correlation" is the cudaStreamWaitEvent's / cudaStreamSynchronize's, whose
+  cuda_runtime events carry "cbid" (cudaEventRecord 135, cudaStreamWaitEvent 147,
+  cudaStreamSynchronize 131) and "correlation". A sync record's times are the
+  host call's (CUPTI): a Stream Wait Event 1 us into its 5 us call, 0-3 us long;
+  a Stream Sync 1-2 us into its cudaStreamSynchronize, ending with it. The older
+  simple_add trace has no wait_on_cuda_event_record_corr_id; real args also hold
+  "External id", which the model never writes.
+"""
+import numpy as np
+
+COMPUTE_STREAM, DP_STREAM, P2P_STREAM = 7, 21, 24
+NCCL_STREAMS = (P2P_STREAM, DP_STREAM)
+CALL_US = 4.0         # host time of a cudaEventRecord / cudaStreamWaitEvent
+SYNC_RETURN_US = 5.0  # from the device's last end to the host call's return
+CBID = {"cudaEventRecord": 135, "cudaStreamWaitEvent": 147, "cudaStreamSynchronize": 131}
+STREAM_WAIT, STREAM_SYNC = "Stream Wait Event", "Stream Sync"
+
+
+def ring_schedule(microbatches: int) -> list:
+    """Each micro-batch: forward, backward, then one fused exchange with both
+    neighbours of the ring (send to the next rank, receive from the previous)."""
+    out = []
+    for i in range(microbatches):
+        out += [("F", i), ("B", i), ("X", [("send", +1), ("recv", -1)])]
+    return out
+
+
+class HostCalls:
+    """The host calls above, for _Model (tests/megatron_stream_model.py): it
+    provides rank, t, corr, latest (per rank: stream -> its last launched op),
+    waited, blocked, events and cpu()."""
+
+    record_waits = False
+
+    def _runtime(self, name: str) -> int:
+        self.corr += 1
+        self.cpu(self.rank, name, self.t, CALL_US, cat="cuda_runtime",
+                 args={"cbid": CBID[name], "correlation": self.corr})
+        self.t += CALL_US
+        return self.corr
+
+    def _sync_record(self, kind: str, stream: int, ts: float, dur: float, corr: int, extra=None):
+        args = {"cuda_sync_kind": kind, **(extra or {}), "stream": stream, "correlation": corr,
+                "device": self.rank, "context": 1}
+        self.events[self.rank].append({"ph": "X", "cat": "cuda_sync", "name": kind, "pid": self.rank,
+                                       "tid": stream, "ts": ts, "dur": dur, "args": args})
+
+    def _wait_event(self, stream: int, on_stream: int, record_corr: int):
+        ts = self.t
+        corr = self._runtime("cudaStreamWaitEvent")
+        self._sync_record(STREAM_WAIT, stream, ts + 1, 0.0, corr,
+                          {"wait_on_stream": on_stream, "wait_on_cuda_event_record_corr_id": record_corr})
+
+    def order_streams(self, stream: int):
+        """Before a launch on `stream`: the waits the device model gives it."""
+        if not self.record_waits:
+            return
+        latest, waited = self.latest[self.rank], self.waited[self.rank]
+        if stream != COMPUTE_STREAM:
+            if COMPUTE_STREAM in latest:
+                self._wait_event(stream, COMPUTE_STREAM, self._runtime("cudaEventRecord"))
+            return
+        for on in NCCL_STREAMS:
+            op = latest.get(on)
+            if op is not None and waited.get(on) is not op:
+                waited[on] = op
+                self._wait_event(stream, on, op["record"])
+
+    def end_event(self, op: dict):
+        """Right after an NCCL launch: the event its waiters will wait on."""
+        if self.record_waits:
+            op["record"] = self._runtime("cudaEventRecord")
+
+    def host_sync(self, stream: int, why: str) -> bool:
+        """cudaStreamSynchronize: False while the stream's last op (when the host
+        got here) has not ended; the host stays at the call's start meanwhile."""
+        r = self.rank
+        if self.blocked[r] is None:
+            self.blocked[r] = (self.t, self.latest[r].get(stream))
+        t_call, target = self.blocked[r]
+        if target is not None and target["end"] is None:
+            return False
+        self.blocked[r] = None
+        done = max(t_call, target["end"] if target is not None else t_call) + SYNC_RETURN_US
+        self.corr += 1
+        if why == "item":  # loss.item(): the op that syncs, around the runtime call
+            self.cpu(r, "aten::item", t_call - 1, done - t_call + 2)
+        self.cpu(r, "cudaStreamSynchronize", t_call, done - t_call, cat="cuda_runtime",
+                 args={"cbid": CBID["cudaStreamSynchronize"], "correlation": self.corr})
+        self._sync_record(STREAM_SYNC, stream, t_call + 1, done - t_call - 1, self.corr)
+        self.t = done + 1
+        return True
+
+
+def drop_waits(traces: list, frac: float, seed: int) -> list:
+    """Remove round(frac x n) of each rank's n recorded waits, chosen at random
+    (seeded apart from the simulation's draws): the Stream Wait Event and its
+    cudaStreamWaitEvent call. Their cudaEventRecord calls stay, as records that
+    nothing waits on do in real traces. In place; returns the traces."""
+    if not frac:
+        return traces
+    rng = np.random.default_rng([seed, 46])
+    for trace in traces:
+        events = trace["traceEvents"]
+        waits = [e["args"]["correlation"] for e in events if e["cat"] == "cuda_sync" and e["name"] == STREAM_WAIT]
+        gone = set(rng.choice(waits, size=int(round(frac * len(waits))), replace=False).tolist()) if waits else set()
+        trace["traceEvents"] = [e for e in events if not (
+            e["args"].get("correlation") in gone and (e["name"] == STREAM_WAIT or e["name"] == "cudaStreamWaitEvent"))]
+    return traces
