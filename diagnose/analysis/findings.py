@@ -33,6 +33,9 @@ class Finding:
     stage: int | None = None
     callsite: str | None = None
     metrics: dict = field(default_factory=dict)
+    # where impact_ms_per_step comes from: "replay" (diagnose/analysis/whatif.py) or
+    # "estimate: <why the replay did not give it>"
+    impact_source: str = "estimate"
 
     def to_dict(self) -> dict:
         d = asdict(self)

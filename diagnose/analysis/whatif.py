@@ -9,7 +9,7 @@ Per finding kind, what "removed" means:
   mean for that step (token-balanced micro-batches: same total work; the only
   what-if that lengthens some durations, so it can lengthen a step: hidden_sync
   on dp4 replayed 0.9 ms slower, a saving of 0);
-- stage_imbalance: the stage's own work brought down to the mean stage's;
+- stage_imbalance: the stage's own work brought down to the other stages' mean;
 - input_stall: the data waits removed;
 - hidden_sync: the callsite's collectives and host syncs removed;
 - exposed_comm: every collective takes no time (fully overlapped);
@@ -30,70 +30,74 @@ shift it: a what-if that shortens only every step's durations could read as a
 loss). The ideal step brings every rank's compute down to its stage's median
 per step (no rank made slower).
 """
-from collections import defaultdict
-
 import numpy as np
 import pandas as pd
 
-from diagnose.analysis import device_lanes
-from diagnose.analysis.step_replay import StepModel, job_step_ms, overlap_ns
+from diagnose.analysis.device_graph import DeviceModel
+from diagnose.analysis.gpu_tables import merge_intervals
+from diagnose.analysis.step_replay import StepModel
 
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
 
 
 class WhatIf:
     def __init__(self, run, steady: list[int], stages: dict[int, int], device: bool = False):
-        """`device`: lanes of GPUs, not host threads (diagnose/analysis/device_lanes.py)."""
+        """`device`: lanes of GPU streams, not host threads (diagnose/analysis/device_graph.py)."""
         self.steady, self.stages, self.device = steady, stages, device
-        if device:
-            kernels = run.kernels()
-            self.model = StepModel(device_lanes.device_calls(run.collectives()),
-                                   device_lanes.device_steps(kernels))
-        else:
-            self.model = StepModel(run.collectives(), run.in_window(run.steps()))
+        self.model = DeviceModel(run) if device else StepModel(run.collectives(), run.in_window(run.steps()))
         self.ok = self.model.ok
         if not self.ok:
             return
-        self.base = job_step_ms(self.model.replay(), steady)
+        m = self.model
+        self.base = self._step_ms(m.replay_units())
         self.ok = bool(self.base)
         events = run.events()
         self._events = events
-        self._windows = {r: self.model.gap_windows(r) for r in self.model.lanes}
-        # per gap, the ns of work to scale: the compute phases (device: compute
-        # kernels) where the job has them (workload, ideal), or all of the rank's own
-        # work (straggler, stage: a rank can be slow outside its phases, in logging
-        # or Python overhead)
-        self._own = {r: np.maximum(g, 0.0) for r, g in self.model.gaps.items()}
-        phases = (device_lanes.compute_rows(kernels) if device else
-                  events[(events["kind"] == "phase") & events["name"].isin(COMPUTE_PHASES)])
-        self._compute = self._overlaps(phases) if len(phases) else self._own
-        self._step_of = {r: np.array([p[4] for p in lane]) for r, lane in self.model.lanes.items()}
-        self._in_steady = {r: np.isin(steps, steady) for r, steps in self._step_of.items()}
-        inst_step = self.model.calls.groupby("_inst")["step"].max().reindex(range(len(self.model.length_ns)))
+        # per unit, the ns of work to scale: the compute phases where the job has them
+        # (workload, ideal), or all of the rank's own work (straggler, stage: a rank can
+        # be slow outside its phases, in logging or Python overhead). On device a unit
+        # is a kernel and its work is its duration
+        self._own = np.maximum(m.unit_work, 0.0)
+        if device:
+            self._compute = np.where(m.unit_is_compute, self._own, 0.0)
+        else:
+            phases = events[(events["kind"] == "phase") & events["name"].isin(COMPUTE_PHASES)]
+            self._compute = self._overlaps(phases) if len(phases) else self._own
+        self._in_steady = np.isin(m.unit_step, steady)
+        self._key = pd.MultiIndex.from_arrays([m.unit_rank, m.unit_step])
+        inst_step = m.calls.groupby("_inst")["step"].max().reindex(range(len(m.length_ns)))
         self._inst_steady = inst_step.isin(steady).to_numpy()
 
-    def _overlaps(self, rows: pd.DataFrame) -> dict[int, np.ndarray]:
-        """rank -> per gap, the ns of these event rows inside it."""
-        by_rank = {int(r): part for r, part in rows.groupby("rank")}
-        out = {}
-        for r, windows in self._windows.items():
-            mine = by_rank.get(r, rows.iloc[:0]).sort_values("start_ns")
-            intervals = list(zip(mine["start_ns"].astype(np.int64), mine["end_ns"].astype(np.int64)))
-            out[r] = overlap_ns(windows, intervals)
+    def _step_ms(self, end_ns) -> dict[int, float]:
+        """step -> ms from the previous step's last end to this one's (all ranks)."""
+        last = pd.Series(end_ns).groupby(self.model.end_step).max()
+        return {int(s): float(last[s] - last[s - 1]) / 1e6 for s in self.steady
+                if s in last.index and s - 1 in last.index}
+
+    def _overlaps(self, rows: pd.DataFrame) -> np.ndarray:
+        """Per unit (a host gap), the ns of these event rows inside its window."""
+        m = self.model
+        out = np.zeros(len(m.unit_work))
+        start, end = m.window_p
+        for r, part in rows.groupby("rank"):
+            s = m.slices.get(int(r))
+            if s is None:
+                continue
+            out[s] = covered_ns(part["start_ns"].to_numpy(np.int64), part["end_ns"].to_numpy(np.int64),
+                                start[s], end[s])
         return out
 
     def step_ms(self) -> float:
         return float(np.mean(list(self.base.values())))
 
-    def _saving(self, gaps=None, length_ns=None, skip=frozenset()) -> tuple[float, float] | None:
+    def _saving(self, work=None, length_ns=None, skip=frozenset(), **device) -> tuple[float, float] | None:
         m = self.model
-        if gaps is not None:  # the steady steps' only (see the module's docstring)
-            gaps = {r: np.where(self._in_steady[r], g, m.gaps[r]) for r, g in gaps.items()}
+        if work is not None:  # the steady steps' only (see the module's docstring)
+            work = np.where(self._in_steady, work, m.unit_work)
         if length_ns is not None:
             length_ns = np.where(self._inst_steady, length_ns, m.length_ns)
         skip = frozenset(i for i in skip if self._inst_steady[i])
-        ends = m.replay(gaps=gaps, length_ns=length_ns, skip=skip)
-        after = job_step_ms(ends, self.steady)
+        after = self._step_ms(m.replay_units(work, length_ns, skip, **device))
         common = [s for s in self.base if s in after]
         if not common:
             return None
@@ -101,73 +105,102 @@ class WhatIf:
         after_ms = float(np.mean([after[s] for s in common]))
         return before_ms - after_ms, after_ms
 
-    def _compute_per_step(self, basis=None) -> dict[int, dict[int, float]]:
-        """rank -> step -> ns of compute (or of `basis`) in its gaps."""
-        out = {}
-        for r, compute in (basis or self._compute).items():
-            per = defaultdict(float)
-            for step, ns in zip(self._step_of[r], compute):
-                per[int(step)] += ns
-            out[r] = per
-        return out
+    def _per_step(self, basis=None) -> pd.Series:
+        """(rank, step) -> ns of compute (or of `basis`) in the rank's units."""
+        return pd.Series(self._compute if basis is None else basis, index=self._key).groupby(level=[0, 1]).sum()
 
-    def _scaled(self, target: dict, basis=None) -> dict:
-        """Gaps with each (rank, step)'s compute (or `basis`) scaled to target[rank][step] ns."""
-        basis = basis or self._compute
-        per_step = self._compute_per_step(basis)
-        gaps = {}
-        for r, gap in self.model.gaps.items():
-            new = gap.copy()
-            for k, step in enumerate(self._step_of[r]):
-                own = per_step[r].get(int(step), 0.0)
-                want = target.get(r, {}).get(int(step))
-                if want is None or own <= 0:
-                    continue
-                # (compute lies only in positive gaps: a negative one is left as it is)
-                new[k] = gap[k] - basis[r][k] * (1.0 - want / own)
-            gaps[r] = new
-        return gaps
+    def _scaled(self, target: pd.Series, basis=None):
+        """Unit work with each (rank, step)'s compute (or `basis`) scaled to target ns."""
+        basis = self._compute if basis is None else basis
+        own = self._per_step(basis)
+        want = target.reindex(own.index)
+        factor = np.where(want.notna() & (own > 0), 1.0 - want / own.where(own > 0, 1.0), 0.0)
+        per_unit = factor[own.index.get_indexer(self._key)]
+        # (work lies only in positive gaps: a negative one is left as it is)
+        return self.model.unit_work - basis * per_unit
 
-    def _peer_target(self, reduce, ranks=None, with_self=False, basis=None) -> dict:
-        """rank -> step -> reduce(compute of the rank's stage peers in that step)."""
-        per_step = self._compute_per_step(basis)
-        by_stage = defaultdict(list)
-        for r in per_step:
-            by_stage[self.stages.get(r, 0)].append(r)
-        target = {}
-        for r in (ranks if ranks is not None else per_step):
-            peers = [p for p in by_stage[self.stages.get(r, 0)] if with_self or p != r] or [r]
-            target[r] = {s: float(reduce([per_step[p].get(s, 0.0) for p in peers]))
-                         for s in per_step[r]}
-        return target
+    def _peer_target(self, reduce, ranks=None, with_self=False, basis=None) -> pd.Series:
+        """(rank, step) -> reduce(compute of the rank's stage peers in that step), the
+        rank itself included or not; a rank with no peer is its own."""
+        table = self._per_step(basis).unstack(fill_value=0.0)  # rank x step
+        stage = np.array([self.stages.get(int(r), 0) for r in table.index])
+        values = table.to_numpy()
+        out = np.empty_like(values)
+        for st in np.unique(stage):
+            rows = np.flatnonzero(stage == st)
+            if with_self or len(rows) == 1:
+                out[rows] = reduce(values[rows], axis=0)
+                continue
+            for r in rows if ranks is None else [i for i in rows if table.index[i] in ranks]:
+                out[r] = reduce(values[rows[rows != r]], axis=0)
+        frame = pd.DataFrame(out, index=table.index, columns=table.columns)
+        if ranks is not None:
+            frame = frame.loc[list(ranks)]
+        return frame.stack()
 
     def straggler(self, rank: int):
-        own = self._compute_per_step(self._own)[rank]
-        median = self._peer_target(np.median, ranks=[rank], basis=self._own)[rank]
-        target = {rank: {s: min(ns, own.get(s, ns)) for s, ns in median.items()}}
-        return self._saving(gaps=self._scaled(target, basis=self._own))
+        own = self._per_step(self._own)
+        median = self._peer_target(np.median, ranks=[rank], basis=self._own)
+        target = np.minimum(median, own.reindex(median.index).fillna(median))
+        return self._saving(work=self._scaled(target, basis=self._own))
 
     def workload_imbalance(self):
-        return self._saving(gaps=self._scaled(self._peer_target(np.mean, with_self=True)))
+        if self.device:
+            return self._saving(work=self._equal_microbatches())
+        return self._saving(work=self._scaled(self._peer_target(np.mean, with_self=True)))
+
+    def _equal_microbatches(self) -> np.ndarray:
+        """Kernel durations with every micro-batch's forward (and backward) as long as
+        its stage's mean in that step: token-balanced micro-batches, the same total
+        work. A kernel belongs to the forward/backward pass whose device span holds
+        its start (recorded or inferred passes, diagnose/importers/kineto_structure.py)."""
+        m, events = self.model, self._events
+        passes = events[events["kind"].isin(["forward", "backward"]) & (events["microbatch"] >= 0)]
+        mb = np.full(len(m.unit_work), -1)
+        backward = np.zeros(len(m.unit_work), bool)
+        for r, p in passes.groupby("rank"):
+            p = p.sort_values("start_ns")
+            sel = np.flatnonzero(m.unit_rank == r)
+            starts, ends = p["start_ns"].to_numpy(np.int64), p["end_ns"].to_numpy(np.int64)
+            i = np.searchsorted(starts, m.k_start[sel], side="right") - 1
+            inside = (i >= 0) & (m.k_start[sel] < ends[np.maximum(i, 0)])
+            mb[sel[inside]] = p["microbatch"].to_numpy()[i[inside]]
+            backward[sel[inside]] = p["kind"].to_numpy()[i[inside]] == "backward"
+        keep = mb >= 0
+        if not keep.any():
+            return m.unit_work
+        stage = np.array([self.stages.get(int(r), 0) for r in m.unit_rank])
+        units = pd.DataFrame({"rank": m.unit_rank, "step": m.unit_step, "mb": mb, "bwd": backward,
+                              "stage": stage, "ns": self._compute})[keep]
+        per_pass = units.groupby(["rank", "step", "mb", "bwd", "stage"], as_index=False)["ns"].sum()
+        per_pass["want"] = per_pass.groupby(["stage", "step", "bwd"])["ns"].transform("mean")
+        factor = units.merge(per_pass, on=["rank", "step", "mb", "bwd", "stage"], how="left",
+                             suffixes=("", "_pass"))
+        ratio = np.where(factor["ns_pass"] > 0, factor["want"] / factor["ns_pass"].where(factor["ns_pass"] > 0, 1), 1)
+        work = m.unit_work.copy()
+        work[np.flatnonzero(keep)] = m.unit_work[keep] * ratio
+        return work
 
     def stage_imbalance(self, stage: int):
-        per_step = self._compute_per_step(self._own)
-        stage_mean = defaultdict(list)
-        for r, per in per_step.items():
-            stage_mean[self.stages.get(r, 0)].append(np.mean(list(per.values())) if per else 0.0)
-        means = {s: float(np.mean(v)) for s, v in stage_mean.items()}
-        mean_stage = float(np.mean(list(means.values())))
-        if means.get(stage, 0.0) <= 0:
+        """The stage's own work brought down to the other stages' mean: the stage as
+        fast as the rest (the fix both benches emulate; a rebalance that moves its
+        excess onto the other stages saves less, down to the mean stage's figure)."""
+        per_rank = self._per_step(self._own).groupby(level=0).mean()
+        stage_of = pd.Series([self.stages.get(int(r), 0) for r in per_rank.index], index=per_rank.index)
+        means = per_rank.groupby(stage_of).mean()
+        others = means.drop(stage, errors="ignore")
+        if means.get(stage, 0.0) <= 0 or others.empty:
             return None
-        factor = min(mean_stage / means[stage], 1.0)
-        target = {r: {s: ns * factor for s, ns in per.items()} for r, per in per_step.items()
-                  if self.stages.get(r, 0) == stage}
-        return self._saving(gaps=self._scaled(target, basis=self._own))
+        factor = min(float(others.mean()) / float(means[stage]), 1.0)
+        own = self._per_step(self._own)
+        ranks = own.index.get_level_values(0)
+        target = own[np.array([self.stages.get(int(r), 0) == stage for r in ranks], bool)] * factor
+        return self._saving(work=self._scaled(target, basis=self._own))
 
     def input_stall(self):
         events = self._events
         waits = self._overlaps(events[events["kind"] == "data"])
-        return self._saving(gaps={r: g - waits[r] for r, g in self.model.gaps.items()})
+        return self._saving(work=self.model.unit_work - waits)
 
     def hidden_sync(self, same_place):
         """same_place(callsite) -> bool: the finding's callsite (the run's are absolute)."""
@@ -177,7 +210,13 @@ class WhatIf:
         events = self._events
         syncs = self._overlaps(events[(events["kind"] == "sync")
                                       & events["callsite"].astype(str).map(same_place).astype(bool)])
-        return self._saving(gaps={r: g - syncs[r] for r, g in self.model.gaps.items()}, skip=skip)
+        return self._saving(work=self.model.unit_work - syncs, skip=skip)
+
+    def device_syncs(self, site: str):
+        """The host syncs from this callsite (or of this name) removed: the host goes on
+        launching at once (device_graph.py)."""
+        m = self.model
+        return self._saving(skip_syncs=(m.s_site == site) & np.isin(m.s_step, self.steady))
 
     def without_instances(self, rows: pd.DataFrame):
         """The collective instances named by rows' (group, seq) removed."""
@@ -187,7 +226,13 @@ class WhatIf:
         return self._saving(skip=frozenset(int(i) for i in calls.loc[mask, "_inst"]))
 
     def exposed_comm(self):
-        return self._saving(length_ns=np.zeros_like(self.model.length_ns))
+        """Every collective's transfer takes no time (fully overlapped). On device
+        pipeline p2p stays: its wait is the pipeline's, exposed_comm leaves it out."""
+        m = self.model
+        if not self.device:
+            return self._saving(length_ns=np.zeros_like(m.length_ns))
+        steady = np.isin(m.k_step, self.steady)
+        return self._saving(tail_ns=np.where(steady & ~m.k_p2p, 0.0, m.k_tail))
 
     def ideal_step_ms(self) -> float | None:
         """Every rank's compute per step at most its stage's median: slowness removed,
@@ -195,22 +240,46 @@ class WhatIf:
         raising a fast rank to the median can lengthen a pipeline's critical path).
         The lower median: with two replicas per stage the median is the straggler's and
         its peer's mean (dp2 x pp4: an ideal 478 ms per step short of fixing the straggler)."""
-        per_step = self._compute_per_step()
+        own = self._per_step()
         median = self._peer_target(lower_median, with_self=True)
-        target = {r: {s: min(ns, per_step[r].get(s, ns)) for s, ns in steps.items()} for r, steps in median.items()}
-        result = self._saving(gaps=self._scaled(target))
+        target = np.minimum(median, own.reindex(median.index).fillna(median))
+        result = self._saving(work=self._scaled(target))
         return None if result is None else result[1]
 
 
-def lower_median(values) -> float:
+def covered_ns(starts, ends, window_start, window_end) -> np.ndarray:
+    """For each [window_start, window_end] window, the ns the union of the
+    [starts, ends) intervals covers inside it (vectorised: prefix sums of the union)."""
+    order = np.argsort(starts, kind="stable")
+    s, e = merge_intervals(starts[order], ends[order])
+    if not len(s):
+        return np.zeros(len(window_start))
+    before = np.concatenate([[0], np.cumsum(e - s)])
+
+    def covered_before(x):  # ns of the union before time x
+        i = np.searchsorted(s, x, side="right")  # intervals starting at or before x
+        partial = np.where(i > 0, np.minimum(x, e[np.maximum(i - 1, 0)]) - s[np.maximum(i - 1, 0)], 0)
+        return before[np.maximum(i - 1, 0)] * (i > 0) + np.maximum(partial, 0)
+
+    return (covered_before(window_end) - covered_before(window_start)).astype(np.float64)
+
+
+def lower_median(values, axis=None):
     """The median, or the lower middle value of an even count."""
-    return float(np.percentile(values, 50, method="lower"))
+    return np.percentile(values, 50, method="lower", axis=axis)
 
 
-# what-ifs of device lanes: durations of device work. A data wait or a sync is
-# host time whose device cost gpu_tables measures; exposed communication is
-# overlapped on the device, which its lane serialises (device_lanes.py)
-DEVICE_KINDS = ("straggler", "workload_imbalance", "stage_imbalance", "pipeline_bubble")
+# what-ifs of the device graph (device_graph.py): durations of device work and
+# transfers, and host syncs removed. A data wait is host time the device graph
+# does not hold: its detector's estimate stands
+DEVICE_KINDS = ("straggler", "workload_imbalance", "stage_imbalance", "pipeline_bubble", "exposed_comm",
+                "hidden_sync")
+# what the kinds without a replayed what-if are estimated from (impact_source)
+NOT_REPLAYED = {
+    "pipeline_bubble": "the schedule's theoretical bubble at the recommended micro-batch count "
+                       "(a schedule change, not a duration the replay can change)",
+    "blocking_async": "the detector's estimate: moving a wait reorders a lane, which the replay does not do",
+}
 FIDELITY_FRAC = 0.05  # the replay, as recorded, must give each steady step back within this
 
 
@@ -224,6 +293,9 @@ def _one(w: WhatIf, ctx, finding):
         return w.stage_imbalance(int(finding.stage))
     if kind == "input_stall":
         return w.input_stall()
+    if kind == "hidden_sync" and w.device:
+        site = finding.metrics.get("sync_site")
+        return None if site is None else w.device_syncs(site)
     if kind == "hidden_sync" and finding.callsite:
         return w.hidden_sync(lambda raw: ctx.relpath(raw) == finding.callsite)
     if kind == "exposed_comm":
@@ -240,32 +312,35 @@ def _one(w: WhatIf, ctx, finding):
 
 def fidelity(w: WhatIf) -> float | None:
     """The largest per-step error of the replay (recorded durations) against the record."""
-    from diagnose.analysis.step_replay import recorded_ends
-    recorded = job_step_ms(recorded_ends(w.model), w.steady)
+    recorded = w._step_ms(w.model.recorded_end_ns)
     errors = [abs(w.base[s] - recorded[s]) / recorded[s] for s in recorded if s in w.base and recorded[s] > 0]
     return max(errors) if errors else None
 
 
 def apply(ctx, findings) -> dict | None:
     """Set each finding's impact to its what-if saving where the replay holds on this
-    run (host lanes, or GPU lanes where kernels cover the steady steps), keeping the
-    detector's own estimate as `estimate_ms_per_step`. Returns the run's step figures."""
-    if not ctx.steady:
-        return None
-    if ctx.on_device and ctx.kernel_steady != ctx.steady:
-        return {"impact_from_replay": False,
-                "why": "collectives timed on the device, kernels recorded in too few steps to replay"}
-    w = WhatIf(ctx.run, ctx.steady, ctx.run.rank_stages(), device=ctx.on_device)
-    if not w.ok:
-        return {"measured_step_ms": ctx.step_ms, "impact_from_replay": False,
-                "why": w.model.why or "the replay deadlocked: a dependency the trace does not show"}
-    error = fidelity(w)
-    summary = {"measured_step_ms": ctx.step_ms, "replay_step_ms": w.step_ms(),
-               "replay_max_step_error_frac": None if error is None else float(error),
-               "ideal_step_ms": w.ideal_step_ms()}
-    trusted = bool(error is not None and error <= FIDELITY_FRAC)
+    run (host lanes, or the device graph where kernels cover the steady steps), keeping
+    the detector's own estimate as `estimate_ms_per_step`; each finding's
+    `impact_source` says which it is. Returns the run's step figures."""
+    summary, w = _replay(ctx)
+    why = summary.get("why") if summary else "no steady steps to replay"
+    if w is not None:
+        error = fidelity(w)
+        summary.update(replay_step_ms=w.step_ms(), replay_max_step_error_frac=None if error is None else float(error),
+                       ideal_step_ms=w.ideal_step_ms())
+        summary["impact_from_replay"] = trusted = bool(error is not None and error <= FIDELITY_FRAC)
+        if not trusted:
+            why = f"the replay gives the recorded steps back only within {error:.0%}" if error is not None \
+                else "no step to check the replay against"
+        if w.device:
+            summary.update(inferred_waits=w.model.inferred_waits, recorded_waits=w.model.recorded_waits)
     for finding in findings:
-        if w.device and finding.kind not in DEVICE_KINDS:
+        finding.impact_source = f"estimate: {why}"
+        if finding.kind in NOT_REPLAYED:
+            finding.impact_source = f"estimate: {NOT_REPLAYED[finding.kind]}"
+        if w is None or (w.device and finding.kind not in DEVICE_KINDS):
+            if w is not None and finding.kind not in NOT_REPLAYED:
+                finding.impact_source = "estimate: no device what-if for this kind"
             continue
         result = _one(w, ctx, finding)
         if result is None:
@@ -273,8 +348,22 @@ def apply(ctx, findings) -> dict | None:
         saving, after = result
         finding.metrics.update(whatif_step_ms=after, replay_step_ms=summary["replay_step_ms"],
                                whatif_saving_ms_per_step=max(saving, 0.0))
-        if trusted:
+        if summary["impact_from_replay"] and finding.kind not in NOT_REPLAYED:
             finding.metrics.setdefault("estimate_ms_per_step", finding.impact_ms_per_step)
             finding.impact_ms_per_step = max(saving, 0.0)
-    summary["impact_from_replay"] = trusted
+            finding.impact_source = "replay"
     return summary
+
+
+def _replay(ctx):
+    """(the run's step figures so far, the what-if model or None with the reason in figures["why"])."""
+    if not ctx.steady:
+        return None, None
+    if ctx.on_device and ctx.kernel_steady != ctx.steady:
+        return {"impact_from_replay": False,
+                "why": "collectives timed on the device, kernels recorded in too few steps to replay"}, None
+    w = WhatIf(ctx.run, ctx.steady, ctx.run.rank_stages(), device=ctx.on_device)
+    if not w.ok:
+        return {"measured_step_ms": ctx.step_ms, "impact_from_replay": False,
+                "why": w.model.why or "the replay deadlocked: a dependency the trace does not show"}, None
+    return {"measured_step_ms": ctx.step_ms}, w

@@ -195,5 +195,5 @@ def _detect_on_device(ctx, blocking: pd.DataFrame):
             recommendation=UNSET_BLOCKING_WAIT if waits else READ_ONCE_PER_STEP,
             metrics={"calls_per_step": count_per_step, "device_idle_ms_per_step": impact_ms,
                      "blocking_ms_per_step": float((at_site.groupby("rank")["host_ms"].sum() / n_steps).median()),
-                     "device_time": 1.0}))
+                     "device_time": 1.0, "sync_site": str(where)}))
     return findings
