@@ -13,7 +13,8 @@ that waiting is caused the way it is in a real job:
   arrives); activations/gradients go to the neighbouring stage by blocking
   send/recv (the recv ends after the matching send starts; seq per pair);
 - during the last backward, 4 DDP-style async bucket all-reduces per DP group
-  with completion ("done") rows; backward returns when the last bucket is done;
+  with completion ("done") rows; backward returns when the last bucket is done
+  (a wait row on it from the gradients' end: the replicas' coupling);
 - optimizer, a `.item()` sync, the step row;
 - a slow stage (`slow_stage`, e.g. the last one with the loss head): every rank
   of it computes `stage_factor` times as long, so the other stages wait in p2p;
@@ -191,6 +192,10 @@ class _Sim:
                              self.dp_members[s], self.dp_seq[s], nbytes=BUCKET_BYTES if kind != "done" else 0,
                              async_op=True, detail=f"ddp bucket {bucket}")
                 self.dp_seq[s] += 1
+            # the reducer waits for its last bucket once the gradients are computed
+            # (a Work.wait row, as the collectors record it): the DP replicas' coupling
+            rows.add(r, "wait", "all_reduce", end, np.maximum(end, done), step, -1, s, self.dp_group[s],
+                     self.dp_members[s], self.dp_seq[s] - 1, async_op=True, detail=f"ddp bucket {len(BUCKETS) - 1}")
             end = np.maximum(end, done)
         kind = "forward" if op == "fwd" else "backward"
         rows.add(r, "phase", kind, t0 - 5_000, end + 5_000, step, mb, s)

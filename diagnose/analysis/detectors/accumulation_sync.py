@@ -129,9 +129,12 @@ def _extra_rounds(ctx) -> pd.DataFrame | None:
     # what those rounds blocked the rank: the issue call, and the wait on it (DDP's reducer
     # row has no wait of its own: the replay models it)
     waits = events[steady & (kind == "wait").to_numpy() & ~device]
-    waits = waits.assign(_wait_ns=waits["end_ns"] - waits["start_ns"]).groupby(["rank", "group", "seq"],
-                                                                                observed=True)["_wait_ns"].sum()
-    waited = waits.reindex(pd.MultiIndex.from_arrays([extra["rank"], extra["group"], extra["seq"]])).fillna(0)
+    # groups as text: the two frames' categoricals can have codes of different widths
+    # (int8 vs int16), which pandas cannot look up one in the other
+    waits = waits.assign(_wait_ns=waits["end_ns"] - waits["start_ns"], group=waits["group"].astype(str)).groupby(
+        ["rank", "group", "seq"])["_wait_ns"].sum()
+    waited = waits.reindex(pd.MultiIndex.from_arrays([extra["rank"], extra["group"].astype(str),
+                                                      extra["seq"]])).fillna(0)
     table.attrs["extra"] = extra.assign(blocked_ns=(extra["end_ns"] - extra["start_ns"]).to_numpy()
                                         + waited.to_numpy())
     table.attrs["callsites"] = as_str(backwards["callsite"])
