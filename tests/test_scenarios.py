@@ -134,6 +134,13 @@ def check_replay(scenario, out, findings, stdout):
     # the user sees the ideal step beside the measured one
     assert (f"step: measured {figures['measured_step_ms']:.1f} ms" in stdout
             and f"ideal {figures['ideal_step_ms']:.1f} ms" in stdout), stdout[-600:]
+    # issue 48: where the step goes adds up: MFU (absent on CPU without a peak), each
+    # finding's share with overlaps counted once, and a rest no finding explains
+    waterfall = figures["waterfall"]
+    shares = [s["share_frac"] for s in waterfall["shares"]]
+    assert (waterfall["mfu_frac"] or 0.0) + sum(shares) + waterfall["rest_frac"] == pytest.approx(1.0)
+    assert waterfall["rest_frac"] >= 0 and all(share > 0 for share in shares)
+    assert {s["kind"] for s in waterfall["shares"]} == {f["kind"] for f in findings if f["impact_ms_per_step"] > 0}
     for f in findings:
         if f["kind"] in WHATIF_KINDS:
             m = f["metrics"]

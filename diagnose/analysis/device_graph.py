@@ -263,7 +263,16 @@ class DeviceModel:
         hidx = h0 + np.arange(nh)
         same = np.r_[False, host_rank[1:] == host_rank[:-1]]
         gap = np.r_[0, host_t[1:] - host_end[:-1]].astype(np.float64)
-        edges(hidx[:-1][same[1:]], hidx[1:][same[1:]], gap[1:][same[1:]])
+        chain = same[1:]
+        first_host_edge = sum(len(x) for x in src)
+        edges(hidx[:-1][chain], hidx[1:][chain], gap[1:][chain])
+        # the host's own work between two of its points: what a host-bound what-if scales
+        self._host_edges = slice(first_host_edge, first_host_edge + int(chain.sum()))
+        point_step = np.empty(len(host_kind), np.int64)
+        point_step[host_kind == 0] = self.k_step[host_ref[host_kind == 0]]
+        point_step[host_kind == 1] = self.s_step[host_ref[host_kind == 1]]
+        self.host_gap_ns = gap[1:][chain]
+        self.host_gap_rank, self.host_gap_step = host_rank[1:][chain], point_step[1:][chain]
         launch = host_kind == 0
         edges(hidx[launch], entry[host_ref[launch]], delay[host_ref[launch]])
         sync_pts, waited = self._sync_waits(host_t, host_kind, host_rank, host_ref)
@@ -332,16 +341,18 @@ class DeviceModel:
         dur[hidx[at]] = np.maximum(host_end[at] - np.maximum(host_t[at], device_done[at]), 0)
 
     def replay_units(self, work=None, length_ns=None, skip=frozenset(), tail_ns=None,
-                     skip_syncs=None) -> np.ndarray:
+                     skip_syncs=None, host_gap_ns=None) -> np.ndarray:
         """Per (rank, step) (end_rank, end_step): the last replayed end of its kernels,
         with these kernel durations (`work`, comm kernels' ignored), comm kernels'
         tails (`tail_ns`, per kernel: transfers) and without the host syncs of
-        `skip_syncs` (a mask over the sync rows: the host goes on at once)."""
+        `skip_syncs` (a mask over the sync rows: the host goes on at once), with the
+        host's own work between its points `host_gap_ns` (as host_gap_rank/step)."""
         assert not skip, "device what-ifs change durations, not calls"
         dur = self._dur.copy()
-        weight = None
+        weight = None if skip_syncs is None and host_gap_ns is None else self._weight.copy()
+        if host_gap_ns is not None:
+            weight[self._host_edges] = host_gap_ns
         if skip_syncs is not None:
-            weight = self._weight.copy()
             weight[self._sync_edges] = np.where(skip_syncs[self._sync_edge_row], NEG_INF, 0.0)
             dur[self._sync_node] = np.where(skip_syncs[self._sync_node_row], 0.0, dur[self._sync_node])
         if work is not None:

@@ -6,7 +6,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 from diagnose import rundir
-from diagnose.analysis import device_collectives, whatif
+from diagnose.analysis import device_collectives, finding_impacts
 from diagnose.analysis.detectors import DETECTORS
 from diagnose.analysis.findings import sort_findings, with_severity
 from diagnose.analysis.gpu_hours import gpu_hours_per_day
@@ -56,7 +56,7 @@ def detect(run) -> list[dict]:
         except Exception as exc:  # one broken detector must not hide the others
             run.warn(f"detector {name} failed: {type(exc).__name__}: {exc}")
     try:  # impact by what-if replay; the detectors' estimates stand if it cannot run
-        run.step_figures = whatif.apply(ctx, found)
+        run.step_figures = finding_impacts.apply(ctx, found)
     except Exception as exc:
         run.warn(f"what-if replay failed: {type(exc).__name__}: {exc}")
     for f in found:  # what each is worth per day of this job (gpu_hours.py: the formula)

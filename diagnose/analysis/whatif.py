@@ -91,6 +91,9 @@ class WhatIf:
         return float(np.mean(list(self.base.values())))
 
     def _saving(self, work=None, length_ns=None, skip=frozenset(), **device) -> tuple[float, float] | None:
+        # the edit, as asked (before the steady-step masking), for combined(): the
+        # fixes of several findings replayed together
+        self.last_edit = dict(work=work, length_ns=length_ns, skip=frozenset(skip), **device)
         m = self.model
         if work is not None:  # the steady steps' only (see the module's docstring)
             work = np.where(self._in_steady, work, m.unit_work)
@@ -143,6 +146,28 @@ class WhatIf:
         median = self._peer_target(np.median, ranks=[rank], basis=self._own)
         target = np.minimum(median, own.reindex(median.index).fillna(median))
         return self._saving(work=self._scaled(target, basis=self._own))
+
+    def host_bound_straggler(self, rank: int):
+        """Device lanes: the rank's host work between launches, per step, down to its
+        stage peers' median: its launch delay gone (a host-bound straggler's GPU is
+        as fast as its peers'; its host is not)."""
+        m = self.model
+        gap = np.maximum(m.host_gap_ns, 0.0)
+        key = pd.MultiIndex.from_arrays([m.host_gap_rank, m.host_gap_step])
+        per = pd.Series(gap, index=key).groupby(level=[0, 1]).sum().unstack(fill_value=0.0)
+        if rank not in per.index:
+            return None
+        stage = self.stages.get(rank, 0)
+        peers = [r for r in per.index if r != rank and self.stages.get(int(r), 0) == stage] or \
+            [r for r in per.index if r != rank]
+        if not peers:
+            return None
+        want = np.minimum(per.loc[peers].median(axis=0), per.loc[rank])
+        ratio = (want / per.loc[rank].where(per.loc[rank] > 0, 1.0)).reindex(m.host_gap_step).fillna(1.0).to_numpy()
+        steady = np.isin(m.host_gap_step, self.steady)
+        scaled = np.where((m.host_gap_rank == rank) & steady & (m.host_gap_ns > 0), m.host_gap_ns * ratio,
+                          m.host_gap_ns)
+        return self._saving(host_gap_ns=scaled)
 
     def workload_imbalance(self):
         if self.device:
@@ -247,6 +272,30 @@ class WhatIf:
         return None if result is None else result[1]
 
 
+    def combined(self, edits: list[dict]):
+        """The saving of several what-ifs replayed together: work and host-gap changes
+        add up (never below any one edit's), lengths and tails take the shortest,
+        removed calls and syncs the union. What the findings' fixes save together,
+        their overlaps counted once."""
+        m = self.model
+        if not edits:
+            return 0.0, self.step_ms()
+        out = {}
+        for key, base in (("work", m.unit_work), ("host_gap_ns", getattr(m, "host_gap_ns", None))):
+            mine = [e[key] for e in edits if e.get(key) is not None]
+            if mine:
+                out[key] = np.maximum(base + sum(x - base for x in mine), np.minimum.reduce(mine))
+        for key in ("length_ns", "tail_ns"):
+            mine = [e[key] for e in edits if e.get(key) is not None]
+            if mine:
+                out[key] = np.minimum.reduce(mine)
+        out["skip"] = frozenset().union(*(e.get("skip", frozenset()) for e in edits))
+        syncs = [e["skip_syncs"] for e in edits if e.get("skip_syncs") is not None]
+        if syncs:
+            out["skip_syncs"] = np.logical_or.reduce(syncs)
+        return self._saving(**out)
+
+
 def covered_ns(starts, ends, window_start, window_end) -> np.ndarray:
     """For each [window_start, window_end] window, the ns the union of the
     [starts, ends) intervals covers inside it (vectorised: prefix sums of the union)."""
@@ -267,103 +316,3 @@ def covered_ns(starts, ends, window_start, window_end) -> np.ndarray:
 def lower_median(values, axis=None):
     """The median, or the lower middle value of an even count."""
     return np.percentile(values, 50, method="lower", axis=axis)
-
-
-# what-ifs of the device graph (device_graph.py): durations of device work and
-# transfers, and host syncs removed. A data wait is host time the device graph
-# does not hold: its detector's estimate stands
-DEVICE_KINDS = ("straggler", "workload_imbalance", "stage_imbalance", "pipeline_bubble", "exposed_comm",
-                "hidden_sync")
-# what the kinds without a replayed what-if are estimated from (impact_source)
-NOT_REPLAYED = {
-    "pipeline_bubble": "the schedule's theoretical bubble at the recommended micro-batch count "
-                       "(a schedule change, not a duration the replay can change)",
-    "blocking_async": "the detector's estimate: moving a wait reorders a lane, which the replay does not do",
-}
-FIDELITY_FRAC = 0.05  # the replay, as recorded, must give each steady step back within this
-
-
-def _one(w: WhatIf, ctx, finding):
-    kind = finding.kind
-    if kind == "straggler" and finding.ranks:
-        return w.straggler(int(finding.ranks[0]))
-    if kind == "workload_imbalance":
-        return w.workload_imbalance()
-    if kind == "stage_imbalance" and finding.stage is not None:
-        return w.stage_imbalance(int(finding.stage))
-    if kind == "input_stall":
-        return w.input_stall()
-    if kind == "hidden_sync" and w.device:
-        site = finding.metrics.get("sync_site")
-        return None if site is None else w.device_syncs(site)
-    if kind == "hidden_sync" and finding.callsite:
-        return w.hidden_sync(lambda raw: ctx.relpath(raw) == finding.callsite)
-    if kind == "exposed_comm":
-        return w.exposed_comm()
-    if kind == "accumulation_sync":
-        from diagnose.analysis.detectors.accumulation_sync import extra_rounds
-        rounds = extra_rounds(ctx)
-        return None if rounds is None else w.without_instances(rounds.attrs["extra"])
-    if kind == "pipeline_bubble":
-        saving = finding.metrics["whatif_saving_ms_per_step"]
-        return saving, w.step_ms() - saving
-    return None
-
-
-def fidelity(w: WhatIf) -> float | None:
-    """The largest per-step error of the replay (recorded durations) against the record."""
-    recorded = w._step_ms(w.model.recorded_end_ns)
-    errors = [abs(w.base[s] - recorded[s]) / recorded[s] for s in recorded if s in w.base and recorded[s] > 0]
-    return max(errors) if errors else None
-
-
-def apply(ctx, findings) -> dict | None:
-    """Set each finding's impact to its what-if saving where the replay holds on this
-    run (host lanes, or the device graph where kernels cover the steady steps), keeping
-    the detector's own estimate as `estimate_ms_per_step`; each finding's
-    `impact_source` says which it is. Returns the run's step figures."""
-    summary, w = _replay(ctx)
-    why = summary.get("why") if summary else "no steady steps to replay"
-    if w is not None:
-        error = fidelity(w)
-        summary.update(replay_step_ms=w.step_ms(), replay_max_step_error_frac=None if error is None else float(error),
-                       ideal_step_ms=w.ideal_step_ms())
-        summary["impact_from_replay"] = trusted = bool(error is not None and error <= FIDELITY_FRAC)
-        if not trusted:
-            why = f"the replay gives the recorded steps back only within {error:.0%}" if error is not None \
-                else "no step to check the replay against"
-        if w.device:
-            summary.update(inferred_waits=w.model.inferred_waits, recorded_waits=w.model.recorded_waits)
-    for finding in findings:
-        finding.impact_source = f"estimate: {why}"
-        if finding.kind in NOT_REPLAYED:
-            finding.impact_source = f"estimate: {NOT_REPLAYED[finding.kind]}"
-        if w is None or (w.device and finding.kind not in DEVICE_KINDS):
-            if w is not None and finding.kind not in NOT_REPLAYED:
-                finding.impact_source = "estimate: no device what-if for this kind"
-            continue
-        result = _one(w, ctx, finding)
-        if result is None:
-            continue
-        saving, after = result
-        finding.metrics.update(whatif_step_ms=after, replay_step_ms=summary["replay_step_ms"],
-                               whatif_saving_ms_per_step=max(saving, 0.0))
-        if summary["impact_from_replay"] and finding.kind not in NOT_REPLAYED:
-            finding.metrics.setdefault("estimate_ms_per_step", finding.impact_ms_per_step)
-            finding.impact_ms_per_step = max(saving, 0.0)
-            finding.impact_source = "replay"
-    return summary
-
-
-def _replay(ctx):
-    """(the run's step figures so far, the what-if model or None with the reason in figures["why"])."""
-    if not ctx.steady:
-        return None, None
-    if ctx.on_device and ctx.kernel_steady != ctx.steady:
-        return {"impact_from_replay": False,
-                "why": "collectives timed on the device, kernels recorded in too few steps to replay"}, None
-    w = WhatIf(ctx.run, ctx.steady, ctx.run.rank_stages(), device=ctx.on_device)
-    if not w.ok:
-        return {"measured_step_ms": ctx.step_ms, "impact_from_replay": False,
-                "why": w.model.why or "the replay deadlocked: a dependency the trace does not show"}, None
-    return {"measured_step_ms": ctx.step_ms}, w
