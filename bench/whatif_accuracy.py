@@ -7,8 +7,11 @@ For each reference-trainer scenario, interleaved pairs of the same job under
 `--fault`s). Measured saving = fault-free step subtracted from the faulty
 one, per pair (each the mean over the steady steps of the job's step, from one
 step's last end to the next's); its mean and 95% confidence interval
-(Student's t over pairs). Predicted saving = the planted finding's `whatif_saving_ms_per_step`
-in the faulty run (the mean over pairs). Target: within 25% of the step time
+(Student's t over pairs). Predicted saving = the planted finding's
+`impact_ms_per_step` in the faulty run, what the user reads (the mean over
+pairs), with its `impact_source` (the replay, or the detector's estimate and
+why). `--keep DIR` keeps every run dir, so a later analysis can be measured
+against the same savings. Target: within 25% of the step time
 actually saved. Prints one row per scenario and writes
 bench/results/<date>-whatif-accuracy.md. Both runs of a pair share the box's
 load of the moment.
@@ -139,22 +142,23 @@ def pair_of(name: str, emulate_all: bool = False):
     fixed = _without_faults(faulty)
     if background:
         faulty, fixed = faulty + ["--fault", background], fixed + ["--fault", background]
-    return nproc, faulty, fixed, lambda f: f["metrics"].get("whatif_saving_ms_per_step", float("nan"))
+    return nproc, faulty, fixed, lambda f: f["impact_ms_per_step"]
 
 
 def measure(name: str, pairs: int, work: str, emulate_all: bool = False) -> dict:
     spec = SCENARIOS[BACKGROUND.get(name, (name,))[0]]
     nproc, faulty_argv, fixed_argv, predict = pair_of(name, emulate_all)
-    faulty_ms, clean_ms, predicted, estimates, fidelity = [], [], [], [], []
+    faulty_ms, clean_ms, predicted, estimates, fidelity, sources = [], [], [], [], [], []
     for i in range(pairs):
         faulty = _run(faulty_argv, nproc, os.path.join(work, f"{name}-{i}-fault"))
         clean = _run(fixed_argv, nproc, os.path.join(work, f"{name}-{i}-clean"))
         faulty_ms.append(faulty["job_step_ms"])
         clean_ms.append(clean["job_step_ms"])
-        fidelity.append(faulty["figures"]["replay_max_step_error_frac"])
+        fidelity.append(faulty["figures"].get("replay_max_step_error_frac"))
         planted = [f for f in faulty["findings"] if f["kind"] == spec.expected_kind]
         if planted:
             predicted.append(predict(planted[0]))
+            sources.append(planted[0].get("impact_source", "?").split(":")[0])
             estimates.append(planted[0]["metrics"].get("estimate_ms_per_step", planted[0]["impact_ms_per_step"]))
     savings = [f - c for f, c in zip(faulty_ms, clean_ms)]
     mean = statistics.mean(savings)
@@ -167,7 +171,8 @@ def measure(name: str, pairs: int, work: str, emulate_all: bool = False) -> dict
             "old_estimate_ms": statistics.mean(estimates) if estimates else float("nan"),
             "error_frac": (pred - mean) / mean if mean else float("nan"),
             "verdict": verdict(pred, mean, half),
-            "found_in": f"{len(predicted)}/{pairs}", "replay_max_error": max(fidelity),
+            "found_in": f"{len(predicted)}/{pairs}", "replay_max_error": max(e or 0.0 for e in fidelity),
+            "impact_source": "/".join(sorted(set(sources))) or "-",
             "pair_savings_ms": [round(x, 1) for x in savings], "pair_whatif_ms": [round(x, 1) for x in predicted]}
 
 
@@ -186,18 +191,21 @@ def main():
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--out", help="results file (default bench/results/<date>-whatif-accuracy.md)")
     parser.add_argument("--scenarios", default="straggler,slow_stage,slow_input,hidden_sync,hidden_sync+varlen,"
-                                                 "pipeline_straggler,blocking_p2p,bubble")
+                                                 "pipeline_straggler,blocking_p2p,bubble,accum_sync,varlen,comm_bound")
+    parser.add_argument("--keep", help="keep every run dir under this folder")
     parser.add_argument("--emulate-all", action="store_true",
                         help="every scenario with the emulated per-rank device, not only the pipelined ones")
     args = parser.parse_args()
     rows = []
-    with tempfile.TemporaryDirectory() as work:
+    with tempfile.TemporaryDirectory() as scratch:
+        work = args.keep or scratch
+        os.makedirs(work, exist_ok=True)
         for name in args.scenarios.split(","):
             rows.append(measure(name, args.pairs, work, args.emulate_all))
             r = rows[-1]
             print(f"{r['scenario']:12s} {r['kind']:17s} measured {r['measured_saving_ms']:7.1f} +- {r['ci95_ms']:5.1f} ms  "
                   f"what-if {r['whatif_saving_ms']:7.1f}  old estimate {r['old_estimate_ms']:7.1f}  "
-                  f"error {r['error_frac']:+.0%} ({r['verdict']})  found {r['found_in']}  pairs {r['pair_savings_ms']} "
+                  f"error {r['error_frac']:+.0%} ({r['verdict']}, {r['impact_source']})  found {r['found_in']}  pairs {r['pair_savings_ms']} "
                   f"what-if {r['pair_whatif_ms']}", flush=True)
     date = datetime.date.today().isoformat()
     path = args.out or os.path.join(REPO, "bench", "results", f"{date}-whatif-accuracy.md")
@@ -205,12 +213,12 @@ def main():
         f.write(f"# What-if saving vs measured saving ({date})\n\n`python bench/whatif_accuracy.py --pairs "
                 f"{args.pairs} --scenarios {args.scenarios}{' --emulate-all' if args.emulate_all else ''}` on the 2-core VM (layouts: the module's docstring).\n\n")
         f.write("| scenario | ranks | finding | faulty step ms | fault-free step ms | measured saving ms (95% CI) "
-                "| what-if saving ms | error | 25% target | old estimate ms | replay max step error | per pair: measured / what-if |\n"
+                "| impact ms (source) | error | 25% target | detector estimate ms | replay max step error | per pair: measured / impact |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
         for r in rows:
             f.write(f"| {r['scenario']} | {r['nproc']} | {r['kind']} ({r['found_in']}) | {r['faulty_step_ms']:.1f} | "
                     f"{r['clean_step_ms']:.1f} | {r['measured_saving_ms']:.1f} (+-{r['ci95_ms']:.1f}) | "
-                    f"{r['whatif_saving_ms']:.1f} | {r['error_frac']:+.0%} | {r['verdict']} | {r['old_estimate_ms']:.1f} | "
+                    f"{r['whatif_saving_ms']:.1f} ({r['impact_source']}) | {r['error_frac']:+.0%} | {r['verdict']} | {r['old_estimate_ms']:.1f} | "
                     f"{r['replay_max_error']:.3f} | {r['pair_savings_ms']} / {r['pair_whatif_ms']} |\n")
     print(f"wrote {path}")
 
