@@ -15,20 +15,25 @@ Per rank and step the host runs Megatron's non-interleaved 1F1B schedule
                         (send_forward_recv_backward...) are one kernel
     gradient all-reduce over the data-parallel group (stream 21), then the
                         optimizer kernel inside `Optimizer.step#FusedAdam.step`,
-                        then cudaDeviceSynchronize
+                        then cudaDeviceSynchronize; with buckets, DDP's bucketed
+                        all-reduces during the last backward instead
+                        (stream_sim_faults.bucketed)
 
 The device: each stream is a queue in launch order. A compute kernel waits for
-the exchanges launched before it (Megatron waits on the p2p requests); an NCCL
-kernel waits for the compute launched before it (NCCL's stream waits on the
-current stream). A fused SendRecv kernel starts when its stream is free and its
-inputs are ready; each of its messages moves `transfer_us` after both its
-kernel and the partner's kernel are running, and the kernel ends when its last
-message has moved, so a pair of exchanges ends together. An all-reduce ends
-`transfer_us` after its last member starts. The host never blocks before the
-step's final sync, so it runs ahead of the device, as a real one does; unless
-told to (a loss.item() sync, blocking p2p waits): then it waits for its device,
-and each step the hosts and the devices of all ranks advance together, as far
-as each one's launches and waits allow (_Model.run_step).
+the exchanges and all-reduces launched before it (Megatron waits on the p2p
+requests; with buckets only the optimizer waits for the all-reduces: DDP's
+backward never does); an NCCL kernel waits for the compute launched before it
+(NCCL's stream waits on the current stream). A fused SendRecv kernel starts
+when its stream is free and its inputs are ready; each of its messages moves
+`transfer_us` after both its kernel and the partner's kernel are running, and
+the kernel ends when its last message has moved, so a pair of exchanges ends
+together. An all-reduce ends `allreduce_us` (default transfer_us) after its
+last member starts; the n-th all-reduce of a step on each rank is one
+instance. The host never blocks before the step's final sync, so it runs ahead
+of the device, as a real one does; unless told to (a loss.item() sync, blocking
+p2p waits): then it waits for its device, and each step the hosts and the
+devices of all ranks advance together, as far as each one's launches and waits
+allow (_Model.run_step).
 
 Faults and host behaviour, all off by default (simulate's arguments; the host
 calls that order or wait for streams, and their Kineto records, are in
@@ -44,8 +49,8 @@ consecutive ranks).
 """
 import numpy as np
 
-from stream_sim_faults import (COMPUTE_STREAM, DP_STREAM, NCCL_STREAMS, P2P_STREAM, HostCalls, drop_waits,
-                               ring_schedule)
+from stream_sim_faults import (COMPUTE_STREAM, DP_STREAM, NCCL_STREAMS, P2P_STREAM, HostCalls, bucketed,
+                               drop_waits, interleaved, ring_schedule)
 
 T0_US = 1_700_000_000_000_000.0
 LAUNCH_US = 8.0
@@ -79,35 +84,6 @@ def one_f_one_b(stage: int, stages: int, microbatches: int) -> list:
     return [a for a in out if a[0] != "X" or a[1]]
 
 
-def interleaved(stage: int, stages: int, microbatches: int, chunks: int) -> list:
-    """A virtual-stage schedule: chunk c of stage s is virtual stage
-    c * stages + s, so the last stage sends chunk c's output to the first stage
-    (offset +1 wraps round). Micro-batches go in groups of `stages` through each
-    chunk in turn (Megatron's interleaved order), forwards then backwards; a
-    send and the receive after it are one exchange (send_forward_recv_forward:
-    lone blocking sends round the ring would deadlock the in-order p2p streams)."""
-    last = chunks * stages - 1
-    groups = [range(g, min(g + stages, microbatches)) for g in range(0, microbatches, stages)]
-    out = []
-    for group in groups:
-        for c in range(chunks):
-            v = c * stages + stage
-            for i in group:
-                out += [("X", [("recv", -1)] if v > 0 else []), ("F", i), ("X", [("send", +1)] if v < last else [])]
-    for group in groups:
-        for c in reversed(range(chunks)):
-            v = c * stages + stage
-            for i in group:
-                out += [("X", [("recv", +1)] if v < last else []), ("B", i), ("X", [("send", -1)] if v > 0 else [])]
-    fused = []
-    for a in out:
-        if a[0] == "X" and fused and fused[-1][0] == "X":
-            fused[-1] = ("X", fused[-1][1] + a[1])
-        else:
-            fused.append(a)
-    return [a for a in fused if a[0] != "X" or a[1]]
-
-
 class Sim:
     """A simulated job: its Kineto traces (one dict per rank) and, per rank, each
     step's end (the ProfilerStep's end, us) on the simulation's own clock."""
@@ -126,13 +102,14 @@ def simulate(pp: int, dp: int, microbatches: int, steps: int, seed: int = 0, fwd
              delay_us: float = 20000.0, peer_args: bool = True, kernels=(4, 8), transfer_us: float = 200.0,
              chunks: int = 1, rank_factor: dict | None = None, launch_us: dict | float | None = None,
              host_gap_us: float = 0.0, host_sync_every_mb: int = 0, blocking_p2p: bool = False,
-             ring: bool = False, record_waits: bool = False, drop_waits_frac: float = 0.0) -> Sim:
+             ring: bool = False, record_waits: bool = False, drop_waits_frac: float = 0.0, buckets: int = 0,
+             allreduce_us: float | None = None) -> Sim:
     """A micro-batch's forward is `fwd_us` (x stage_factor[stage], x
     rank_factor[rank], x length(rng, rank, step, mb) when given), its backward
     twice that, split into kernels[0] / kernels[1] equal kernels; each kernel x
     lognormal(0, jitter_sigma), and 1 kernel in `delay_every` (at random)
-    `delay_us` longer. chunks > 1: the interleaved schedule above. The rest is
-    off by default:
+    `delay_us` longer. chunks > 1: the interleaved schedule (stream_sim_faults.py).
+    The rest is off by default:
         rank_factor      {rank: x}: all that rank's compute kernels (the optimizer's too) x as long
         launch_us        host time per kernel launch, one value or {rank: us} (default LAUNCH_US)
         host_gap_us      host work (a "host_work" op) before each forward micro-batch
@@ -143,8 +120,12 @@ def simulate(pp: int, dp: int, microbatches: int, steps: int, seed: int = 0, fwd
                          the data-parallel group: send to the next rank, receive from the
                          previous (the gradient all-reduce still ends the step)
         record_waits     the cross-stream waits as Kineto records them (stream_sim_faults.py)
-        drop_waits_frac  that share of the recorded waits left out of the export only"""
+        drop_waits_frac  that share of the recorded waits left out of the export only
+        buckets          (dp > 1) DDP's gradient buckets: that many all-reduces during the
+                         last micro-batch's backward, overlapping it (stream_sim_faults.bucketed)
+        allreduce_us     an all-reduce's transfer (default transfer_us)"""
     assert not ring or pp == 1, "a ring exchanges within the data-parallel group (pp=1)"
+    assert 0 <= buckets <= kernels[1], "a bucket follows at least one backward kernel"
     rng = np.random.default_rng(seed)
     world = pp * dp
     stage_of = {r: r // dp for r in range(world)}
@@ -158,6 +139,8 @@ def simulate(pp: int, dp: int, microbatches: int, steps: int, seed: int = 0, fwd
         groups.append({"pg_name": str(1 + dp + s), "pg_desc": DATA_DESC, "backend_config": "cuda:nccl",
                        "ranks": data_of[s * dp]})
     model = _Model(world, rng, jitter_sigma, delay_every, delay_us, transfer_us)
+    model.allreduce_us = transfer_us if allreduce_us is None else allreduce_us
+    model.buckets = buckets if dp > 1 else 0
     model.names = {tuple(g["ranks"]): g["pg_name"] for g in groups}
     model.peer_args, model.record_waits = peer_args, record_waits
     per_rank = launch_us if isinstance(launch_us, dict) else {}
@@ -178,7 +161,8 @@ def simulate(pp: int, dp: int, microbatches: int, steps: int, seed: int = 0, fwd
                         else [(p, i) for i in range(microbatches) for p in "FB"])
             peers, desc = (data_of[r], DATA_DESC) if ring else (pipeline_of[r], PIPELINE_DESC)
             program = []
-            for what, arg in schedule:
+            last_backward = max(j for j, (what, _) in enumerate(schedule) if what == "B")
+            for j, (what, arg) in enumerate(schedule):
                 if what == "X":
                     ops = [(op, peers[(peers.index(r) + off) % len(peers)]) for op, off in arg]
                     program.append(("X", ops, peers, desc))
@@ -189,10 +173,11 @@ def simulate(pp: int, dp: int, microbatches: int, steps: int, seed: int = 0, fwd
                     program.append(("G", host_gap_us))
                 n = kernels[0] if what == "F" else kernels[1]
                 dur = fwd_us * sizes[(r, arg)] * (1 if what == "F" else 2) / n
-                program += [("C", model.draw(dur), what == "B") for _ in range(n)]
+                launches = [("C", model.draw(dur), what == "B") for _ in range(n)]
+                program += bucketed(launches, model.buckets, data_of[r]) if j == last_backward else launches
                 if what == "B" and host_sync_every_mb and (arg + 1) % host_sync_every_mb == 0:
                     program.append(("S", COMPUTE_STREAM, "item"))
-            if dp > 1:
+            if dp > 1 and not model.buckets:
                 program.append(("A", data_of[r]))
             program.append(("O", 1500.0 * factor[r]))
             programs.append(program)
@@ -221,6 +206,7 @@ class _Model(HostCalls):
         self.ops = [[] for _ in range(world)]  # this step's device ops, in launch order
         self.rng, self.sigma, self.every, self.delay_us = rng, jitter_sigma, delay_every, delay_us
         self.transfer_us, self.corr, self.rank, self.t = transfer_us, 0, 0, T0_US
+        self.allreduce_us, self.buckets = transfer_us, 0
         self.names = {}  # process group ranks (tuple) -> its name
         self.launch_us, self.peer_args = [LAUNCH_US] * world, True
 
@@ -283,7 +269,7 @@ class _Model(HostCalls):
                  {"correlation": self.corr})
         # it waits for the op before it on its stream and the latest launched on the
         # streams it waits on (compute on the NCCL streams, NCCL on compute)
-        waits_on = (stream, *(NCCL_STREAMS if op["kind"] == "compute" else (COMPUTE_STREAM,)))
+        waits_on = (stream, *(op.pop("on", NCCL_STREAMS) if op["kind"] == "compute" else (COMPUTE_STREAM,)))
         op.update(launch=self.t, stream=stream, name=name, corr=self.corr, args=args or {}, start=None, end=None,
                   deps=[latest[s] for s in waits_on if s in latest])
         count = self.count[self.rank]
@@ -298,11 +284,12 @@ class _Model(HostCalls):
         self.t += launch_us
 
     def compute(self, dur, backward):
-        self.order_streams(COMPUTE_STREAM)
+        on = self.compute_waits_on()
+        self.order_streams(COMPUTE_STREAM, on)
         if backward:
             self.cpu(self.rank, "autograd::engine::evaluate_function: MmBackward0", self.t - 1,
                      self.launch_us[self.rank], tid=2)
-        self._launch(2 if backward else 1, {"kind": "compute", "dur": dur}, GEMM, COMPUTE_STREAM)
+        self._launch(2 if backward else 1, {"kind": "compute", "dur": dur, "on": on}, GEMM, COMPUTE_STREAM)
 
     def exchange(self, ops, group, peer_args, desc=PIPELINE_DESC):
         t0 = self.t
@@ -330,7 +317,9 @@ class _Model(HostCalls):
         args["Process Group Name"] = self.names[tuple(group)]
         t0, call = self.t, self.cpu(self.rank, "nccl:all_reduce", self.t - 2, 0)
         self.order_streams(DP_STREAM)
-        kernel = {"kind": "all_reduce", "members": tuple(group)}
+        count = self.count[self.rank]  # the step's n-th all-reduce: its instance on every member
+        count["all_reduce"] = count.get("all_reduce", -1) + 1
+        kernel = {"kind": "all_reduce", "members": tuple(group), "n": count["all_reduce"]}
         self._launch(1, kernel, ALL_REDUCE_KERNEL, DP_STREAM, args)
         self.end_event(kernel)
         call["dur"] = self.t - t0 + 4
@@ -379,10 +368,10 @@ class _Model(HostCalls):
             return op["start"] + op["dur"]
         if op["kind"] == "all_reduce":
             starts = [o["start"] for r in op["members"] for o in self.ops[r]
-                      if o["kind"] == "all_reduce"]
+                      if o["kind"] == "all_reduce" and o["n"] == op["n"]]
             if len(starts) < len(op["members"]) or None in starts:
                 return None
-            return max(starts) + self.transfer_us
+            return max(starts) + self.allreduce_us
         ends = [op["start"] + 5.0]
         for key in op.get("keys", ()):
             send, recv = self.links[key]

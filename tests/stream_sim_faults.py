@@ -1,6 +1,8 @@
 """Test aid: the host calls of tests/megatron_stream_model.py that order its
-CUDA streams or wait for them, as Kineto records them, and the export's
-"dependencies removed" (issue 46: the what-if replay reads only the export).
+CUDA streams or wait for them, as Kineto records them, DDP's bucketed
+all-reduces, the schedules beside 1F1B (interleaved, a ring of exchanges), and
+the export's "dependencies removed" (issue 46: the what-if replay reads only
+the export).
 
 The model's cross-stream dependencies (a compute kernel waits for the exchanges
 and all-reduce launched before it; an NCCL kernel waits for the compute launched
@@ -18,7 +20,16 @@ before it) become, with record_waits, what torch.profiler writes with
                              op: stream order covers the later compute kernels
 
 each cudaStreamWaitEvent with its device record, a "Stream Wait Event" on the
-waiting stream that names the stream and the cudaEventRecord waited on. Every
+waiting stream that names the stream and the cudaEventRecord waited on.
+
+DDP's buckets (simulate's buckets=n): its reducer launches a bucket's
+all-reduce as soon as the backward has produced the bucket's gradients, so
+during the last micro-batch's backward an all-reduce follows every
+(backward kernels // n)-th kernel launch, the last one the last kernel: each
+waits for the compute before it, and the rest of the backward runs on while
+it moves. The backward's compute waits only for the p2p stream (DDP's
+backward never waits for a bucket); the optimizer waits for the last bucket
+(the reducer's finalize: one Stream Wait Event on the data-parallel stream). Every
 record written is a dependency the simulation obeys. Host calls are on the main
 thread (tid 1) and cost CALL_US of host time each, as real ones cost some.
 
@@ -59,6 +70,48 @@ CBID = {"cudaEventRecord": 135, "cudaStreamWaitEvent": 147, "cudaStreamSynchroni
 STREAM_WAIT, STREAM_SYNC = "Stream Wait Event", "Stream Sync"
 
 
+def bucketed(launches: list, buckets: int, group: list) -> list:
+    """The last backward's compute launches with DDP's bucket all-reduces ("A"
+    instructions) among them: after every (len // buckets)-th and after the last."""
+    if not buckets:
+        return launches
+    per = len(launches) // buckets
+    after = {per * (b + 1) - 1 for b in range(buckets - 1)} | {len(launches) - 1}
+    out = []
+    for i, launch in enumerate(launches):
+        out += [launch, ("A", group)] if i in after else [launch]
+    return out
+
+
+def interleaved(stage: int, stages: int, microbatches: int, chunks: int) -> list:
+    """A virtual-stage schedule: chunk c of stage s is virtual stage
+    c * stages + s, so the last stage sends chunk c's output to the first stage
+    (offset +1 wraps round). Micro-batches go in groups of `stages` through each
+    chunk in turn (Megatron's interleaved order), forwards then backwards; a
+    send and the receive after it are one exchange (send_forward_recv_forward:
+    lone blocking sends round the ring would deadlock the in-order p2p streams)."""
+    last = chunks * stages - 1
+    groups = [range(g, min(g + stages, microbatches)) for g in range(0, microbatches, stages)]
+    out = []
+    for group in groups:
+        for c in range(chunks):
+            v = c * stages + stage
+            for i in group:
+                out += [("X", [("recv", -1)] if v > 0 else []), ("F", i), ("X", [("send", +1)] if v < last else [])]
+    for group in groups:
+        for c in reversed(range(chunks)):
+            v = c * stages + stage
+            for i in group:
+                out += [("X", [("recv", +1)] if v < last else []), ("B", i), ("X", [("send", -1)] if v > 0 else [])]
+    fused = []
+    for a in out:
+        if a[0] == "X" and fused and fused[-1][0] == "X":
+            fused[-1] = ("X", fused[-1][1] + a[1])
+        else:
+            fused.append(a)
+    return [a for a in fused if a[0] != "X" or a[1]]
+
+
 def ring_schedule(microbatches: int) -> list:
     """Each micro-batch: forward, backward, then one fused exchange with both
     neighbours of the ring (send to the next rank, receive from the previous)."""
@@ -71,7 +124,7 @@ def ring_schedule(microbatches: int) -> list:
 class HostCalls:
     """The host calls above, for _Model (tests/megatron_stream_model.py): it
     provides rank, t, corr, latest (per rank: stream -> its last launched op),
-    waited, blocked, events and cpu()."""
+    waited, blocked, events, cpu() and buckets (simulate's, 0 without dp)."""
 
     record_waits = False
 
@@ -94,8 +147,15 @@ class HostCalls:
         self._sync_record(STREAM_WAIT, stream, ts + 1, 0.0, corr,
                           {"wait_on_stream": on_stream, "wait_on_cuda_event_record_corr_id": record_corr})
 
-    def order_streams(self, stream: int):
-        """Before a launch on `stream`: the waits the device model gives it."""
+    buckets = 0
+
+    def compute_waits_on(self) -> tuple:
+        """The NCCL streams a backward or forward kernel waits for: not DDP's buckets."""
+        return (P2P_STREAM,) if self.buckets else NCCL_STREAMS
+
+    def order_streams(self, stream: int, on: tuple = NCCL_STREAMS):
+        """Before a launch on `stream`: the waits the device model gives it (a
+        compute launch: for the latest op on each of the NCCL streams `on`)."""
         if not self.record_waits:
             return
         latest, waited = self.latest[self.rank], self.waited[self.rank]
@@ -103,11 +163,11 @@ class HostCalls:
             if COMPUTE_STREAM in latest:
                 self._wait_event(stream, COMPUTE_STREAM, self._runtime("cudaEventRecord"))
             return
-        for on in NCCL_STREAMS:
-            op = latest.get(on)
-            if op is not None and waited.get(on) is not op:
-                waited[on] = op
-                self._wait_event(stream, on, op["record"])
+        for nccl in on:
+            op = latest.get(nccl)
+            if op is not None and waited.get(nccl) is not op:
+                waited[nccl] = op
+                self._wait_event(stream, nccl, op["record"])
 
     def end_event(self, op: dict):
         """Right after an NCCL launch: the event its waiters will wait on."""

@@ -188,3 +188,36 @@ def test_the_exports_import(tmp_path, name):
     paths = [kineto_perturb.write(t, tmp_path / f"rank{r}.json") for r, t in enumerate(traces)]
     _, counts = import_kineto(paths, str(tmp_path / "run"))
     assert sorted(counts["ranks"]) == list(range(len(traces))) and min(counts["ranks"].values()) > 0
+
+
+def test_ddp_buckets_overlap_the_last_backward():
+    """buckets=4: an all-reduce after every 2nd of the last backward's 8 kernels,
+    each after the compute launched before it, the backward running on meanwhile;
+    the n-th bucket of a step is one instance on every rank (it ends together)
+    and the optimizer waits for the last. The recorded waits explain every start."""
+    sim = model.simulate(1, 4, 4, steps=3, jitter_sigma=0.02, record_waits=True, buckets=4, allreduce_us=1200.0)
+    bucket_ends = []
+    for trace in sim.traces:
+        assert _unexplained_starts(trace) == 0
+        launched = sorted(_kernels(trace), key=lambda k: k["args"]["correlation"])
+        steps = np.split(launched, [i + 1 for i, k in enumerate(launched) if k["name"] == model.ADAM][:-1])
+        ends = []
+        for step in steps:
+            names = [k["name"] for k in step]
+            at = [i for i, n in enumerate(names) if n == model.ALL_REDUCE_KERNEL]
+            first = len(step) - 1 - 8 - 4  # the last backward's 8 kernels, 4 buckets, then the optimizer
+            assert at == [first + 2, first + 5, first + 8, first + 11]
+            for i in at:
+                before, bucket = step[i - 1], step[i]
+                assert bucket["ts"] >= before["ts"] + before["dur"] - 1e-6
+            # the backward does not wait for its buckets: the first three overlap it
+            for i in at[:-1]:
+                after = step[i + 1]
+                assert after["ts"] < step[i]["ts"] + step[i]["dur"]
+            optimizer, last = step[-1], step[at[-1]]
+            assert optimizer["ts"] >= last["ts"] + last["dur"] - 1e-6
+            ends.append([step[i]["ts"] + step[i]["dur"] for i in at])
+        bucket_ends.append(ends)
+    assert np.ptp(np.array(bucket_ends), axis=0).max() < 1e-6  # every rank's n-th bucket ends together
+    plain = model.simulate(1, 4, 4, steps=3, jitter_sigma=0.02, record_waits=True)
+    assert [[k["name"] for k in _kernels(t)].count(model.ALL_REDUCE_KERNEL) for t in plain.traces] == [3] * 4
