@@ -29,11 +29,20 @@ KEEP = ("manifest.json", "traces")   # the analysis, report, trace and MLflow id
 VARIANTS = {"slow_stage-unmarked": ("slow_stage", {"REFERENCE_TRAINER_PHASES": "0"}),
             "bubble-unmarked": ("bubble", {"REFERENCE_TRAINER_PHASES": "0"}),
             "whatif-slow_input": ("slow_input", {}),
-            "whatif-slow_input-fixed": ("slow_input", {})}
+            "whatif-slow_input-fixed": ("slow_input", {}),
+            "ring3-gloo": ("ring", {}), "ring3-gloo-fixed": ("ring", {})}
+# a ring of 3 batched exchanges (issue 46), natively on gloo: rank 1 at 1.5x the
+# others' emulated device time, and without a slow rank (tests/test_ring_replay.py)
+RING_ARGV = {"ring3-gloo": ["--slow-rank", "1", "--factor", "1.5"], "ring3-gloo-fixed": []}
 
 
 def _command(name: str, scenario: str, out: Path) -> tuple[list, str]:
     """(the command that records `name`, how SOURCE.txt says it)."""
+    if name in RING_ARGV:
+        job = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", "tests/scripts/ring_job.py",
+               *RING_ARGV[name]]
+        return ([sys.executable, "-m", "diagnose", "run", "--out", str(out), "--", sys.executable, *job],
+                f"diagnose run -- python {' '.join(job)}")
     if not name.startswith("whatif-"):
         return ([sys.executable, "-m", "diagnose", "demo", "--scenario", scenario, "--out", str(out)],
                 f"diagnose demo --scenario {scenario}")
@@ -64,7 +73,10 @@ def record(name: str) -> Path:
         target.mkdir(parents=True)
         for part in KEEP:
             source = out / part
-            (shutil.copytree if source.is_dir() else shutil.copy2)(source, target / part)
+            if source.is_dir():  # (a temporary left by a write the rank's exit cut short is not the run's)
+                shutil.copytree(source, target / part, ignore=shutil.ignore_patterns("*.tmp-*"))
+            else:
+                shutil.copy2(source, target / part)
         manifest = json.loads((out / "manifest.json").read_text())
     (target / "SOURCE.txt").write_text(
         f"recorded by scripts/record_test_runs.py on {datetime.date.today().isoformat()}\n"
