@@ -138,7 +138,7 @@ def test_peers_that_nothing_names_are_refused_with_a_reason(tmp_path):
     assert not PHASE_READERS & {f["kind"] for f in detect(run)}
 
 
-@pytest.mark.parametrize("peer_args, why", [(True, "ring (an interleaved schedule)"),
+@pytest.mark.parametrize("peer_args, why", [(True, "ring (an interleaved schedule"),
                                            (False, "batched p2p (nccl:coalesced) names no peer")],
                          ids=["peers-in-cpu-ops", "no-peer-args"])
 def test_an_interleaved_schedule_is_refused_not_mis_staged(tmp_path, peer_args, why):

@@ -69,7 +69,7 @@ def _sends(links_per_step, steps=3):
 
 
 @pytest.mark.parametrize("links, why", [
-    ([(0, 1), (1, 2), (2, 3), (3, 0), (1, 0)], "ring (an interleaved schedule)"),
+    ([(0, 1), (1, 2), (2, 3), (3, 0), (1, 0)], "ring (an interleaved schedule"),
     ([(0, 1), (0, 2), (1, 0)], "rank 0 has two forward links"),
     ([(0, 1), (1, 2), (3, 4)], "pipelines of unequal length [2, 3]"),
 ])

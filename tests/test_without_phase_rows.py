@@ -56,7 +56,9 @@ def test_a_recorded_run_without_its_phase_rows_names_the_same_cause(name, record
     _strip(fixture_path("runs", name), stripped)
     warnings = []
     run, _ = analyze_run([str(stripped)], outputs=False, warn=warnings.append)
-    assert warnings == []   # a detector that failed would be one of them
+    # a detector that failed would be one of them; a ring's exchanges are no pipeline (said)
+    said = [w for w in warnings if not (name.startswith("ring3") and "forward links form a ring" in w)]
+    assert said == []
     assert not run.events()["kind"].isin(["phase"]).any()
     want, got = _top(recorded), _top(stripped)
     if want is None:

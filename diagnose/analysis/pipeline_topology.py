@@ -76,7 +76,7 @@ def chains(links: set) -> tuple[list | None, str | None]:
         out_of[src], into[dst] = dst, src
     heads = sorted(set(out_of) - set(into))
     if not heads:
-        return None, "the forward links form a ring (an interleaved schedule)"
+        return None, "the forward links form a ring (an interleaved schedule, or ring exchanges such as ring attention)"
     found, seen = [], set()
     for head in heads:
         chain = [head]
@@ -85,7 +85,7 @@ def chains(links: set) -> tuple[list | None, str | None]:
         found.append(chain)
         seen.update(chain)
     if seen != set(out_of) | set(into):
-        return None, "some forward links form a ring (an interleaved schedule)"
+        return None, "some forward links form a ring (an interleaved schedule, or ring exchanges)"
     if len({len(c) for c in found}) != 1:
         return None, f"pipelines of unequal length {sorted({len(c) for c in found})}"
     return found, None

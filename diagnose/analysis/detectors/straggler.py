@@ -108,7 +108,11 @@ def waiting_caused(ctx):
     # an instance counts when every member the run holds is in it (all of the
     # group on a whole run; the ranks seen, on a partial trace set)
     seen = arrivals.groupby("group")["rank"].transform("nunique")
-    arrivals = arrivals[(arrivals["kind"] == "collective") & arrivals["step"].isin(ctx.steady)
+    # sends and receives count where they are not a pipeline's (a ring, a halo
+    # exchange: a late peer holds its neighbours there); in a pipeline a stage waits
+    # for its upstream's work by design: that is stage_imbalance's and the bubble's
+    kinds = ["collective"] if ctx.run.rank_stages() else ["collective", "p2p"]
+    arrivals = arrivals[arrivals["kind"].isin(kinds) & arrivals["step"].isin(ctx.steady)
                         & (arrivals["members"] == np.minimum(arrivals["expected_members"], seen))]
     arrivals = arrivals.drop(columns="kind").assign(group=pd.factorize(arrivals["group"])[0])
     arrivals = _same_stage_groups(arrivals, ctx.run.rank_stages())
