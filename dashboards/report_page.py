@@ -12,7 +12,7 @@ from dashboards import (fig_breakdown, fig_collectives, fig_fsdp_units, fig_heat
 from dashboards.fig_findings import evidence_notes, findings_html
 from dashboards.plot_embed import figure_html, page_html
 from dashboards.view_parts import Section, esc, fmt_ms
-from diagnose.analysis import device_collectives
+from diagnose.analysis import device_collectives, mfu
 
 VIEWS = (fig_whatif, fig_breakdown, fig_timeline, fig_heatmaps, fig_pipeline, fig_collectives, fig_fsdp_units,
          fig_series)
@@ -75,6 +75,7 @@ def _header(run, findings) -> str:
         ("steps", f"{steps['step'].nunique() if len(steps) else 0} recorded, steady "
                   + (f"{steady[0]}-{steady[-1]}" if steady else "-")
                   + (f", median step {esc(fmt_ms(median))}" if median is not None else "")),
+        ("MFU", "<br>".join(esc(line) for line in mfu.summarize(run)["lines"])),
         ("clocks", esc(clocks_text(run))),
         ("findings", f"{counts['critical']} critical, {counts['warning']} warning, {counts['info']} info"),
     ]

@@ -10,6 +10,8 @@ INSTRUMENTORS = ("process_group_identity", "clock_sync", "steps", "forward_backw
                  "functional_collectives", "fsdp2", "pipelining",
                  "ddp", "host_sync", "host_sampler", "exceptions", "flight_recorder_dump", "fault_stacks",
                  "checkpoints",
+                 # one step's FLOPs for MFU (after "steps": its post-hook reads the step number)
+                 "flop_count",
                  # GPU and interop (issue 7); each is quiet on a machine without a GPU
                  "nvml_sampler", "net_sampler", "cuda_events", "sync_debug", "torch_profiler")
 

@@ -20,6 +20,7 @@ from diagnose import rundir
 from diagnose.rundir import storage
 from diagnose.analysis import clock_align, device_collectives, event_budget, pipeline_topology, trace_windows
 from diagnose.analysis.breakdown import step_breakdown
+from diagnose.analysis.mfu import without_counted_step
 from diagnose.analysis.rank_pass import in_rank_order, ranks_per_task
 from diagnose.analysis.rank_pass_engines import InProcess
 from diagnose.analysis.step_tables import steady_state_steps, steps_table, window_shift
@@ -238,8 +239,10 @@ class Run:
 
     @_per_run
     def steady_steps(self) -> list[int]:
-        return steady_state_steps(self.in_window(self.steps()),
-                                  warmup=self.window is None or self.window.get("warmup", False))
+        # less the step each rank counted FLOPs in (several times slower: diagnose/analysis/mfu.py)
+        return without_counted_step(steady_state_steps(self.in_window(self.steps()),
+                                                       warmup=self.window is None or self.window.get("warmup", False)),
+                                    self.rank_meta)
 
     def rank_stages(self) -> dict[int, int]:
         """rank -> pipeline stage (the most frequent one of its rows), for a run with stages."""

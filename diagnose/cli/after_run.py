@@ -82,6 +82,28 @@ def analyze_during_hang(run_dir: str) -> None:
               "it is redone when the job ends", flush=True)
 
 
+def print_mfu(run) -> None:
+    """MFU per rank (diagnose/analysis/mfu.py), a line or two under the findings."""
+    from diagnose.analysis.mfu import summarize
+    try:
+        lines = summarize(run)["lines"]
+    except Exception as exc:  # a figure missing must not lose the findings printed above
+        lines = [f"MFU: not computed ({type(exc).__name__}: {exc})"]
+    for line in lines:
+        print(line, flush=True)
+
+
+def peak_option(peak_tflops: float | None) -> None:
+    """`--peak-tflops`: the peak MFU divides by, for the report and MLflow too (DIAGNOSE_PEAK_TFLOPS)."""
+    from diagnose.analysis.gpu_peaks import PEAK_ENV
+    from diagnose.errors import UserError
+    if peak_tflops is None:
+        return
+    if not 0 < peak_tflops < float("inf"):
+        raise UserError("--peak-tflops must be a positive number of TFLOP/s")
+    os.environ[PEAK_ENV] = repr(peak_tflops)
+
+
 def _optional_outputs():
     steps = []
     try:

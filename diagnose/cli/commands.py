@@ -23,10 +23,12 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   rich_markup_mode=None,
                   help="Profile and diagnose distributed PyTorch training jobs.")
 PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+PEAK_HELP = ("the GPU's peak TFLOP/s MFU divides by (default: a table of common GPUs by name and precision; "
+             "a CPU run has none) (DIAGNOSE_PEAK_TFLOPS)")
 
 
 def _finish(run_dir: str, status: int, analyze: bool, outputs: bool = True) -> int:
-    from diagnose.cli.after_run import analyze_run
+    from diagnose.cli.after_run import analyze_run, print_mfu
     from diagnose.cli.console import print_findings, print_step_figures
     from diagnose.rundir import solo_ranks
     # the job is over: no process writes into a folder renamed now
@@ -39,6 +41,7 @@ def _finish(run_dir: str, status: int, analyze: bool, outputs: bool = True) -> i
         run, findings = analyze_run([run_dir], outputs=outputs)
         print_findings(findings)
         print_step_figures(run.step_figures)
+        print_mfu(run)
     print(f"diagnose: run directory {run_dir}")
     if analyze:
         for name in ("analysis/findings.json", "trace.json.gz", "report.html"):
@@ -123,13 +126,16 @@ def analyze(runs: List[str] = typer.Argument(..., help="run directory (several: 
                                                  "and tables only: no trace, report or MLflow run)"),
             gpu_hour_cost: Optional[float] = typer.Option(None, "--gpu-hour-cost", metavar="PRICE",
                                                           help="the price of one GPU-hour: findings' GPU-hours "
-                                                               "per day also in money (DIAGNOSE_GPU_HOUR_COST)")):
+                                                               "per day also in money (DIAGNOSE_GPU_HOUR_COST)"),
+            peak_tflops: Optional[float] = typer.Option(None, "--peak-tflops", metavar="TFLOPS",
+                                                        help=PEAK_HELP)):
     """Analyze a run directory: breakdown per rank and findings. The per-rank
     pass runs in this process unless an engine option says otherwise
     (docs/large-runs.md); the cross-rank pass always runs here."""
     from diagnose.analysis.rank_pass_engines import make_engine
-    from diagnose.cli.after_run import analyze_run
+    from diagnose.cli.after_run import analyze_run, peak_option, print_mfu
     from diagnose.cli.console import print_breakdown, print_findings, print_step_figures
+    peak_option(peak_tflops)
     if max_events is not None and max_events < 0:
         raise UserError("--max-events must be >= 0 (0: no budget)")
     if gpu_hour_cost is not None:
@@ -151,6 +157,7 @@ def analyze(runs: List[str] = typer.Argument(..., help="run directory (several: 
         print_breakdown(run)
     print_findings(findings)
     print_step_figures(run.step_figures)
+    print_mfu(run)
     return 0
 
 

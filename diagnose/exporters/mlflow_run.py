@@ -12,7 +12,9 @@ than adding another:
                exposed_comm_frac, bubble_frac (pipelines); summary/* over the
                steady steps (each phase's ms per step among them);
                finding/<kind>_impact_ms_per_step and _gpu_hours_per_day for every
-               kind (0 when absent);
+               kind (0 when absent); mfu/* (diagnose/analysis/mfu.py: mfu, hfu,
+               achieved_tflops_per_rank, peak_tflops, model_gflop_per_step,
+               uncounted_kernel_share, each when measured);
                live/* streamed while the job ran
     tags       findings.count, findings.<severity>, finding.<kind> = worst
                severity (+ finding.<kind>.title), diagnose.run_dir; culprit.<kind>
@@ -204,6 +206,7 @@ def step_metrics(run) -> list:
 
 
 def summary_metrics(run, findings) -> dict:
+    from diagnose.analysis import mfu
     from diagnose.analysis.breakdown import PARTS
     from diagnose.analysis.step_tables import bubble_frac, bubbles, pipeline_blocks, steady
     out = {"summary/steps_recorded": float(run.steps()["step"].nunique()) if len(run.steps()) else 0.0,
@@ -229,6 +232,7 @@ def summary_metrics(run, findings) -> dict:
             if frac == frac:  # not NaN: some schedule window
                 out["summary/bubble_frac"] = frac
     out.update(finding_impacts(findings))
+    out.update(mfu.metrics(mfu.summarize(run)))  # mfu/*: only what was measured
     return out
 
 

@@ -1,0 +1,44 @@
+"""One rank of tests/test_mfu.py's DTensor tensor-parallel count, in a module of
+its own: torch.multiprocessing.spawn imports the target's module in each child,
+and this one imports torch and the counter only (the test module's imports,
+pandas and the analysis among them, cost each child seconds)."""
+import json
+import os
+
+import torch
+
+from collectors.instrument import flop_count
+
+
+def tp_block():
+    """LayerNorm, a column-parallel up projection, GELU, a row-parallel down projection."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.LayerNorm(32), torch.nn.Linear(32, 128), torch.nn.GELU(),
+                               torch.nn.Linear(128, 32))
+
+
+def count_step(step_fn) -> dict:
+    count = flop_count.StepCount(1)
+    count.begin()
+    try:
+        step_fn()
+    finally:
+        result = count.end()
+    return result
+
+
+def tp_rank(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        block = parallelize_module(tp_block(), init_device_mesh("cpu", (2,)),
+                                   {"1": ColwiseParallel(), "3": RowwiseParallel()})
+        x = torch.randn(16, 32)
+        count = count_step(lambda: block(x).sum().backward())
+        with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+            json.dump(count, f)
+    finally:
+        dist.destroy_process_group()
