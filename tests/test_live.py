@@ -270,28 +270,63 @@ def test_the_live_child_runs_at_idle_priority_on_every_thread(tmp_path, monkeypa
         live.close(0, timeout=60)
 
 
+def _scrape(port: int) -> dict:
+    """The live endpoint's samples: (name, labels as a sorted tuple) -> value; {} when it does not answer."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
 def test_node_health_reaches_mlflow_while_the_job_runs(tmp_path):
     """Issue 26: per-rank CPU % and RSS and the node's network throughput (the
     ranks' gloo traffic crosses loopback here) are MLflow system metrics while the
     job still runs: read through the client before it ends. The job would run for
     minutes; once every metric is read it is interrupted (Ctrl-C), which is no part
-    of what is checked (test_failures checks Ctrl-C)."""
+    of what is checked (test_failures checks Ctrl-C).
+
+    Issue 48: the same job serves Prometheus metrics (`--metrics-port 0`, the port
+    in RUN/metrics_port), scraped while it runs: step time per rank, and rank 1's
+    compute alert counter, 0 before the slowdown planted in rank 1 from step 12,
+    then 1, with rank 1 named as the rank the others wait for. (In this launch, not
+    one of its own: the suite's time is spent on launches. The alert comes before
+    MLflow's first system metrics, which end the loop: no time added.)"""
     from conftest import DIAGNOSE, REPO, job_env, torchrun
     out = tmp_path / "long"
+    slow_from = 12  # early, so that the alert comes while MLflow's first system metrics are awaited
     # 4,000 steps of 16 samples at 8 ms each: over 8 min of data wait alone
     # (no analysis after it: what is checked is the live stream)
-    proc = subprocess.Popen([*DIAGNOSE, "run", "--out", str(out), "--no-analyze", "--",
+    proc = subprocess.Popen([*DIAGNOSE, "run", "--out", str(out), "--no-analyze", "--metrics-port", "0", "--",
                              *torchrun(2, "samples/ddp_mlp.py", "--steps", 4000, "--batch-size", 8,
-                                       "--slow-data-ms", 8)],
+                                       "--slow-data-ms", 8, "--slow-rank", 1, "--slow-ms", 100,
+                                       "--slow-from-step", slow_from)],
                             cwd=REPO, env=job_env(outputs=True), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     keys = ("system/rank_0_cpu_utilization_percentage", "system/rank_1_cpu_utilization_percentage",
             "system/rank_0_rss_megabytes", "system/rank_1_rss_megabytes",
             "system/network_receive_megabytes_per_second", "system/network_lo_receive_megabytes_per_second")
-    seen, started = {}, time.monotonic()
+    compute_alerts = ("diagnose_alerts_total", (("kind", "compute"), ("rank", "1")))
+    seen, scrapes, started, polls = {}, [], time.monotonic(), 0
+
+    def done() -> bool:
+        return len(seen) == len(keys) and any(s.get(compute_alerts, 0) >= 1 and
+                                              s.get(("diagnose_waited_for", (("rank", "1"),))) == 1 for s in scrapes)
     try:
-        while proc.poll() is None and time.monotonic() - started < 150 and len(seen) < len(keys):
-            time.sleep(1.0)  # the poll's period: the store is read once a second
+        while proc.poll() is None and time.monotonic() - started < 150 and not done():
+            time.sleep(0.25)  # the endpoint's poll period (a scrape costs ~1 ms): one sees rank 1's counter at 0
+            polls += 1
+            if (out / "metrics_port").exists():
+                scrape = _scrape(int((out / "metrics_port").read_text()))
+                if scrape.get(("diagnose_ranks_reporting", ())) == 2:
+                    scrapes.append(scrape)
             id_file, db = out / "mlflow_run_id", tmp_path / "mlflow.db"
+            if polls % 4:
+                continue  # the store is read once a second
             if not (id_file.exists() and db.exists()):
                 continue
             client = MlflowClient(tracking_uri=f"sqlite:///{db}")
@@ -311,3 +346,16 @@ def test_node_health_reaches_mlflow_while_the_job_runs(tmp_path):
     assert json.loads((out / "manifest.json").read_text())["interrupted"] is True, stderr[-3000:]
     assert max(seen["system/network_lo_receive_megabytes_per_second"]) > 0  # the all-reduces
     assert min(seen["system/rank_0_rss_megabytes"]) > 50 and max(seen["system/rank_0_cpu_utilization_percentage"]) > 0
+    # Prometheus: step time per rank, and the straggler's alert counter rising after the slowdown
+    step_time = {r: [s[("diagnose_step_time_seconds", (("rank", str(r)),))] for s in scrapes
+                     if ("diagnose_step_time_seconds", (("rank", str(r)),)) in s] for r in (0, 1)}
+    assert step_time[0] and step_time[1], (len(scrapes), stderr[-3000:])
+    counts = [s.get(compute_alerts) for s in scrapes]
+    assert counts[0] == 0 and counts[-1] == 1, (counts, stderr[-3000:])
+    risen = next(s for s in scrapes if s.get(compute_alerts))
+    assert risen[("diagnose_steps_total", (("rank", "1"),))] > slow_from + 1, risen
+    assert max(step_time[1]) > min(step_time[1]) + 0.1  # 2 microbatches x 100 ms
+    # the others wait for rank 1 once it is slowed (before, a rank starved of CPU by a busy
+    # machine may be named: it does hold the others up), and rank 0 is not named after it
+    named = next(i for i, s in enumerate(scrapes) if s.get(("diagnose_waited_for", (("rank", "1"),))))
+    assert not any(s.get(("diagnose_waited_for", (("rank", "0"),))) for s in scrapes[named:])

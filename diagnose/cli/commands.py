@@ -74,19 +74,30 @@ def run(ctx: typer.Context,
         nsys: bool = typer.Option(False, "--nsys", help="run each rank under `nsys profile` (if on PATH)"),
         torch_profiler: Optional[str] = typer.Option(
             None, "--torch-profiler", metavar="STEPS",
-            help="record steps FIRST-LAST with the PyTorch profiler and import its kernels")):
+            help="record steps FIRST-LAST with the PyTorch profiler and import its kernels"),
+        metrics_port: Optional[int] = typer.Option(
+            None, "--metrics-port", metavar="PORT",
+            help="serve live Prometheus metrics on this port, one endpoint per node (0: any free port, "
+                 "written to RUN/metrics_port; needs prometheus-client)")):
     """Run COMMAND (after `--`) with every rank instrumented, then analyze it."""
     from diagnose.run.launcher import RunOptions, launch
     command = list(ctx.args)
     unknown = [a for a in command[:1] if a.startswith("-")]
     if unknown:
         raise UserError(f"unknown option {unknown[0]!r} (put the job after `--`)")
+    if metrics_port is not None:
+        from diagnose.live.prometheus_metrics import client_missing
+        if not 0 <= metrics_port <= 65535:
+            raise UserError("--metrics-port must be 0 (any free port) to 65535")
+        if client_missing():  # before the job starts, not a warning lost in its output
+            raise UserError(client_missing())
     from diagnose.cli.after_run import analyze_during_hang
     run_dir, status = launch(RunOptions(command=command, out_dir=out, name=name, force=force,
                                         hang_timeout_s=_hang_timeout_option(hang_timeout),
                                         hang_floor_s=hang_floor, kill_on_hang=kill_on_hang,
                                         on_hang=analyze_during_hang, nsys=nsys,
-                                        torch_profiler=_steps_option(torch_profiler)))
+                                        torch_profiler=_steps_option(torch_profiler),
+                                        metrics_port=metrics_port))
     return _finish(run_dir, status, not no_analyze, outputs=not no_outputs)
 
 

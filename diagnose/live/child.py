@@ -1,7 +1,8 @@
 """The live monitor's process. `LiveProcess` is the launcher's handle; `main`
-is the child (`python -m diagnose.live.child RUN_DIR`), which ticks a
-diagnose.live.monitor.LiveMonitor with the ranks' progress.json every TICK_S
-until the launcher sends the job's exit status."""
+is the child (`python -m diagnose.live.child RUN_DIR [--metrics-port N]`), which
+ticks a diagnose.live.monitor.LiveMonitor with the ranks' progress.json every
+TICK_S until the launcher sends the job's exit status, and with a port serves
+the monitor's state as Prometheus metrics (diagnose.live.prometheus_metrics)."""
 import os
 import sys
 
@@ -25,15 +26,16 @@ class LiveProcess:
     --whole-job). A job that fails before its first step gets an MLflow run too,
     marked FAILED."""
 
-    def __init__(self, run_dir: str):
-        self.run_dir = run_dir
+    def __init__(self, run_dir: str, metrics_port: int | None = None):
+        self.run_dir, self.metrics_port = run_dir, metrics_port
         self.proc = None
         self.reported = False
 
     def _spawn(self) -> None:
         import subprocess
         # its own session: see yield_to_the_job
-        self.proc = subprocess.Popen([sys.executable, "-m", "diagnose.live.child", self.run_dir],
+        port = [] if self.metrics_port is None else ["--metrics-port", str(self.metrics_port)]
+        self.proc = subprocess.Popen([sys.executable, "-m", "diagnose.live.child", self.run_dir, *port],
                                      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                                      start_new_session=True)
 
@@ -71,11 +73,13 @@ class LiveProcess:
                              f"{timeout:.0f} s; stopped\n")
 
 
-def start(run_dir: str, manifest: dict | None = None) -> "LiveProcess | NullMonitor":
+def start(run_dir: str, manifest: dict | None = None,
+          metrics_port: int | None = None) -> "LiveProcess | NullMonitor":
     """For the launcher: the live monitor's process, or a do-nothing stand-in if
-    even starting it fails. `manifest` is already on disk; the child reads it."""
+    even starting it fails. `manifest` is already on disk; the child reads it.
+    metrics_port: serve Prometheus metrics there (0: any free port)."""
     try:
-        return LiveProcess(run_dir)
+        return LiveProcess(run_dir, metrics_port)
     except Exception as exc:
         sys.stderr.write(f"diagnose: warning: live monitor off: {type(exc).__name__}: {exc}\n")
         return NullMonitor()
@@ -144,6 +148,10 @@ def main(argv=None) -> int:
     from diagnose.live.monitor import LiveMonitor
     from diagnose.rundir.progress import read_progress
     monitor = LiveMonitor(run_dir, rundir.read_manifest(run_dir))
+    if "--metrics-port" in argv[1:-1]:
+        from diagnose.live.prometheus_metrics import serve
+        # its thread is SCHED_IDLE too (inherited): a scrape never takes a rank's core
+        serve(run_dir, argv[argv.index("--metrics-port") + 1], monitor.gauges, monitor._say)
     exit_status = None
     lowered = False
     while True:

@@ -1,7 +1,10 @@
 """The live monitor's view of a rank's own compute: per completed step, the
 step minus its waiting (data, exposed communication, pipeline wait, host
 syncs), read from the event parts the ranks have written so far, with the same
-breakdown the analysis uses (diagnose.analysis.breakdown).
+breakdown the analysis uses (diagnose.analysis.breakdown). On the way, each
+rank's exposed-communication share of its newest step (for the Prometheus
+metrics) and the collectives' arrivals (diagnose.live.arrivals: who the others
+wait for).
 
 One poll reads every rank's new parts and runs one breakdown for all of them:
 the breakdown's cost is almost all fixed per call (pandas), so a call per rank
@@ -11,20 +14,24 @@ import glob
 import os
 
 from diagnose import rundir
+from diagnose.live.arrivals import ArrivalLags
 
 
 class ComputeReader:
     """Per rank, compute ms (not waiting) of each completed step, read from the
     event part files the ranks write (parts are whole files, renamed into place)."""
 
-    COLUMNS = ["kind", "name", "start_ns", "end_ns", "step", "detail", "async_op", "group", "seq"]
-    STRINGS = ("kind", "name", "detail", "group")
+    COLUMNS = ["kind", "name", "start_ns", "end_ns", "step", "detail", "async_op", "group", "group_ranks",
+               "seq"]
+    STRINGS = ("kind", "name", "detail", "group", "group_ranks")
 
-    def __init__(self, run_dir: str):
-        self.run_dir = run_dir
+    def __init__(self, run_dir: str, warn=lambda message: None):
+        self.run_dir, self.warn = run_dir, warn
         self.parts_read: dict = {}        # rank -> set of part names
         self.pending = None               # DataFrame: events of steps not yet computed
         self.done_step: dict = {}         # rank -> last step computed
+        self.arrivals = ArrivalLags()     # who the others wait for (None once it failed)
+        self.exposed_comm_frac: dict = {}  # rank -> exposed comm / step of its newest step computed
 
     def _new_parts(self, ranks):
         """The parts written since the last poll, as one Arrow table with a rank column."""
@@ -61,6 +68,12 @@ class ComputeReader:
         new = new.to_pandas(use_threads=False)  # (loader._to_pandas says why)
         for column in self.STRINGS:
             new[column] = new[column].astype(str)
+        if self.arrivals is not None:
+            try:
+                self.arrivals.add(new, ranks)
+            except Exception as exc:  # the compute alerts go on without it
+                self.arrivals = None
+                self.warn(f"arrival lags off: {type(exc).__name__}: {exc}")
         events = new if self.pending is None else pd.concat([self.pending, new], ignore_index=True)
         last = events["rank"].map(self.done_step).fillna(-1)
         steps = events[(events["kind"] == "step") & (events["step"] > last)]
@@ -74,6 +87,9 @@ class ComputeReader:
             return {}
         table = step_breakdown(events, steps[["rank", "step", "start_ns", "end_ns"]])
         table["compute_ms"] = busy_ms(table)
+        newest = table.sort_values("step").groupby("rank").tail(1)
+        self.exposed_comm_frac.update({int(r): float(e / m) if m > 0 else 0.0 for r, e, m in
+                                       zip(newest["rank"], newest["exposed_comm_ms"], newest["step_ms"])})
         out = {int(rank): [(int(s), float(c), float(m)) for s, c, m in
                            zip(rows["step"], rows["compute_ms"], rows["step_ms"])]
                for rank, rows in table.groupby("rank")}

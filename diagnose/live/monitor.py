@@ -22,6 +22,10 @@ its last steps, with a floor, after warm-up, confirmed on two steps in a row):
   recorder stopped writing progress.json (process frozen or gone).
 - gpu_util, network: node health (node_health.py; it streams system metrics too).
 
+What it knows of each rank now (rank_gauges.py) is served as Prometheus metrics
+with `diagnose run --metrics-port` (prometheus_metrics.py) and names, for the
+launcher's progress line, the rank the others wait for (arrivals.py).
+
 An alert is a `diagnose: ALERT rank R: ...` line, a line of `<run>/alerts.jsonl` and an
 MLflow tag + metric. Cadence, priority and cost: docs/outputs.md#live-alerts.
 """
@@ -38,6 +42,7 @@ from diagnose.live.baseline import CONFIRM, WINDOW, rank_baselines
 from diagnose.live.compute_reader import ComputeReader
 from diagnose.live.mlflow_stream import MlflowStreamer
 from diagnose.live.node_health import NodeHealth
+from diagnose.live.rank_gauges import RankGauges
 
 WARMUP_STEPS = 2          # the first steps of a job are always slow
 MAX_EVENT_RANKS = 64      # above this, alerts use progress.json only
@@ -74,7 +79,8 @@ class LiveMonitor:
         self.pending_step_alerts: dict = {}       # rank -> (step, value, median, limit, t, event polls)
         self.heartbeat: dict = {}                 # rank -> [events_total, changed_at, alerted]
         self.stale_alerted: set = set()
-        self.reader = ComputeReader(run_dir) if read_events else None
+        self.reader = ComputeReader(run_dir, warn=self._warn) if read_events else None
+        self.gauges = RankGauges(run_dir, now=now, wall_ns=wall_ns, warn=self._warn)
         self.last_event_poll = 0.0
         self.watch_until = 0.0  # poll at DEPARTING_POLL_S until then (a step WATCH_RATIO x its median)
         self.event_polls = 0
@@ -166,6 +172,7 @@ class LiveMonitor:
         if not final:
             self._heartbeat(progress, now)
             self.health.tick(progress)
+            self.gauges.update(progress, self.reader, self.health.where)
 
     def _poll_interval_s(self, now: float) -> float:
         """Compute is what names a slow rank, and it is needed quickly only once a
@@ -346,6 +353,7 @@ class LiveMonitor:
                   f"value_{unit}": round(float(value), 3), f"median_{unit}": round(float(median), 3),
                   f"threshold_{unit}": round(float(limit), 3), "message": f"rank {rank} {text}"}
         self.alerts.append(record)
+        self.gauges.alert(kind, rank)
         self._say(f"diagnose: ALERT rank {rank}: {text}")
         try:
             with open(os.path.join(self.run_dir, rundir.ALERTS), "a", encoding="utf-8") as f:

@@ -46,6 +46,7 @@ class RunOptions:
     extra_env: dict = field(default_factory=dict)
     nsys: bool = False                 # --nsys: each rank under `nsys profile` (diagnose.run.profiling_tools)
     torch_profiler: str | None = None  # --torch-profiler STEPS, e.g. "10-12"
+    metrics_port: int | None = None    # --metrics-port: Prometheus metrics from the live child (0: any port)
 
 
 def _version(package: str) -> str | None:
@@ -114,7 +115,7 @@ def launch(opts: RunOptions) -> tuple[str, int]:
         _signal_group(proc, signal.SIGINT)
 
     previous = signal.signal(signal.SIGINT, on_sigint)
-    progress = ProgressLine()
+    progress = ProgressLine(run_dir=run_dir)  # reads the rank dirs and the live child's live.json
     def on_hang(report):  # analyze while the job is still hung: the user sees who, now
         manifest["hang"] = report
         rundir.write_manifest(run_dir, manifest)
@@ -125,7 +126,8 @@ def launch(opts: RunOptions) -> tuple[str, int]:
                             kill_on_hang=opts.kill_on_hang, on_hang=on_hang,
                             flight_recorder=fr_enabled({**environ, **fr_env}))
     liveness = RankLiveness(run_dir)
-    live = start_live(run_dir, manifest)  # alerts + MLflow metrics while the job runs; never raises
+    # alerts, MLflow and Prometheus metrics while the job runs; never raises
+    live = start_live(run_dir, manifest, metrics_port=opts.metrics_port)
     try:
         while proc.poll() is None:
             time.sleep(0.25)
