@@ -8,13 +8,13 @@ import datetime
 import os
 
 from dashboards import (fig_breakdown, fig_collectives, fig_fsdp_units, fig_heatmaps, fig_pipeline,
-                        fig_series, fig_timeline, fig_whatif)
+                        fig_series, fig_timeline, fig_waterfall, fig_whatif)
 from dashboards.fig_findings import evidence_notes, findings_html
 from dashboards.plot_embed import figure_html, page_html
 from dashboards.view_parts import Section, esc, fmt_ms
 from diagnose.analysis import device_collectives, mfu
 
-VIEWS = (fig_whatif, fig_breakdown, fig_timeline, fig_heatmaps, fig_pipeline, fig_collectives, fig_fsdp_units,
+VIEWS = (fig_whatif, fig_waterfall, fig_breakdown, fig_timeline, fig_heatmaps, fig_pipeline, fig_collectives, fig_fsdp_units,
          fig_series)
 
 CSS = """

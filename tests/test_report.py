@@ -175,6 +175,13 @@ def test_whatif_view_shows_each_findings_step_beside_the_measured_one(straggler_
         assert bars["ideal"] == pytest.approx(figures["ideal_step_ms"])
         assert bars["without straggler (rank 1)"] == pytest.approx(straggler["metrics"]["whatif_step_ms"])
         assert bars["without straggler (rank 1)"] < bars["replayed"]
+        # issue 48: where the step goes, in % adding up to the step: the straggler's share, the rest
+        steps = page.evaluate("""(() => { const t = document.getElementById('fig-waterfall').data[0];
+            return Object.fromEntries(t.x.map((label, i) => [label, t.y[i]])); })()""")
+        waterfall = figures["waterfall"]
+        assert steps["straggler (rank 1)"] == pytest.approx(100 * waterfall["shares"][0]["share_frac"])
+        assert sum(v for label, v in steps.items() if label != "step") == pytest.approx(100.0)
+        assert steps["not explained by any finding"] == pytest.approx(100 * waterfall["rest_frac"])
         assert_offline_and_clean(page)
     finally:
         page.close()

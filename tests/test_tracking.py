@@ -59,6 +59,13 @@ def test_wrapped_job_has_one_mlflow_run_with_params_metrics_tags_artifacts(ddp_r
     for kind in KINDS:
         worst = max([f["impact_ms_per_step"] for f in findings if f["kind"] == kind], default=0.0)
         assert metrics[f"finding/{kind}_impact_ms_per_step"] == pytest.approx(worst), kind
+    # where the step goes (issue 48): the findings' shares and the rest add up to the step
+    waterfall = json.loads((ddp_run / "analysis" / "step_figures.json").read_text())["waterfall"]
+    shares = {k: v for k, v in metrics.items() if k.startswith("waterfall/")}
+    assert shares["waterfall/rest_frac"] == pytest.approx(waterfall["rest_frac"])
+    kinds = [share["kind"] for share in waterfall["shares"]]
+    assert len(kinds) == len(set(kinds)) and {f"waterfall/{k}_frac" for k in kinds} <= set(shares)
+    assert sum(shares.values()) == pytest.approx(1.0)
     # the run's Description: layout, world size, step time, the top findings
     note = tags["mlflow.note.content"]
     assert note.startswith("**diagnose**: 2 ranks, layout") and "ms (median rank" in note, note

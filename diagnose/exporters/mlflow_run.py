@@ -12,7 +12,9 @@ than adding another:
                exposed_comm_frac, bubble_frac (pipelines); summary/* over the
                steady steps (each phase's ms per step among them);
                finding/<kind>_impact_ms_per_step and _gpu_hours_per_day for every
-               kind (0 when absent); mfu/* (diagnose/analysis/mfu.py: mfu, hfu,
+               kind (0 when absent); waterfall/<kind>_frac, rest_frac, mfu_frac
+               (where the step goes: the report's plotly view of it is in
+               report.html); mfu/* (diagnose/analysis/mfu.py: mfu, hfu,
                achieved_tflops_per_rank, peak_tflops, model_gflop_per_step,
                uncounted_kernel_share, each when measured);
                live/* streamed while the job ran
@@ -233,6 +235,21 @@ def summary_metrics(run, findings) -> dict:
                 out["summary/bubble_frac"] = frac
     out.update(finding_impacts(findings))
     out.update(mfu.metrics(mfu.summarize(run)))  # mfu/*: only what was measured
+    out.update(waterfall_metrics((run.step_figures or {}).get("waterfall")))
+    return out
+
+
+def waterfall_metrics(waterfall: dict | None) -> dict:
+    """waterfall/<kind>_frac per finding kind (the largest share of a kind), rest_frac,
+    mfu_frac where known: where the step goes (diagnose/analysis/step_waterfall.py)."""
+    if not waterfall or waterfall.get("rest_frac") is None:
+        return {}
+    out = {"waterfall/rest_frac": float(waterfall["rest_frac"])}
+    if isinstance(waterfall.get("mfu_frac"), (int, float)):
+        out["waterfall/mfu_frac"] = float(waterfall["mfu_frac"])
+    for share in waterfall["shares"]:
+        key = f"waterfall/{share['kind']}_frac"
+        out[key] = max(out.get(key, 0.0), float(share["share_frac"]))
     return out
 
 
