@@ -48,7 +48,7 @@ import pandas as pd
 from diagnose.analysis.device_collectives import timed_on_device
 from diagnose.analysis.gpu_tables import COMMUNICATION, COMPUTE
 from diagnose.analysis.op_graph import NEG_INF, Cycle, OpGraph
-from diagnose.analysis.step_replay import instance_table
+from diagnose.analysis.step_replay import InstanceTable
 
 # a kernel gated by another stream starts a few microseconds after the kernel it
 # waits for ends (the event's signal and the scheduler): within this, the end
@@ -153,7 +153,7 @@ class DeviceModel:
         rest = calls[~calls["_row"].isin(exact["_row"])]
         unnamed = at[at["_fam"] == "nccl"].drop(columns="_fam").drop_duplicates(["rank", "issue_ns"])
         calls = pd.concat([exact, rest.merge(unnamed, on=["rank", "issue_ns"])], ignore_index=True)
-        t = instance_table(calls)
+        t = InstanceTable(calls)
         self.calls = t.calls
         n_inst = len(t.length_ns)
         self.length_ns = np.zeros(n_inst)  # on device a transfer is its kernels' tail

@@ -61,7 +61,7 @@ class StepModel:
             self.ok, self.why = False, f"the recorded order has a cycle: {self.describe(cycle.nodes)}"
 
     def _instances(self, calls):
-        t = instance_table(calls)
+        t = InstanceTable(calls)
         self.calls, self.members, self.length_ns, self.frozen = t.calls, t.members, t.length_ns, t.frozen
         self.recorded_end, self.previous, self.reducer = t.recorded_end, t.previous, t.reducer
         self.last_arrival = t.last_arrival
@@ -205,7 +205,7 @@ class StepModel:
         return ends
 
 
-class instance_table:
+class InstanceTable:
     """The instances (group, seq) of matched calls: `calls` gains `_inst`, `_exit`
     and `_arrival`; per instance its members, signed length (from its last
     arrival, or its group's previous instance's end, to its first member out),
