@@ -145,6 +145,7 @@ class Faults:
         self.slowdown_frac = 0.0
         self._paused_s = 0.0
         self._step_times_s: list[float] = []
+        self.added_compute_s = 0.0  # this step's sleeps that stretch compute (debug rows)
         for f in specs:
             p = f.params
             if f.name == "straggler" and p["rank"] == rank:
@@ -220,10 +221,20 @@ class Faults:
             self._device_slowdown.end(begun, kind=weight)
         elif self.emulated_device_ms:
             compute_s = time.perf_counter() - begun
-            time.sleep(max(factor * weight * self.emulated_device_ms / 1e3 - compute_s, 0.0))
+            self._stretch(factor * weight * self.emulated_device_ms / 1e3 - compute_s)
         else:
             compute_s = time.perf_counter() - begun
-            time.sleep(max((factor - 1.0) * compute_s, 0.0))
+            self._stretch((factor - 1.0) * compute_s)
+
+    def _stretch(self, sleep_s: float) -> None:
+        sleep_s = max(sleep_s, 0.0)
+        self.added_compute_s += sleep_s
+        time.sleep(sleep_s)
+
+    def take_added_compute_s(self) -> float:
+        """The compute this step's faults added on the host (their sleeps), reset."""
+        added_s, self.added_compute_s = self.added_compute_s, 0.0
+        return added_s
 
     def offload_states(self) -> None:
         """unpinned_copies: the optimizer state round trip of a naive CPU offload, from

@@ -217,10 +217,15 @@ def test_soft_faults_keep_the_math_and_hit_the_right_rank(launched):
     for step, (a, b) in enumerate(zip(reference, faulted.losses)):
         assert abs(a - b) <= REL_TOL * abs(a), f"step {step}: {b} vs {a}"
     steady = slice(2, None)
-    # medians: 4 ranks share 2 cores, so single steps are noisy
+    # rank 2 (dp 1, stage 0) is the straggler: its backwards, and only its, are stretched
+    # by (factor - 1) x their own time in every step (the fault's sleeps, recorded apart:
+    # wall-clock compute ratios between ranks move with how 4 ranks share 2 cores)
+    added = {r: [x["fault_compute_s"] for x in faulted.debug(r)] for r in range(4)}
+    assert all(s > 0 for s in added[2]), added[2]
+    assert all(s == 0 for r in (0, 1, 3) for s in added[r]), added
+    # and it is the slowest of its stage: 3x its backward added (medians: single steps are noisy)
     compute = {r: statistics.median(x["compute_s"] for x in faulted.debug(r)[steady]) for r in range(4)}
-    # rank 2 (dp 1, stage 0) is the straggler; rank 0 is its stage-0 peer
-    assert compute[2] > 2.0 * compute[0], compute
+    assert compute[2] > compute[0], compute
     # slow_input: 4 samples per step per loading rank at >= 5 ms each
     data_s = [x["data_s"] for x in faulted.debug(0)[steady]]
     assert min(data_s) >= 0.018, data_s
