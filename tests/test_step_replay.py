@@ -8,6 +8,7 @@ from synthetic_run import write_synthetic_run
 
 from diagnose.analysis.detectors.run_structure import rank_stages
 from diagnose.analysis.run_detectors import detect
+from diagnose.analysis.p2p_exchanges import exchange_partners
 from diagnose.analysis.step_replay import StepModel, job_step_ms, recorded_ends
 from diagnose.analysis.whatif import WhatIf
 
@@ -73,6 +74,48 @@ def test_a_send_and_its_receive_are_a_rendezvous():
     faster[0][0] -= 6 * ms  # rank 0 sends at 4 instead of 10
     ends = model.replay(gaps=faster)
     assert ends[0][0] == 6 * ms and ends[1][0] == 7 * ms
+
+
+def _p2p(rank, name, group, issue, wait, peer):
+    return {**_call(rank, name, group, 0, issue, issue, async_op=True, wait=wait), "peer": peer}
+
+
+def test_a_lone_send_waited_at_once_is_waited_at_the_schedules_end():
+    """Rank 0 computes 10 ms, sends and waits: rank 1 posts the receive at 20, so the
+    send ends at 21; rank 0 computes 10 more and receives the answer rank 1 sent at 25
+    (1 ms each). Waited at the end of the schedule instead (its last p2p op), the send
+    frees rank 0 at 10: it receives at 20, gets the answer at 26, and the step ends 6 ms
+    sooner. The send still ends only when its receiver arrived."""
+    ms = 1_000_000
+    calls = pd.DataFrame([
+        _p2p(0, "send", "0->1", 10 * ms, (10 * ms, 21 * ms), 1), _p2p(0, "recv", "1->0", 31 * ms, (31 * ms, 32 * ms), 1),
+        _p2p(1, "recv", "0->1", 20 * ms, (20 * ms, 21 * ms), 0), _p2p(1, "send", "1->0", 25 * ms, (25 * ms, 32 * ms), 0),
+    ])
+    steps = pd.DataFrame({"rank": [0, 1], "step": [0, 0], "start_ns": [0, 0], "end_ns": [33 * ms, 33 * ms]})
+    model = StepModel(calls, steps)
+    assert model.replay() == {0: {0: 33 * ms}, 1: {0: 33 * ms}}
+    assert model.defer_p.sum() == 1  # rank 0's send: its receive comes after 10 ms of compute
+    assert model.replay(defer=model.defer_p) == {0: {0: 27 * ms}, 1: {0: 27 * ms}}
+
+
+def test_a_send_exchanged_with_its_peers_receive_becomes_one_batch():
+    """Rank 0 sends then receives from rank 1, rank 1 receives then sends, one after
+    the other, 2 ms each: batched, both transfers run at once and the step ends 2 ms
+    sooner. A receive from another peer, or one after compute, is no exchange."""
+    ms = 1_000_000
+    calls = pd.DataFrame([
+        _p2p(0, "send", "0->1", 10 * ms, (10 * ms, 12 * ms), 1), _p2p(0, "recv", "1->0", 12 * ms, (12 * ms, 14 * ms), 1),
+        _p2p(1, "recv", "0->1", 10 * ms, (10 * ms, 12 * ms), 0), _p2p(1, "send", "1->0", 12 * ms, (12 * ms, 14 * ms), 0),
+    ])
+    steps = pd.DataFrame({"rank": [0, 1], "step": [0, 0], "start_ns": [0, 0], "end_ns": [15 * ms, 15 * ms]})
+    assert list(exchange_partners(calls)) == [1, -1, 3, -1]
+    model = StepModel(calls, steps)
+    assert model.replay() == {0: {0: 15 * ms}, 1: {0: 15 * ms}}
+    assert model.replay(defer=model.defer_p) == {0: {0: 13 * ms}, 1: {0: 13 * ms}}
+    other_peer = calls.assign(peer=[1, 2, 0, 0])
+    assert list(exchange_partners(other_peer)) == [-1, -1, 3, -1]
+    after_compute = calls.assign(issue_ns=calls["issue_ns"] + [0, ms, 0, 0])
+    assert list(exchange_partners(after_compute)) == [-1, -1, 3, -1]
 
 
 def test_async_collectives_queue_on_their_group():

@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analysis.op_graph import NEG_INF, Cycle, OpGraph
+from diagnose.analysis.p2p_exchanges import exchange_partners
 
 REDUCER_DETAIL = "ddp backward"  # collectors/instrument/ddp.py: DDP's reducer, one row per backward
 ISSUE, CALL, WAIT, STEP_END = 0, 1, 2, 3  # point kinds
@@ -77,19 +78,21 @@ class StepModel:
         # (an eager send, buffered by the transport): on the lane it only arrives. A
         # collective cannot end before its last member arrives: there it is clock error
         eager = ~asy & (ret < self.last_arrival[inst]) & (c["name"] == "send").to_numpy(bool)
-        parts = [  # (rank, t, order, kind, release, inst, step)
-            (rank, c["issue_ns"].to_numpy(np.int64), 0, np.where(asy | eager, ISSUE, CALL), ret, inst, step),
+        row = np.arange(len(c))
+        parts = [  # (rank, t, order, kind, release, inst, step, row of calls)
+            (rank, c["issue_ns"].to_numpy(np.int64), 0, np.where(asy | eager, ISSUE, CALL), ret, inst, step, row),
             (rank[w], c["wait_start_ns"].to_numpy()[w].astype(np.int64), 1, WAIT,
-             c["wait_end_ns"].to_numpy()[w].astype(np.int64), inst[w], step[w]),
+             c["wait_end_ns"].to_numpy()[w].astype(np.int64), inst[w], step[w], row[w]),
             # DDP's reducer: a wait from the last gradient computed (the row's return) to its completion
-            (rank[ddp], ret[ddp], 1, WAIT, np.maximum(ext[ddp], ret[ddp]), inst[ddp], step[ddp]),
+            (rank[ddp], ret[ddp], 1, WAIT, np.maximum(ext[ddp], ret[ddp]), inst[ddp], step[ddp], row[ddp]),
             (steps["rank"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64), 2, STEP_END,
-             steps["end_ns"].to_numpy(np.int64), -1, steps["step"].to_numpy(np.int64))]
-        cols = [np.concatenate([np.broadcast_to(np.asarray(p[i]), len(p[0])) for p in parts]) for i in range(7)]
-        r, t, o, kind, release, inst, step = cols
+             steps["end_ns"].to_numpy(np.int64), -1, steps["step"].to_numpy(np.int64), -1)]
+        cols = [np.concatenate([np.broadcast_to(np.asarray(p[i]), len(p[0])) for p in parts]) for i in range(8)]
+        r, t, o, kind, release, inst, step, row = cols
         order = np.lexsort((np.arange(len(r)), o, t, r))
         self.rank_p, self.t_p, self.kind_p = r[order], t[order], kind[order].astype(np.int8)
-        self.release_p, self.inst_p, self.step_p = release[order], inst[order], step[order]
+        self.release_p, self.inst_p, self.step_p, self.row_p = release[order], inst[order], step[order], row[order]
+        self._deferrable(c, ddp)
         ranks, first_index = np.unique(self.rank_p, return_index=True)
         bounds = np.append(first_index, len(self.rank_p))
         self.slices = {int(rk): slice(int(a), int(b)) for rk, a, b in zip(ranks, bounds[:-1], bounds[1:])}
@@ -117,6 +120,29 @@ class StepModel:
         at = self.kind_p == STEP_END
         self.end_rank, self.end_step, self.recorded_end_ns = self.rank_p[at], self.step_p[at], self.t_p[at]
 
+    def _deferrable(self, c, ddp):
+        """The p2p waits a fix could move (p2p_exchanges.py), as `defer_p` over the
+        points (their blocking point) and `defer_to_p`, the point that would wait
+        them instead: a send and the receive exchanged with it become one batch
+        (the earlier's wait moves to the later's), a lone send is waited at the
+        lane's last p2p point of its step (the end of its schedule)."""
+        name = c["name"].astype(str).to_numpy()
+        partner = exchange_partners(c)
+        has, row = self.row_p >= 0, np.maximum(self.row_p, 0)
+        p2p = has & np.isin(name, ("send", "recv"))[row]
+        blocking = has & ((self.kind_p == CALL) | (self.kind_p == WAIT)) & ~ddp[row]
+        block_point = np.full(len(c), -1)
+        block_point[self.row_p[blocking]] = np.flatnonzero(blocking)
+        at = np.flatnonzero(p2p)
+        last = pd.Series(at).groupby([self.rank_p[at], self.step_p[at]]).max()
+        key = pd.MultiIndex.from_arrays([self.rank_p, self.step_p])
+        schedule_end = last.reindex(key).fillna(-1).to_numpy(np.int64)
+        paired = partner[row] >= 0
+        lone_send = (name == "send")[row] & ~np.isin(self.row_p, partner) & ~paired
+        self.defer_to_p = np.where(paired, block_point[np.maximum(partner[row], 0)],
+                                   np.where(lone_send, schedule_end, -1))
+        self.defer_p = blocking & (self.defer_to_p > np.arange(len(self.rank_p)))
+
     def _graph(self):
         """Nodes: one start per rank, one per point, an arrival and an end per instance."""
         ranks = np.array(sorted(self.slices), np.int64)
@@ -138,6 +164,9 @@ class StepModel:
             "release": (self._e0 + inst[blocks], points[blocks]),
             "joined": (self._a0 + insts[live], self._e0 + insts[live]),
             "group": (self._e0 + self.previous[has_prev], self._e0 + insts[has_prev]),
+            # a deferrable send's end before the point that would wait it (implied by
+            # its own wait as recorded, so a replay without a what-if is unchanged)
+            "deferred": (self._e0 + inst[self.defer_p], self._p0 + self.defer_to_p[self.defer_p]),
         }
         self._masks = {"arrives": arrives, "blocks": blocks, "live": live, "has_prev": has_prev}
         src = np.concatenate([e[0] for e in self._edges.values()])
@@ -165,8 +194,10 @@ class StepModel:
         row = self.calls[self.calls["_inst"] == i].iloc[0]
         return f"{row['name']} #{row['seq']} of group {row['group']}"
 
-    def replay_points(self, gap_p=None, length_ns=None, skip=frozenset()) -> np.ndarray:
-        """Each point's replayed time (the rank's time after it), flat as the points."""
+    def replay_points(self, gap_p=None, length_ns=None, skip=frozenset(), defer=None) -> np.ndarray:
+        """Each point's replayed time (the rank's time after it), flat as the points.
+        `defer`: points of `defer_p` whose send is waited at the end of the step's
+        schedule instead (blocking_async's fix)."""
         gap = self.gap_p if gap_p is None else gap_p
         length = self.length_ns if length_ns is None else length_ns
         skipped = np.zeros(len(self.length_ns), bool)
@@ -175,27 +206,29 @@ class StepModel:
         m, inst = self._masks, np.maximum(self.inst_p, 0)
         on_skipped = skipped[inst] & (self.inst_p >= 0)
         removed = np.where(on_skipped, NEG_INF, 0.0)
+        moved = np.zeros(len(self.kind_p), bool) if defer is None else defer & self.defer_p
         weights = [np.maximum(gap, 0.0), np.where(on_skipped[m["arrives"]], NEG_INF, gap[m["arrives"]]),
-                   removed[m["blocks"]], np.where(skipped[m["live"]], NEG_INF, 0.0),
-                   np.zeros(int(m["has_prev"].sum()))]
+                   np.where(moved, NEG_INF, removed)[m["blocks"]], np.where(skipped[m["live"]], NEG_INF, 0.0),
+                   np.zeros(int(m["has_prev"].sum())), removed[self.defer_p]]
         dur = np.zeros(self._n)
-        dur[self._p0:self._a0] = np.where(on_skipped, 0.0, self.post_p)
+        dur[self._p0:self._a0] = np.where(on_skipped | moved, 0.0, self.post_p)
         dur[self._e0:] = np.where(skipped | self.frozen, 0.0, length)
         return self.graph.replay(dur_ns=dur, weight_ns=np.concatenate(weights))[self._p0:self._a0]
 
-    def replay_units(self, work=None, length_ns=None, skip=frozenset()) -> np.ndarray:
+    def replay_units(self, work=None, length_ns=None, skip=frozenset(), defer=None) -> np.ndarray:
         """The replayed step ends (as end_rank, end_step) with these gaps."""
-        return self.replay_points(work, length_ns, skip)[self.kind_p == STEP_END]
+        return self.replay_points(work, length_ns, skip, defer)[self.kind_p == STEP_END]
 
-    def replay(self, gaps=None, length_ns=None, skip=frozenset()) -> dict:
+    def replay(self, gaps=None, length_ns=None, skip=frozenset(), defer=None) -> dict:
         """rank -> {step: replayed end ns}. `gaps`: rank -> gap array to use;
-        `length_ns`: instance lengths; `skip`: instances removed (a sync that goes)."""
+        `length_ns`: instance lengths; `skip`: instances removed (a sync that goes);
+        `defer`: waits moved (replay_points)."""
         gap_p = None
         if gaps is not None:
             gap_p = self.gap_p.copy()
             for r, g in gaps.items():
                 gap_p[self.slices[r]] = g
-        return self.step_ends(self.replay_points(gap_p, length_ns, skip))
+        return self.step_ends(self.replay_points(gap_p, length_ns, skip, defer))
 
     def step_ends(self, times) -> dict:
         ends = {}

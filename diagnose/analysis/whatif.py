@@ -18,10 +18,11 @@ Per finding kind, what "removed" means:
 - pipeline_bubble: the bubble at the schedule's theoretical size for the
   recommended micro-batch count (the detector's arithmetic: a schedule change
   is not a duration change the replay can make).
-blocking_async keeps its detector's estimate: moving a wait changes the order of
-a lane, not a duration, and on the pipelined bench (sends waited at once on
-pp4) a replay that waited them at the step's end saved 218 ms where the fix
-measured 5.9 +- 6.9 ms (bench/results/2026-12-04-whatif-accuracy.md).
+- blocking_async (host lanes): the p2p ops waited at once at its site posted as
+  the fix would: a send and the receive exchanged with it (same peer, nothing
+  between) as one batch, a lone send waited at the end of its step's schedule
+  (diagnose/analysis/p2p_exchanges.py); a send still ends only once its
+  receiver has arrived.
 The saving is the replayed step time, as is, minus the what-if's, averaged over
 the steady steps: the replay's own error cancels. A what-if changes only the
 steady steps' durations, so the step before them ends as recorded and every
@@ -35,6 +36,7 @@ import pandas as pd
 
 from diagnose.analysis.device_graph import DeviceModel
 from diagnose.analysis.gpu_tables import merge_intervals
+from diagnose.analysis.matching import as_str
 from diagnose.analysis.step_replay import StepModel
 
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
@@ -237,6 +239,24 @@ class WhatIf:
                                       & events["callsite"].astype(str).map(same_place).astype(bool)])
         return self._saving(work=self.model.unit_work - syncs, skip=skip)
 
+    def deferred_sends(self, same_place):
+        """The fix blocking_async recommends, for the p2p waits at this place
+        (same_place(callsite) -> bool; the wait's callsite, else the call's): a send
+        and the receive exchanged with it posted as one batch, a lone send waited at
+        the end of its step's schedule (step_replay.py, p2p_exchanges.py). Either
+        way the send still ends only once its receiver has arrived."""
+        m = self.model
+        calls = m.calls
+        waited_at = as_str(calls["wait_callsite"]).fillna("")
+        site = waited_at.where(waited_at != "", as_str(calls["callsite"]).fillna(""))
+        here = site.map(same_place).astype(bool).to_numpy()
+        row = np.maximum(m.row_p, 0)
+        to_row = np.maximum(m.row_p[np.maximum(m.defer_to_p, 0)], 0)
+        defer = m.defer_p & (here[row] | here[to_row]) & np.isin(m.step_p, self.steady)
+        if not defer.any():
+            return None
+        return self._saving(defer=defer)
+
     def device_syncs(self, site: str):
         """The host syncs from this callsite (or of this name) removed: the host goes on
         launching at once (device_graph.py)."""
@@ -290,9 +310,10 @@ class WhatIf:
             if mine:
                 out[key] = np.minimum.reduce(mine)
         out["skip"] = frozenset().union(*(e.get("skip", frozenset()) for e in edits))
-        syncs = [e["skip_syncs"] for e in edits if e.get("skip_syncs") is not None]
-        if syncs:
-            out["skip_syncs"] = np.logical_or.reduce(syncs)
+        for key in ("skip_syncs", "defer"):
+            masks = [e[key] for e in edits if e.get(key) is not None]
+            if masks:
+                out[key] = np.logical_or.reduce(masks)
         return self._saving(**out)
 
 

@@ -7,8 +7,10 @@ are excluded (a pipeline must wait for the activation it is about to use), and
 so are sends batched with a receive (Megatron's combined send+recv exchange:
 the wait is for the receive).
 Threshold: >= 80% of the async ops at one callsite waited immediately, >= 1 per
-step; impact is their wait time per step (what overlap would hide), severity
-from impact.
+step; the estimate is their wait time per step (what overlap would hide),
+severity from impact. On host lanes the impact is the replay of the fix
+(whatif.py, deferred_sends: exchanges batched, lone sends waited at the end of
+the schedule), where the replay holds.
 
 On a live CUDA run the calls and waits are their device rows
 (collectors/instrument/collective_events.py): Work.wait() returns at once on
@@ -21,8 +23,9 @@ import pandas as pd
 from diagnose.analysis.device_collectives import NCCL_TIMED, WAIT_BOUND
 from diagnose.analysis.findings import Finding
 from diagnose.analysis.matching import as_str
+from diagnose.analysis.p2p_exchanges import NOTHING_BETWEEN_NS
 
-IMMEDIATE_NS = 500_000
+IMMEDIATE_NS = NOTHING_BETWEEN_NS  # nothing ran between the return and the wait
 IMMEDIATE_FRAC = 0.8
 
 
@@ -73,7 +76,8 @@ def detect(ctx):
                    f"{len(at_site)} ops), {impact_ms:.1f} ms/step of {what}"
                    + (" (on the GPUs' clocks)" if on_device else "")),
             recommendation=("Issue the operation earlier and wait only where its result is needed "
-                            "(e.g. start the send, run the next micro-batch's compute, then wait)."),
+                            "(e.g. start the send, run the next micro-batch's compute, then wait); "
+                            "post a send and the receive from the same peer as one batch_isend_irecv."),
             metrics={"immediate_wait_frac": frac, "ops_per_step": per_step,
                      "blocked_ms_per_step": impact_ms, "device_time": float(on_device)}))
     return findings
