@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 
 from dashboards.plot_embed import figure_html, page_html
 from dashboards.report_page import CSS
-from dashboards.view_parts import LAYOUT, compact, esc, fmt_ms
+from dashboards.view_parts import LAYOUT, compact, esc, fmt_ms, kind_html
 
 RUN_COLORS = {"A": "#6baed6", "B": "#e6550d"}
 
@@ -46,7 +46,7 @@ def _findings_rows(findings: list, mark: str, severity_text=None) -> str:
     rows = []
     for f in findings:
         severity = severity_text(f) if severity_text else esc(f.get("severity"))
-        rows.append(f"<tr><td>{esc(mark)}</td><td>{severity}</td><td>{esc(f.get('kind'))}</td>"
+        rows.append(f"<tr><td>{esc(mark)}</td><td>{severity}</td><td>{kind_html(f.get('kind'))}</td>"
                     f"<td>{esc(','.join(map(str, f.get('ranks') or [])) or '-')}</td>"
                     f"<td>{esc(f.get('title'))}<div class='rec'>{esc(f.get('recommendation'))}</div>"
                     "</td></tr>")

@@ -1,22 +1,11 @@
 """The findings summary at the top of the report: one row per finding, most
 severe first, each linking to the figure that is its evidence."""
-from dashboards.view_parts import SEVERITY_COLORS, esc
+from dashboards.view_parts import SEVERITY_COLORS, esc, kind_html
+from diagnose.analysis import finding_kinds
 from diagnose.analysis.gpu_hours import gpu_hour_cost, worth_line
 
-# Which view proves which kind of finding (first one present wins).
-EVIDENCE = {
-    "straggler": ("heat-busy", "heat-wait-caused", "breakdown-ranks"),
-    "stage_imbalance": ("pipeline-stages", "pipeline", "breakdown-ranks"),
-    "pipeline_bubble": ("pipeline", "pipeline-stages", "breakdown-steps"),
-    "input_stall": ("data-wait", "breakdown-steps"),
-    "hidden_sync": ("timeline", "breakdown-ranks"),
-    "blocking_async": ("timeline", "breakdown-ranks"),
-    "exposed_comm": ("breakdown-ranks", "timeline"),
-    "hang": ("timeline", "collectives"),
-    "rank_failure": ("timeline",),
-    "memory_imbalance": ("samples", "breakdown-ranks"),
-    "workload_imbalance": ("heat-busy", "heat-wait-caused", "breakdown-ranks"),
-}
+# Which view proves which kind of finding: its registry entry's evidence
+# (diagnose/analysis/finding_kinds.py), then these; the first one present wins.
 FALLBACK = ("breakdown-ranks", "timeline")
 # a finding measured on kernels is proved by the device's view, not the host's
 DEVICE_EVIDENCE = ("breakdown-device",)
@@ -24,7 +13,8 @@ DEVICE_EVIDENCE = ("breakdown-device",)
 
 def evidence_anchor(finding: dict, anchors) -> str | None:
     first = DEVICE_EVIDENCE if _clock(finding) == "GPU" else ()
-    for anchor in (*first, *EVIDENCE.get(finding.get("kind"), ()), *FALLBACK):
+    entry = finding_kinds.of(finding.get("kind"))
+    for anchor in (*first, *(entry.evidence if entry else ()), *FALLBACK):
         if anchor in anchors:
             return anchor
     return None
@@ -62,7 +52,7 @@ def findings_html(findings: list, anchors, titles: dict) -> str:
         rows.append(
             f'<tr id="finding-{i}" class="finding sev-{esc(severity)}">'
             f'<td><span class="badge" style="background:{color}">{esc(severity)}</span></td>'
-            f'<td>{esc(f.get("kind", ""))}</td>'
+            f'<td>{kind_html(f.get("kind", ""))}</td>'
             f'<td class="title">{title_html}'
             f'<div class="rec">{esc(f.get("recommendation", ""))}</div>'
             f'<div class="metrics">{_metric_text(f.get("metrics"))}</div></td>'

@@ -7,6 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from dashboards.view_parts import COLORS, LAYOUT, Section, esc, fmt_ms
+from diagnose.analysis import finding_kinds
 
 LANES = ("steps", "phases", "compute", "comm", "in flight", "data", "syncs", "gpu")
 CATEGORY_LANE = {"step": "steps", "phase": "phases", "forward": "compute", "backward": "compute",
@@ -27,7 +28,6 @@ LABEL_CHARS = 60
 HOVER_NAME_CHARS = 240
 MAX_KERNEL_BARS = 2500
 MAX_BARS = 6000   # ~1.5 MB of bars and hover text: the timeline is the largest view
-HANG_KINDS = ("hang", "rank_failure")  # findings that move the default window to the end
 
 
 def timeline_window(steps: pd.DataFrame, steady_steps, findings=(), events=None,
@@ -49,7 +49,7 @@ def timeline_window(steps: pd.DataFrame, steady_steps, findings=(), events=None,
         rows = steps[steps["step"].isin(chosen)]
         return int(rows["start_ns"].min()), int(rows["end_ns"].max()), \
             f"steps {chosen[0]}-{chosen[-1]}"
-    if any(f.get("kind") in HANG_KINDS for f in findings or ()):
+    if any(finding_kinds.job_stopped(f.get("kind")) for f in findings or ()):  # a hang, a crash
         chosen = all_steps[-2:]
         rows = steps[steps["step"].isin(chosen)]
         end = max(int(rows["end_ns"].max()), end_of_events)

@@ -4,6 +4,7 @@ A bar per figure, so the user reads "fixing this gives that step" off one axis."
 import plotly.graph_objects as go
 
 from dashboards.view_parts import LAYOUT, SEVERITY_COLORS, Section, esc, fmt_ms
+from diagnose.analysis import finding_kinds
 
 STEP_COLORS = {"measured": "#636363", "replayed": "#969696", "ideal": "#41ab5d"}
 MAX_FINDINGS = 12
@@ -31,9 +32,11 @@ def bars(figures: dict | None, findings: list) -> list[tuple[str, float, str, st
         if not isinstance(m.get("whatif_step_ms"), (int, float)):
             continue
         saving = m.get("whatif_saving_ms_per_step", 0.0)
+        entry = finding_kinds.of(f.get("kind"))
+        removed = f"<br>the what-if: {esc(entry.whatif)}" if entry and entry.whatif else ""
         rows.append((esc(f"without {_finding_label(f)}"), float(m["whatif_step_ms"]),
                      SEVERITY_COLORS.get(f.get("severity"), "#999999"),
-                     f"{esc(f.get('title', ''))}<br>saves {saving:.1f} ms per step"))
+                     f"{esc(f.get('title', ''))}{removed}<br>saves {saving:.1f} ms per step"))
     return rows
 
 

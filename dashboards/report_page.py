@@ -27,7 +27,7 @@ table{border-collapse:collapse;font-size:13px;width:100%} th,td{border-bottom:1p
  padding:6px 8px;text-align:left;vertical-align:top} th{background:#fafafa}
 td.num{text-align:right} td.callsite{font-family:monospace;font-size:12px;word-break:break-all}
 .badge{color:#fff;border-radius:3px;padding:1px 6px;font-size:12px}
-.rec{color:#444;margin-top:3px} .metrics{color:#777;font-size:11px;margin-top:3px;word-break:break-all}
+.kind{color:#777;font-size:11px;font-family:monospace} .rec{color:#444;margin-top:3px} .metrics{color:#777;font-size:11px;margin-top:3px;word-break:break-all}
 .title a{color:#111;font-weight:600;text-decoration:none} .title a:hover{text-decoration:underline}
 a.evidence{white-space:nowrap} nav{font-size:13px;margin:10px 0} nav a{margin-right:12px}
 .desc{font-size:13px;color:#444;max-width:1100px} .note{font-size:12px;color:#666;margin:2px 0}

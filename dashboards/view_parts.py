@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from diagnose.analysis import finding_kinds
 from diagnose.analysis.breakdown import PARTS
 
 COLORS = {
@@ -37,6 +38,11 @@ def esc(value) -> str:
     if isinstance(value, float) and math.isnan(value):
         return ""
     return html.escape(str(value), quote=True).replace("&quot;", "&#34;")
+
+
+def kind_html(kind) -> str:
+    """A finding's kind as a table cell shows it: its label, its name under it."""
+    return f'{esc(finding_kinds.label(kind))}<div class="kind">{esc(kind)}</div>'
 
 
 def fmt_ms(value) -> str:

@@ -7,8 +7,8 @@ import types
 
 from conftest import PYTHON, REPO, job_env, load_run, run_diagnose, torchrun
 from collectors.instrument import rank_environment
-from diagnose.analysis.detectors import DETECTORS, env_mismatch
-from diagnose.analysis.findings import KINDS
+from diagnose.analysis import finding_kinds
+from diagnose.analysis.detectors import env_mismatch
 
 # The training script of the acceptance test. Differences are planted where the
 # probe reads them, by the script itself on one rank each, before its first step
@@ -124,7 +124,7 @@ def test_warnings_ties_and_rank_ranges():
 
 
 def test_detect_reads_rank_meta_and_is_registered():
-    assert "env_mismatch" in DETECTORS and "env_mismatch" in KINDS
+    assert "env_mismatch" in finding_kinds.names()
     run = types.SimpleNamespace(rank_meta={0: {"env": _env()}, 1: {"env": _env(versions={"nccl": "2.21.5"})},
                                            2: {"env": _env()}, 3: {}, 4: {"env": "garbage"}})
     [finding] = env_mismatch.detect(types.SimpleNamespace(run=run))

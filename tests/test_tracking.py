@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 import diagnose
 from conftest import ARTIFACTS, DIAGNOSE, REPO, job_env
-from diagnose.analysis.findings import KINDS
+from diagnose.analysis import finding_kinds
 from diagnose.exporters import mlflow_run as tracking
 
 
@@ -56,7 +56,7 @@ def test_wrapped_job_has_one_mlflow_run_with_params_metrics_tags_artifacts(ddp_r
     metrics = run.data.metrics
     assert metrics["summary/forward_ms_per_step"] > 0 and metrics["summary/backward_ms_per_step"] > 0
     assert "summary/exposed_comm_ms_per_step" in metrics and "summary/data_wait_ms_per_step" in metrics
-    for kind in KINDS:
+    for kind in finding_kinds.names():
         worst = max([f["impact_ms_per_step"] for f in findings if f["kind"] == kind], default=0.0)
         assert metrics[f"finding/{kind}_impact_ms_per_step"] == pytest.approx(worst), kind
     # where the step goes (issue 48): the findings' shares and the rest add up to the step
@@ -224,7 +224,7 @@ def test_the_compare_view_lists_each_findings_impact_for_two_runs(ddp_run, strag
         page.wait_for("document.body.innerText.includes('finding/')", timeout=90)
         page.pump(2)
         text = _all_rows_text(page)
-        for kind in KINDS:
+        for kind in finding_kinds.names():
             assert f"finding/{kind}_impact_ms_per_step" in text, kind
         # the values follow the names: the straggler run's impact among them, as the UI rounds it
         assert _as_mlflow_shows(straggler) in text, (straggler, text[-1500:])

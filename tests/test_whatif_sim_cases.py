@@ -13,7 +13,7 @@ import kineto_perturb
 import megatron_stream_model as model
 import stream_sim_faults as faults
 import whatif_sim_cases as cases
-from diagnose.analysis.findings import KINDS
+from diagnose.analysis import finding_kinds
 from diagnose.importers.kineto import import_kineto
 
 CASES = cases.CASES
@@ -65,7 +65,7 @@ def test_the_cases_are_the_issues():
     assert list(CASES) == ["replica_slow_stage0", "last_stage_slow", "microbatch_tail", "host_sync",
                            "blocking_p2p", "ring3"]
     for case in CASES.values():
-        assert case.finding in KINDS
+        assert case.finding in finding_kinds.names()
         assert (case.ranks != []) == (case.finding == "straggler") and (case.stage is not None) == (
             case.finding == "stage_imbalance")
     assert len(_sim("replica_slow_stage0").traces) == 16 and len(_sim("ring3").traces) == 3

@@ -6,20 +6,16 @@ all findings replayed together, so that their shares add up
 """
 import numpy as np
 
+from diagnose.analysis import finding_kinds
 from diagnose.analysis.step_waterfall import step_waterfall
 from diagnose.analysis.whatif import WhatIf
 
 # what-ifs of the device graph (device_graph.py): durations of device work and
 # transfers, and host syncs removed. A data wait is host time the device graph
 # does not hold: its detector's estimate stands
-DEVICE_KINDS = ("straggler", "workload_imbalance", "stage_imbalance", "pipeline_bubble", "exposed_comm",
-                "hidden_sync")
+DEVICE_KINDS = finding_kinds.with_device_whatif()
 # what the kinds without a replayed what-if are estimated from (impact_source)
-NOT_REPLAYED = {
-    "pipeline_bubble": "the schedule's theoretical bubble at the recommended micro-batch count "
-                       "(a schedule change, not a duration the replay can change)",
-    "blocking_async": "the detector's estimate: moving a wait reorders a lane, which the replay does not do",
-}
+NOT_REPLAYED = finding_kinds.estimated()
 FIDELITY_FRAC = 0.05  # the replay, as recorded, must give each steady step back within this
 
 

@@ -1,4 +1,5 @@
 """The findings schema (docs/run-directory.md, findings.json), and severity from impact.
+The kinds a finding can be: diagnose/analysis/finding_kinds.py.
 
 Severity follows from the time a fix would save, as a fraction of the median
 step: >= 15% critical, >= 3% warning, else info. Fractions, not absolute ms, so
@@ -6,9 +7,8 @@ one rule serves a 50 ms CPU step and a 5 s LLM step.
 """
 from dataclasses import asdict, dataclass, field
 
-KINDS = ("straggler", "stage_imbalance", "pipeline_bubble", "input_stall", "hidden_sync",
-         "blocking_async", "exposed_comm", "hang", "rank_failure", "memory_imbalance",
-         "env_mismatch", "workload_imbalance", "accumulation_sync", "fp32_math", "copy_stall", "checkpoint_stall")
+from diagnose.analysis import finding_kinds
+
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 CRITICAL_FRAC = 0.15
 WARNING_FRAC = 0.03
@@ -65,8 +65,8 @@ def with_severity(finding: Finding, step_ms: float) -> Finding:
 
 
 def sort_findings(findings: list[dict]) -> list[dict]:
-    """By severity, then by impact; a job that did not finish (hang, rank_failure)
-    leads, since nothing else matters until it does."""
+    """By severity, then by impact; a job that did not finish (hang, rank_failure:
+    finding_kinds' job_stopped) leads, since nothing else matters until it does."""
     return sorted(findings, key=lambda f: (SEVERITY_ORDER.get(f["severity"], 3),
-                                           f["kind"] not in ("hang", "rank_failure"),
+                                           not finding_kinds.job_stopped(f["kind"]),
                                            -f.get("impact_ms_per_step", 0.0)))

@@ -16,9 +16,10 @@ Checks, each one verdict line with its statistic:
     new-critical  a critical finding of the candidate that the baseline did not
                   have as critical (matched by kind, ranks, stage, callsite).
     impact        for each part of the step that the candidate's findings above
-                  info live in (input_stall: data wait; hidden_sync: host sync
-                  and exposed communication; pipeline findings: pipeline wait;
-                  the others: exposed communication), the candidate's mean ms
+                  info live in (each kind's `parts` in finding_kinds.py:
+                  input_stall: data wait; hidden_sync: host sync and exposed
+                  communication; pipeline findings: pipeline wait; the others:
+                  exposed communication), the candidate's mean ms
                   per step minus the
                   baseline's; one-sided bootstrap p-values (the share of
                   resampled differences at or below 0), Holm-corrected across the
@@ -31,16 +32,13 @@ import math
 
 import numpy as np
 
+from diagnose.analysis import finding_kinds
+
 ALPHA = 0.05
 MIN_EFFECT = 0.03
 RESAMPLES = 2000
 SEED = 0
 CHECKS = ("step-time", "new-critical", "impact")
-# where each kind's time shows in the host breakdown (a hidden sync: a blocking
-# collective or a device sync)
-PARTS_OF_KIND = {"input_stall": ("data_wait",), "hidden_sync": ("host_sync", "exposed_comm"),
-                 "pipeline_bubble": ("pipeline_wait",), "stage_imbalance": ("pipeline_wait",)}
-DEFAULT_PARTS = ("exposed_comm",)
 
 
 def parse_fail_on(text: str) -> list[str]:
@@ -86,7 +84,7 @@ def new_critical(findings_a: list, findings_b: list, key) -> list[dict]:
 
 def impact(parts_a: dict, parts_b: dict, findings_b: list, base_step_ms: float, rng) -> list[dict]:
     parts = sorted({p for f in findings_b if f.get("severity") in ("warning", "critical")
-                    for p in PARTS_OF_KIND.get(f.get("kind"), DEFAULT_PARTS)} & set(parts_a) & set(parts_b))
+                    for p in finding_kinds.parts_of(f.get("kind"))} & set(parts_a) & set(parts_b))
     tests = []
     for part in parts:
         a, b = np.asarray(parts_a[part], float), np.asarray(parts_b[part], float)

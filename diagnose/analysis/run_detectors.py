@@ -6,8 +6,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 from diagnose import rundir
-from diagnose.analysis import device_collectives, finding_impacts
-from diagnose.analysis.detectors import DETECTORS
+from diagnose.analysis import device_collectives, finding_impacts, finding_kinds
 from diagnose.analysis.findings import sort_findings, with_severity
 from diagnose.analysis.gpu_hours import gpu_hours_per_day
 from diagnose.rundir import storage
@@ -47,14 +46,15 @@ class Context:
 
 
 def detect(run) -> list[dict]:
+    """The findings of every registered kind's detector (finding_kinds.KINDS, in its
+    order), their impacts replayed and severities set; run.step_figures the replay's."""
     ctx = Context(run)
     found = []
-    for name in DETECTORS:
-        module = importlib.import_module(f"diagnose.analysis.detectors.{name}")
+    for kind in finding_kinds.KINDS:
         try:
-            found.extend(module.detect(ctx))
+            found.extend(importlib.import_module(kind.module).detect(ctx))
         except Exception as exc:  # one broken detector must not hide the others
-            run.warn(f"detector {name} failed: {type(exc).__name__}: {exc}")
+            run.warn(f"detector {kind.name} failed: {type(exc).__name__}: {exc}")
     try:  # impact by what-if replay; the detectors' estimates stand if it cannot run
         run.step_figures = finding_impacts.apply(ctx, found)
     except Exception as exc:

@@ -30,13 +30,13 @@ import os
 import pandas as pd
 
 from diagnose import rundir
+from diagnose.analysis import finding_kinds
 from diagnose.analysis.findings import SEVERITY_ORDER, severity_for, sort_findings
 from diagnose.analysis.loader import load, stderr_warning
 from diagnose.analysis.rank_pass import in_rank_order
 from diagnose.analysis.run_detectors import detect, write_json
 from diagnose.rundir import storage
 
-OWN_SEVERITY = ("hang", "rank_failure")
 WINDOWS = "windows"  # under analysis/: a folder per window
 
 
@@ -105,7 +105,7 @@ def merge(per_window: list, step_ms: float) -> list[dict]:
             finding["title"] += f" (steps {spans} of {per_window[0][0][0]}-{per_window[-1][0][1]})"
             finding["metrics"]["windows_found"] = spans
             finding["metrics"]["steps_found_frac"] = round(sum(b - a + 1 for (a, b), _ in found) / total, 4)
-            if finding["kind"] not in OWN_SEVERITY and step_ms > 0:
+            if not finding_kinds.job_stopped(finding["kind"]) and step_ms > 0:
                 by_impact = severity_for(impact / step_ms)
                 finding["severity"] = max(finding["severity"], by_impact, key=lambda s: SEVERITY_ORDER.get(s, 3))
         merged.append(finding)

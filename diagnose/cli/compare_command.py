@@ -94,7 +94,7 @@ def print_comparison(result: dict, out=None) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from diagnose.cli.console import console
+    from diagnose.cli.console import console, kind_text
     out = out or console()
     a, b, st = result["a"], result["b"], result["step_time"]
     out.print(Text(f"A: {a['name']}  ({a['root']})\nB: {b['name']}  ({b['root']})"))
@@ -136,7 +136,7 @@ def print_comparison(result: dict, out=None) -> None:
         table.add_column(column)
 
     def row(mark, finding, severity=None):
-        table.add_row(mark, severity or finding.get("severity", ""), finding.get("kind", ""),
+        table.add_row(mark, severity or finding.get("severity", ""), kind_text(finding.get("kind", "")),
                       ",".join(map(str, finding.get("ranks") or [])) or "-",
                       Text(str(finding.get("title", ""))))
     for finding in f["gained"]:

@@ -5,7 +5,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from diagnose.analysis import trace_windows
+from diagnose.analysis import finding_kinds, trace_windows
 from diagnose.analysis.breakdown import PART_COLUMNS
 from diagnose.analysis.gpu_hours import gpu_hour_cost, worth_line
 
@@ -52,11 +52,16 @@ def print_findings(findings: list[dict], out: Console | None = None) -> None:
         ranks = ",".join(map(str, f.get("ranks") or [])) or "-"
         # finding text is data (an exception's message, a path): never rich markup
         hours = (f.get("metrics") or {}).get("gpu_hours_per_day")
-        table.add_row(f["severity"], f["kind"], f"{f.get('impact_ms_per_step', 0):.1f}",
+        table.add_row(f["severity"], kind_text(f["kind"]), f"{f.get('impact_ms_per_step', 0):.1f}",
                       "-" if hours is None else f"{hours:,.1f}", ranks,
                       "-" if f.get("stage") is None else str(f["stage"]), escape(f.get("callsite") or "-"),
                       f"{escape(f['title'])}\n[dim]{escape(f['recommendation'])}[/dim]", end_section=True)
     out.print(table, markup=True)
+
+
+def kind_text(kind) -> str:
+    """A finding's kind as the tables show it (rich markup): its name, its label under it."""
+    return f"{escape(str(kind))}\n[dim]{escape(finding_kinds.label(kind))}[/dim]"
 
 
 def print_step_figures(figures: dict | None, out: Console | None = None) -> None:

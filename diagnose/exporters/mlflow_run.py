@@ -255,10 +255,11 @@ def waterfall_metrics(waterfall: dict | None) -> dict:
 
 def finding_impacts(findings: list) -> dict:
     """finding/<kind>_impact_ms_per_step and _gpu_hours_per_day for every kind
-    diagnose reports: the worst finding's, 0 when the run has none (so a fixed
-    cause charts as 0, not as a missing point)."""
-    from diagnose.analysis.findings import KINDS
-    out = {f"finding/{kind}_{what}": 0.0 for kind in KINDS for what in ("impact_ms_per_step", "gpu_hours_per_day")}
+    diagnose reports (diagnose/analysis/finding_kinds.py): the worst finding's, 0
+    when the run has none (so a fixed cause charts as 0, not as a missing point)."""
+    from diagnose.analysis import finding_kinds
+    out = {f"finding/{kind}_{what}": 0.0 for kind in finding_kinds.names()
+           for what in ("impact_ms_per_step", "gpu_hours_per_day")}
     for f in findings:
         for what, value in (("impact_ms_per_step", f.get("impact_ms_per_step")),
                             ("gpu_hours_per_day", (f.get("metrics") or {}).get("gpu_hours_per_day"))):

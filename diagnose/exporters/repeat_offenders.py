@@ -1,9 +1,10 @@
 """The host and GPU that keep being the culprit, across the runs of one MLflow
 experiment (issue 47, item 5).
 
-A finding that blames ranks (a straggler, a hang's culprits, a failed rank)
-blames machines: each blamed rank's host and, where NVML named it, its GPU
-(index, UUID and serial in meta.json env.gpu: collectors/instrument/
+A finding that blames ranks (a straggler, a hang's culprits, a failed rank:
+the kinds with `culprits` in diagnose/analysis/finding_kinds.py) blames
+machines: each blamed rank's host and, where NVML named it, its GPU (index,
+UUID and serial in meta.json env.gpu: collectors/instrument/
 rank_environment.py). Each MLflow run keeps them as a tag, `culprit.<kind>`
 ("host|GPU-uuid" keys, ";"-separated), and when a run is logged the last
 LAST_RUNS runs of the experiment (this one included, newest first by start
@@ -14,7 +15,8 @@ Description. Why 3: on a cluster of N machines a culprit drawn at random
 repeats three times in a row with odds 1/N^2 (under 2% from 8 machines), twice
 with 1/N; a real bad machine keeps coming back.
 """
-KINDS = ("straggler", "hang", "rank_failure")
+from diagnose.analysis import finding_kinds
+
 LAST_RUNS = 5
 REPEAT_MIN = 3
 TAG = "culprit."
@@ -39,7 +41,8 @@ def culprit_tags(rank_meta: dict, findings: list) -> tuple[dict, dict]:
     tags, said = {}, {}
     for f in findings:
         kind = f.get("kind")
-        if kind not in KINDS or f.get("severity") == "info" or not f.get("ranks"):
+        entry = finding_kinds.of(kind)
+        if not (entry and entry.culprits) or f.get("severity") == "info" or not f.get("ranks"):
             continue
         keys = set(tags.get(TAG + kind, "").split(";")) - {""}
         for rank in f["ranks"]:

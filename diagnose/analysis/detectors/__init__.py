@@ -2,11 +2,5 @@
 `detect(ctx) -> list[Finding]` over a loaded run (its tables, manifest and
 progress) and states its signal, threshold and why in its docstring;
 run_structure holds the helpers several share (robust statistics, stages).
-run_detectors runs them in DETECTORS order."""
-
-DETECTORS = ("hang", "rank_failure", "straggler", "workload_imbalance", "stage_imbalance",
-             "pipeline_bubble",
-             "input_stall", "hidden_sync", "accumulation_sync", "blocking_async", "exposed_comm", "fp32_math", "copy_stall",
-             "checkpoint_stall",
-             "memory_imbalance",
-             "env_mismatch")
+Which detectors run, and in what order, is diagnose/analysis/finding_kinds.py's
+registry; run_detectors runs them."""
