@@ -3,3 +3,7 @@
 
 class UserError(Exception):
     """Misuse or unusable input; the message is the whole story."""
+
+
+class NotAnalyzed(UserError):
+    """The findings of a run no analysis has written findings for (Run.findings)."""

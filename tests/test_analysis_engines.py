@@ -11,6 +11,8 @@ import threading
 import distributed
 import pandas as pd
 import pytest
+
+import diagnose
 from conftest import fixture_path, load_run, run_diagnose
 from pandas.testing import assert_frame_equal
 from synthetic_run import write_synthetic_run
@@ -122,7 +124,7 @@ def test_a_window_unlike_the_steps_before_it_is_said(early_straggler):
     times come from the step table, which covers every step) were slower."""
     run_dir = early_straggler
     full = load_run(run_dir)
-    assert [f["ranks"] for f in full.findings if f["kind"] == "straggler"] == [[5]]
+    assert [f["ranks"] for f in diagnose.analyze(full) if f["kind"] == "straggler"] == [[5]]
     per_step = full.steps().groupby("step")["dur_ms"].median()
     before, window = per_step.loc[2:19].median(), per_step.loc[20:].median()
     assert before / window - 1 > 0.3  # the planted slowdown, as the step table has it
@@ -132,7 +134,7 @@ def test_a_window_unlike_the_steps_before_it_is_said(early_straggler):
             "(--max-events 0 analyzes every step)")
     cut = load_run(run_dir, max_events=budget, expected_warnings=["analyzing the last 10 steps (20-29)", said])
     assert sorted(cut.steps()["step"].unique()) == list(range(30))
-    assert not [f for f in cut.findings if f["kind"] == "straggler"]
+    assert not [f for f in diagnose.analyze(cut) if f["kind"] == "straggler"]
     # a window like the steps before it: nothing said (the 64-rank test above: one warning)
 
 

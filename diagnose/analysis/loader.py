@@ -1,4 +1,5 @@
 """`diagnose.load(RUN)`: all ranks' traces merged onto one clock, as pandas tables.
+Loading only: `diagnose.analyze(run)` (run_detectors.py) runs the detectors.
 
 Times in every table are ns since the run's first event, on rank 0's clock
 (`Run.wall_t0_ns` converts back to wall time). Derived tables are computed on
@@ -9,7 +10,6 @@ over its last steps only: the per-rank pass drops the earlier steps' events on
 its worker, and `Run.window` says which steps were kept.
 """
 import functools
-import json
 import os
 import sys
 
@@ -57,6 +57,8 @@ class Run:
             raise UserError("no run directory given")
         self.root = self.run_dirs[0]
         self.warnings: list[str] = []
+        # the findings analyze(run) gave in this process (run_detectors.py); None before
+        self.analyzed: list[dict] | None = None
         # measured, replayed and ideal step figures (diagnose/analysis/whatif.py): an
         # earlier analysis's, then run_detectors.detect's; None when the replay cannot run
         self.step_figures: dict | None = rundir.read_json_dict(os.path.join(self.root, rundir.STEP_FIGURES))
@@ -343,13 +345,10 @@ class Run:
 
     @property
     def findings(self) -> list[dict]:
-        path = os.path.join(self.root, rundir.FINDINGS)
-        try:
-            with storage.open(path) as f:
-                return json.loads(f.read())
-        except (OSError, ValueError):
-            from diagnose.analysis.run_detectors import detect
-            return detect(self)
+        """analyze(run)'s findings (diagnose.analyze) in this process, else the run's
+        analysis/findings.json; only reads (rundir.read_findings: NotAnalyzed where
+        neither is): the detectors never run behind the caller's back."""
+        return self.analyzed if self.analyzed is not None else rundir.read_findings(self.root)
 
     def __repr__(self) -> str:
         return f"Run({self.root!r}, ranks={len(self.rank_dirs)}, events={len(self._events)})"

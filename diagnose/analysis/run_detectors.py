@@ -1,4 +1,6 @@
-"""Run every detector over a loaded run; write analysis/*.parquet and findings.json."""
+"""The analysis step: every detector over a loaded run (`analyze`, the API's
+`diagnose.analyze`), and analysis/*.parquet and findings.json written from it
+(`write_analysis`, what `diagnose analyze` does)."""
 import functools
 import importlib
 import json
@@ -9,6 +11,7 @@ from diagnose import rundir
 from diagnose.analysis import device_collectives, finding_impacts, finding_kinds
 from diagnose.analysis.findings import sort_findings, with_severity
 from diagnose.analysis.gpu_hours import gpu_hours_per_day
+from diagnose.errors import NotAnalyzed
 from diagnose.rundir import storage
 
 
@@ -45,6 +48,22 @@ class Context:
         return f"{path if rel.startswith('..') else rel}:{line}"
 
 
+def analyze(run) -> list[dict]:
+    """Run every detector over a loaded run: its findings, most severe first, which
+    `run.findings` gives from then on. Writes nothing (write_analysis does)."""
+    run.analyzed = detect(run)
+    return run.analyzed
+
+
+def read_or_analyze(run) -> list[dict]:
+    """The findings of an analyzed run (run.findings), else analyze(run): for the
+    commands that show a run whether or not it was analyzed (report, compare)."""
+    try:
+        return run.findings
+    except NotAnalyzed:
+        return analyze(run)
+
+
 def detect(run) -> list[dict]:
     """The findings of every registered kind's detector (finding_kinds.KINDS, in its
     order), their impacts replayed and severities set; run.step_figures the replay's."""
@@ -75,7 +94,7 @@ def write_analysis(run) -> list[dict]:
     # the analysis nothing (1,024 ranks: 5-7 s of writing hidden behind the detectors).
     with ThreadPoolExecutor(max_workers=1) as pool:
         written = pool.submit(_write_tables, tables, out)
-        findings = detect(run)
+        findings = analyze(run)
         for message in written.result():
             run.warn(message)
     write_json(os.path.join(run.root, rundir.FINDINGS), findings)

@@ -173,11 +173,13 @@ def print_device(device: dict, unit: str, out) -> None:
 
 def compare_runs(runs: list, html: str | None = None, progress=None, checks: list | None = None) -> dict:
     from diagnose.analysis.loader import load
+    from diagnose.analysis.run_detectors import read_or_analyze
     summaries = []
     for i, run_dir in enumerate(runs):
         if progress:
             progress(f"loading {chr(ord('A') + i) if i < 26 else i}")
-        summaries.append(summarize(load(run_dir)))
+        run = load(run_dir)
+        summaries.append(summarize(run, read_or_analyze(run)))  # a run never analyzed is analyzed here
     result = compare(*summaries) if len(summaries) == 2 else {}
     if checks:
         from diagnose.analysis.regression_gate import gate

@@ -44,6 +44,7 @@ def parse_steps(text: str | None):
 def report_command(run_dir: str, out: str | None = None, steps: str | None = None) -> str:
     from dashboards.report_page import VIEWS, write_report
     from diagnose.analysis.loader import load
+    from diagnose.analysis.run_detectors import read_or_analyze
     window = parse_steps(steps)
     with progress_steps("report", len(VIEWS) + 3) as advance:
         run = load(run_dir)
@@ -53,7 +54,7 @@ def report_command(run_dir: str, out: str | None = None, steps: str | None = Non
             if not ((recorded >= window[0]) & (recorded <= window[1])).any():
                 span = f"{recorded.min()}-{recorded.max()}" if len(recorded) else "none"
                 raise UserError(f"--steps {steps}: no such step recorded (recorded: {span})")
-        findings = run.findings
+        findings = read_or_analyze(run)  # findings.json, or the analysis of a run that has none
         advance("findings")
         try:
             path = write_report(run, findings, path=out, window_steps=window, progress=advance)

@@ -14,7 +14,7 @@ import re
 import time
 
 from collectors.part_writer import atomic_write_json
-from diagnose.errors import UserError
+from diagnose.errors import NotAnalyzed, UserError
 from diagnose.rundir import storage
 
 MANIFEST = "manifest.json"
@@ -61,6 +61,19 @@ def read_json_dict(path: str) -> dict | None:
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def read_findings(run_dir: str) -> list[dict]:
+    """analysis/findings.json; NotAnalyzed when the run has none or it is unreadable."""
+    path = os.path.join(run_dir, FINDINGS)
+    try:
+        with storage.open(path) as f:
+            return json.loads(f.read())
+    except OSError:
+        raise NotAnalyzed(f"{run_dir} has not been analyzed (no readable {FINDINGS}): "
+                          "diagnose.analyze(run), or `diagnose analyze RUN`") from None
+    except ValueError as exc:
+        raise NotAnalyzed(f"{path} is not JSON ({exc}): analyze the run again") from None
 
 
 def read_manifest(run_dir: str) -> dict:
