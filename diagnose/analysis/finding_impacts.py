@@ -36,6 +36,8 @@ def _one(w: WhatIf, ctx, finding):
         return None if site is None else w.device_syncs(site)
     if kind == "hidden_sync" and finding.callsite:
         return w.hidden_sync(lambda raw: ctx.relpath(raw) == finding.callsite)
+    if kind == "blocking_async" and finding.callsite and not w.device:
+        return w.deferred_sends(lambda raw: ctx.relpath(raw) == finding.callsite)
     if kind == "exposed_comm":
         return w.exposed_comm()
     if kind == "accumulation_sync":

@@ -73,7 +73,8 @@ KINDS = (
     FindingKind("accumulation_sync", "Gradients reduced every micro-batch", "docs/analysis.md#accumulation_sync",
                 whatif="the extra reduction rounds removed"),
     FindingKind("blocking_async", "Async operation waited at once", "docs/analysis.md#blocking_async",
-                estimate_why="the detector's estimate: moving a wait reorders a lane, which the replay does not do",
+                whatif="the p2p ops waited at once posted as the fix would: a send and the receive from "
+                       "its own peer as one batch, a lone send waited at the end of its step's schedule",
                 evidence=("timeline", "breakdown-ranks")),
     FindingKind("exposed_comm", "Exposed communication", "docs/analysis.md#exposed_comm",
                 whatif="every collective instant", device_whatif=True,
