@@ -28,6 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from collectors.schema import event_row  # noqa: E402
 
 
 class Clock:
@@ -62,7 +63,7 @@ class Work:
     pass
 
 
-ROW = ("collective", "all_reduce", 0, 0, 0, -1, -1, "pg", "0,1", 0, -1, 4096, False, "", "", -1)
+ROW = event_row("collective", "all_reduce", 0, 0, 0, group="pg", group_ranks="0,1", seq=0, nbytes=4096)
 
 
 def load(rev: str | None) -> types.SimpleNamespace:

@@ -141,7 +141,8 @@ def files_to_read(names) -> list:
 
 def _row_part_bytes(columns, rows) -> bytes:
     try:
-        return orjson.dumps({"columns": columns, "rows": rows})
+        # default=tuple: orjson writes exact tuples only, and a row may be a namedtuple (schema.EventRow)
+        return orjson.dumps({"columns": columns, "rows": rows}, default=tuple)
     except (AttributeError, TypeError):  # no orjson, or a lone surrogate in a string (orjson refuses it)
         return json.dumps({"columns": columns, "rows": rows}, separators=(",", ":")).encode()
 

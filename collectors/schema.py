@@ -8,6 +8,8 @@ repeated callsite costs a few bits per row.
 The format reference is docs/run-directory.md (what each column means per kind,
 and SCHEMA_VERSION: a bump is described there in the change that makes it).
 """
+from collections import namedtuple
+
 import numpy as np
 import pyarrow as pa
 
@@ -46,6 +48,14 @@ EVENT_FIELDS = (
 )
 EVENT_SCHEMA = pa.schema(EVENT_FIELDS)
 EVENT_COLUMNS = tuple(name for name, _ in EVENT_FIELDS)
+# One event row, its fields named after the columns (a field added anywhere moves
+# no reader: they read row.seq, never a position). A tuple subclass, written as
+# the plain tuples (EVENT_COLUMNS order) of the hot paths whose rows nothing reads
+# back: those stay plain, as building an EventRow costs more. EventRow(...) runs a
+# Python __new__; the hot path builds one as new_row(EventRow, (values in column
+# order)), one C call, half that (bench/results/2026-12-06-typed-event-records.md)
+EventRow = namedtuple("EventRow", EVENT_COLUMNS)
+new_row = tuple.__new__
 
 SAMPLE_FIELDS = (
     ("ts_ns", pa.int64()),
@@ -78,9 +88,9 @@ def solo_dir_name(pid: int) -> str:
 def event_row(kind, name, start_ns, end_ns, step=-1, microbatch=-1, stage=-1, group="",
               group_ranks="", seq=-1, peer=-1, nbytes=0, async_op=False, callsite="", detail="",
               queued_ns=-1):
-    """Build one event tuple in EVENT_COLUMNS order (for code off the hot path)."""
-    return (kind, name, start_ns, end_ns, step, microbatch, stage, group, group_ranks, seq,
-            peer, nbytes, async_op, callsite, detail, queued_ns)
+    """Build one EventRow, absent fields at their defaults (for code off the hot path)."""
+    return new_row(EventRow, (kind, name, start_ns, end_ns, step, microbatch, stage, group, group_ranks,
+                              seq, peer, nbytes, async_op, callsite, detail, queued_ns))
 
 
 def arrow_array(values, typ: pa.DataType) -> pa.Array:

@@ -14,6 +14,7 @@ from collectors.instrument.collective_events import CollectiveEvents
 from collectors.instrument.cuda_events import CudaEventTimer
 from collectors.instrument.graph_capture import GATE, wrap_graph_class
 from collectors.recorder import Recorder
+from collectors.schema import event_row
 
 
 class Driver:
@@ -70,7 +71,7 @@ def test_the_poller_never_queries_while_a_graph_is_captured():
     thread = threading.Thread(target=poller)
     thread.start()
     try:
-        row = ("phase", "gpu:forward", None, None, 0, -1, -1, "", "", -1, -1, 0, False, "", "cuda_event", -1)
+        row = event_row("phase", "gpu:forward", None, None, 0, detail="cuda_event")
         for _ in range(200):
             timer.finish(timer.start(), row)   # before the capture: pending while it runs
             graph = Graph()

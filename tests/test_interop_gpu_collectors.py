@@ -14,6 +14,7 @@ from collectors.instrument.nvml_sampler import NvmlSampler
 from collectors.instrument.torch_profiler import Window
 from collectors.profiler_window import parse_window
 from collectors.recorder import Recorder
+from collectors.schema import event_row
 from conftest import REPO
 
 
@@ -202,7 +203,7 @@ def test_cuda_event_timer_resolves_off_the_hot_path_without_syncing():
     FakeEvent.gpu_now_ms = 105.0
     start = timer.start()
     FakeEvent.gpu_now_ms = 112.5
-    row = ("phase", "gpu:forward", None, None, 3, -1, -1, "", "", -1, -1, 0, False, "x.py:1", "cuda_event")
+    row = event_row("phase", "gpu:forward", None, None, 3, callsite="x.py:1", detail="cuda_event")
     timer.finish(start, row)
     assert timer.poll() == []                # not run on the GPU yet: nothing, no waiting
     start.done = True

@@ -39,11 +39,15 @@ and asking one from any thread would invalidate it: graph_capture.py).
 """
 import weakref
 
+from collectors.schema import EventRow, new_row
+
 
 class CollectiveEvents:
     """What collectives.Tracker calls around each collective when CUDA is in use.
     Every event of a call is recorded on the current stream of its tensor's
-    device (not the current device's: a rank may drive several GPUs)."""
+    device (not the current device's: a rank may drive several GPUs). A call's
+    host row comes as Tracker.issued returns it: an EventRow for async work, the
+    plain tuple written for a synchronous call."""
 
     def __init__(self, timer, ready, capturing, nccl_timing=False, stream_of=lambda tensor: None):
         self.timer = timer            # cuda_events.CudaEventTimer
@@ -72,8 +76,8 @@ class CollectiveEvents:
         if arrival is None:
             return
         arrival, stream = arrival
-        if work is None:
-            self._finish(arrival, row, "gpu", stream)
+        if work is None:  # a synchronous call's row is the plain tuple written: named here
+            self._finish(arrival, new_row(EventRow, row), "gpu", stream)
             return
         # with NCCL's timing the work is kept until its events are read (its
         # tensors live up to one poll interval longer; an entry holding its own
@@ -141,7 +145,7 @@ class CollectiveEvents:
             except Exception:  # timing off for this group, or not NCCL's work
                 duration_ns = -1
             if duration_ns >= 0:
-                key = (row[7], row[10])
+                key = (row.group, row.peer)
                 start_ns = max(arrival_ns, self.stream_end_ns.get(key, arrival_ns))
                 end_ns = min(bound_ns, start_ns + duration_ns)
                 self.stream_end_ns[key] = end_ns
@@ -154,18 +158,29 @@ class CollectiveEvents:
         self.timer.finish(arrival, row, rows_of=lambda t0, t1: device_rows(row, t0, t1, detail), stream=stream)
 
 
-def device_rows(host_row: tuple, arrival_ns: int, end_ns: int, detail: str) -> list:
-    """The call's device rows from its host row (collectors.schema order)."""
-    kind, name, _, _, step, mb, stage, group, ranks, seq, peer, nbytes, _, callsite, _, _ = host_row
-    return [(kind, name, arrival_ns, arrival_ns, step, mb, stage, group, ranks, seq, peer, nbytes, True,
-             callsite, detail, -1),
+def follow_up(row: EventRow, kind: str, start_ns: int, end_ns: int, callsite: str, detail: str) -> tuple:
+    """A "wait" or "done" row of an issued call (host or device): its op, step
+    and instance (group, seq, peer), no bytes. Read back by nothing, it is a
+    plain tuple in EVENT_COLUMNS order: cheaper than an EventRow to build and
+    to write (bench/results/2026-12-06-typed-event-records.md)."""
+    return (kind, row.name, start_ns, end_ns, row.step, row.microbatch, row.stage, row.group,
+            row.group_ranks, row.seq, row.peer, 0, True, callsite, detail, -1)
+
+
+def device_rows(host_row: EventRow, arrival_ns: int, end_ns: int, detail: str) -> list:
+    """The call's device rows from its host row: the call at its arrival, "done"
+    at its end; plain tuples, as follow_up's, the host row's fields read once
+    for both (the poller makes thousands at a time behind a slow device)."""
+    r = host_row
+    name, step, mb, stage, group, ranks, seq, peer = r.name, r.step, r.microbatch, r.stage, r.group, r.group_ranks, \
+        r.seq, r.peer
+    return [(r.kind, name, arrival_ns, arrival_ns, step, mb, stage, group, ranks, seq, peer, r.bytes, True, r.callsite,
+             detail, -1),
             ("done", name, end_ns, end_ns, step, mb, stage, group, ranks, seq, peer, 0, True, "", detail, -1)]
 
 
-def stall_row(host_row: tuple, stream_at_wait_ns: int, end_ns: int, callsite: str) -> tuple:
+def stall_row(host_row: EventRow, stream_at_wait_ns: int, end_ns: int, callsite: str) -> tuple:
     """The wait on the device: from where the current stream was when the host
     called Work.wait() to the work's end; its length is how long the stream
     stalled behind the wait (0 when the work was over by then)."""
-    kind, name, _, _, step, mb, stage, group, ranks, seq, peer, _, _, _, _, _ = host_row
-    return ("wait", name, stream_at_wait_ns, end_ns, step, mb, stage, group, ranks, seq, peer, 0, True, callsite,
-            "gpu:wait", -1)
+    return follow_up(host_row, "wait", stream_at_wait_ns, end_ns, callsite, "gpu:wait")

@@ -29,7 +29,9 @@ from collectors import nvtx_ranges
 from collectors.callsite import user_callsite
 from collectors.clock import now_ns
 from collectors.instrument.c10d_calls import _arg, _device, _device_mark, _param_index, tensor_bytes  # noqa: F401
+from collectors.instrument.collective_events import follow_up
 from collectors.instrument.graph_capture import GATE
+from collectors.schema import EventRow, new_row
 
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
                   "all_gather_object", "reduce_scatter", "reduce_scatter_tensor",
@@ -95,9 +97,10 @@ class Tracker:
     def in_flight(self) -> dict:
         """For hang dumps: the blocking call in progress and async work not yet waited."""
         def describe(row, state):
-            return {"op": row[1], "kind": row[0], "group": row[7], "group_ranks": row[8],
-                    "seq": row[9], "peer": row[10], "step": row[4], "callsite": row[13],
-                    "since_mono_ns": row[2], "state": state}
+            row = new_row(EventRow, row)  # names the fields of a blocked_in tuple
+            return {"op": row.name, "kind": row.kind, "group": row.group, "group_ranks": row.group_ranks,
+                    "seq": row.seq, "peer": row.peer, "step": row.step, "callsite": row.callsite,
+                    "since_mono_ns": row.start_ns, "state": state}
         rows = [describe(row, "blocking") for row in list(self.blocked_in.values())]
         waited = [id(p) for p in list(self.waiting_on.values())]
         for pending in list(self.pending.values()):
@@ -145,11 +148,15 @@ class Tracker:
 
     def issued(self, kind, name, group, ranks, seq, peer, nbytes, callsite, t0, t1, work,
                track_done, detail=""):
+        """The row, written as a plain tuple (EVENT_COLUMNS order: the cheapest to
+        build, and orjson writes it natively); async work's as an EventRow too,
+        which its wait reads by name (collective_events.py views a sync call's)."""
         st = self.rec.state
         row = (kind, name, t0, t1, st.step, st.microbatch, st.stage, group, ranks, seq, peer,
                nbytes, work is not None, callsite, detail or self.context, -1)
         self.rec.add(row)
         if work is not None:
+            row = new_row(EventRow, row)
             self.watch(work, row, track_done)
         return row
 
@@ -184,8 +191,7 @@ class Tracker:
         self.done_at_wait.discard(key)
 
     def done(self, row, t):
-        self.rec.add(("done", row[1], t, t, row[4], row[5], row[6], row[7], row[8], row[9],
-                      row[10], 0, True, "", row[14], -1))
+        self.rec.add(follow_up(row, "done", t, t, "", row.detail))
 
     def waited(self, work, t0, t1, callsite, completed_before):
         rows = self.pending.pop(id(work), None)
@@ -193,8 +199,7 @@ class Tracker:
         self.done_at_wait.discard(id(work))
         if rows:
             for row in rows:
-                self.rec.add(("wait", row[1], t0, t1, row[4], row[5], row[6], row[7], row[8],
-                              row[9], row[10], 0, True, callsite, row[14], -1))
+                self.rec.add(follow_up(row, "wait", t0, t1, callsite, row.detail))
                 if track_done:
                     self.done(row, t0 if completed_before else t1)
 
@@ -232,8 +237,9 @@ def _wrap_collective(tracker, op, orig):
         t0 = now_ns()
         st = tracker.rec.state
         thread = threading.get_ident()
+        # a plain tuple in EVENT_COLUMNS order, the cheapest to build: read only by a hang dump
         tracker.blocked_in[thread] = ("collective", op, t0, t0, st.step, st.microbatch, st.stage, group,
-                                      ranks, seq, -1, nbytes, False, callsite, "")
+                                      ranks, seq, -1, nbytes, False, callsite, "", -1)
         try:
             work = orig(*args, **kwargs)
         finally:

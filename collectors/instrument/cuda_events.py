@@ -36,6 +36,7 @@ from collectors.clock import now_ns
 from collectors.daemon_thread import start_daemon
 from collectors.instrument.gpu_common import cuda_ready, gpu_unavailable, note_rank_device
 from collectors.instrument.graph_capture import GATE, capturing, wrap_graph_class
+from collectors.schema import EventRow, new_row
 
 MAX_PENDING = 100_000
 REANCHOR_S = 60.0
@@ -112,7 +113,7 @@ class CudaEventTimer:
         return ev
 
     def finish(self, start_event, row_template, rows_of=None, stream=None, end_event=None):
-        """row_template: the event row with start/end left as None; or
+        """row_template: the EventRow with start/end left as None; or
         rows_of(start_ns, end_ns) -> the rows to write. `stream`: the start's.
         Returns the end event, which another span ending at the same point of
         the same stream may share (`end_event`): one event fewer."""
@@ -173,15 +174,16 @@ class CudaEventTimer:
                     self.n_pending -= 1
                 t0, t1 = self._host_ns(start_ev, device), self._host_ns(end_ev, device)
                 if rows_of is None:
-                    rows.append(row[:2] + (t0, max(t1, t0)) + row[4:])
+                    rows.append(row._replace(start_ns=t0, end_ns=max(t1, t0)))
                 else:
                     rows.extend(rows_of(t0, max(t1, t0)))
         return rows
 
 
-def _row(name, st, group="", nbytes=0, callsite=""):
-    return ("phase", f"gpu:{name}", None, None, st.step, st.microbatch, st.stage, group, "", -1, -1,
-            nbytes, False, callsite, "cuda_event", -1)
+def _row(name, st, group="", nbytes=0, callsite="", step=None) -> EventRow:
+    """A span's row template: its times are the events', filled in by the poll."""
+    return new_row(EventRow, ("phase", f"gpu:{name}", None, None, st.step if step is None else step, st.microbatch,
+                              st.stage, group, "", -1, -1, nbytes, False, callsite, "cuda_event", -1))
 
 
 def install(rec):
@@ -297,8 +299,7 @@ def install(rec):
         ev = timer.start()
         if state["step_ev"] is not None:
             start_ev, step = state["step_ev"]
-            row = _row("step", st)
-            timer.finish(start_ev, row[:4] + (step,) + row[5:])
+            timer.finish(start_ev, _row("step", st, step=step))
         state["step_ev"] = (ev, st.step)
 
     rec.close_hooks.append(last_poll)

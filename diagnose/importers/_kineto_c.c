@@ -40,6 +40,13 @@
 
 enum vtype { V_MISSING, V_NULL, V_STRING, V_INT, V_FLOAT, V_BOOL, V_OBJECT, V_ARRAY };
 
+/* The fields of each tuple the scan returns (the contract above), by name: a
+ * field moved here is moved in every tuple filled, none is read by its number. */
+enum { GPU_NAME, GPU_TS, GPU_DUR, GPU_STREAM, GPU_CORRELATION, GPU_BYTES, GPU_COLLECTIVE, GPU_ARGS, GPU_FIELDS };
+enum { SYNC_KIND, SYNC_NAME, SYNC_TS, SYNC_DUR, SYNC_DETAIL, SYNC_FIELDS };
+enum { RANGE_NAME, RANGE_CAT, RANGE_TS, RANGE_DUR, RANGE_TID, RANGE_ARGS, RANGE_FIELDS };
+enum { CANDIDATE_NAME, CANDIDATE_CAT, CANDIDATE_TS, CANDIDATE_DUR, CANDIDATE_FIELDS };
+
 typedef struct {
     const char *start, *end; /* the value's text; for a string, inside the quotes */
     enum vtype type;
@@ -453,12 +460,14 @@ static int complete_event(Scan *s, Value *cat, Value *name, Value *ts, Value *du
             Py_XDECREF(duration);
             return PyErr_Occurred() ? -1 : 1;
         }
-        PyObject *row[8] = {string_object(name, s->decode), ts_object, duration, PyLong_FromLongLong(stream_id),
-                            PyLong_FromLongLong(correlation_id),
-                            PyLong_FromLongLong(bytes_count > 0 ? bytes_count : 0),
-                            PyBool_FromLong(other_args & 2), needs_args ? Py_None : s->empty_args};
-        Py_INCREF(row[7]);
-        return append_tuple(s->gpu, 8, row) < 0 ? (PyErr_Occurred() ? -1 : 1) : 0;
+        PyObject *row[GPU_FIELDS] = {[GPU_NAME] = string_object(name, s->decode), [GPU_TS] = ts_object,
+                                     [GPU_DUR] = duration, [GPU_STREAM] = PyLong_FromLongLong(stream_id),
+                                     [GPU_CORRELATION] = PyLong_FromLongLong(correlation_id),
+                                     [GPU_BYTES] = PyLong_FromLongLong(bytes_count > 0 ? bytes_count : 0),
+                                     [GPU_COLLECTIVE] = PyBool_FromLong(other_args & 2),
+                                     [GPU_ARGS] = needs_args ? Py_None : s->empty_args};
+        Py_INCREF(row[GPU_ARGS]);
+        return append_tuple(s->gpu, GPU_FIELDS, row) < 0 ? (PyErr_Occurred() ? -1 : 1) : 0;
     }
     if (pid->type == V_INT) {
         if (s->last_pid_run && pid_value != s->last_pid && flush_pid(s) < 0)
@@ -482,9 +491,10 @@ static int complete_event(Scan *s, Value *cat, Value *name, Value *ts, Value *du
         if (!s->gpu_only && name->escaped)
             return 1; /* (could decode to a sync call's name: left to msgspec) */
         if (!s->gpu_only && text_in(name, s->sync_calls)) {
-            PyObject *row[5] = {PyUnicode_FromString("sync"), string_object(name, s->decode), number_object(ts),
-                                dur_object(dur), PyUnicode_FromString("cuda")};
-            if (append_tuple(s->candidates, 5, row) < 0)
+            PyObject *row[SYNC_FIELDS] = {[SYNC_KIND] = PyUnicode_FromString("sync"),
+                                          [SYNC_NAME] = string_object(name, s->decode), [SYNC_TS] = number_object(ts),
+                                          [SYNC_DUR] = dur_object(dur), [SYNC_DETAIL] = PyUnicode_FromString("cuda")};
+            if (append_tuple(s->candidates, SYNC_FIELDS, row) < 0)
                 return PyErr_Occurred() ? -1 : 1;
         }
         return 0;
@@ -495,12 +505,13 @@ static int complete_event(Scan *s, Value *cat, Value *name, Value *ts, Value *du
         if (name->escaped)
             return 1; /* (rare: left to msgspec) */
         PyObject *cat_object = cat->type == V_STRING ? string_object(cat, s->decode) : (Py_INCREF(Py_None), Py_None);
-        PyObject *row[6] = {string_object(name, s->decode), cat_object, number_object(ts), dur_object(dur),
-                            tid_object(tid, s->decode),
-                            a->object.type == V_OBJECT ? Py_BuildValue("(nn)", (Py_ssize_t)(a->object.start - s->text),
-                                                                       (Py_ssize_t)(a->object.end - s->text))
-                                                       : (Py_INCREF(Py_None), Py_None)};
-        return append_tuple(s->ranges, 6, row) < 0 ? (PyErr_Occurred() ? -1 : 1) : 0;
+        PyObject *row[RANGE_FIELDS] = {
+            [RANGE_NAME] = string_object(name, s->decode), [RANGE_CAT] = cat_object, [RANGE_TS] = number_object(ts),
+            [RANGE_DUR] = dur_object(dur), [RANGE_TID] = tid_object(tid, s->decode),
+            [RANGE_ARGS] = a->object.type == V_OBJECT ? Py_BuildValue("(nn)", (Py_ssize_t)(a->object.start - s->text),
+                                                                      (Py_ssize_t)(a->object.end - s->text))
+                                                      : (Py_INCREF(Py_None), Py_None)};
+        return append_tuple(s->ranges, RANGE_FIELDS, row) < 0 ? (PyErr_Occurred() ? -1 : 1) : 0;
     }
     if (*name->start == '\\')
         return 1; /* its first character is an escape: left to msgspec */
@@ -511,8 +522,9 @@ static int complete_event(Scan *s, Value *cat, Value *name, Value *ts, Value *du
         memcmp(cat->start, annotation, sizeof annotation - 1) == 0)
         return 0;
     PyObject *cat_object = cat->type == V_STRING ? string_object(cat, s->decode) : (Py_INCREF(Py_None), Py_None);
-    PyObject *row[4] = {string_object(name, s->decode), cat_object, number_object(ts), dur_object(dur)};
-    if (append_tuple(s->candidates, 4, row) < 0)
+    PyObject *row[CANDIDATE_FIELDS] = {[CANDIDATE_NAME] = string_object(name, s->decode), [CANDIDATE_CAT] = cat_object,
+                                       [CANDIDATE_TS] = number_object(ts), [CANDIDATE_DUR] = dur_object(dur)};
+    if (append_tuple(s->candidates, CANDIDATE_FIELDS, row) < 0)
         return PyErr_Occurred() ? -1 : 1;
     return 0;
 }

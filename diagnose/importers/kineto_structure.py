@@ -77,7 +77,7 @@ def device_structure(gpu, launches: dict, ranges: list, cpu: list, kernels: dict
     ops_of = _exchange_ops(nccl, launch, ranges)
     exchange_ts = sorted(launch[j][0] for j in ops_of)
     # a trace that records its passes (## forward ##, DDP.forward) keeps its own rows
-    recorded = any(row[0] in ("forward", "backward") for row in cpu)
+    recorded = any(kind in ("forward", "backward") for kind, *_ in cpu)
     blocks = _blocks(gpu, launch, kernels, classes, codes, cpu, exchange_ts, [] if recorded else out.notes)
     for kind, members, _, _, mb in ([] if recorded else blocks):
         out.rows.append((kind, int(min(kernels["start_ns"][j] for j in members)),

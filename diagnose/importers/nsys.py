@@ -55,12 +55,14 @@ import os
 import pathlib
 import re
 import sqlite3
+from collections import namedtuple
 
 import numpy as np
 
-from collectors.schema import COMMUNICATION, KINDS, MEMORY
+from collectors.schema import COMMUNICATION, KINDS, MEMORY, EventRow, event_row, new_row
 from diagnose.errors import UserError
 from diagnose.importers.gpu_activity import collective_op, kernel_class, launching_ranges, nccl_call_op, p2p_pair
+from diagnose.importers.kineto_io import gc_paused
 from diagnose.importers.kineto_scan import STREAM_WAIT
 from diagnose.importers.run_writer import RunDirWriter, assign_steps, clock_meta
 
@@ -76,6 +78,13 @@ _NCCL_API_RE = re.compile(r"^nccl[A-Z]\w*$")  # NCCL's own NVTX ranges: ncclAllR
 _PHASES = {"forward": "forward", "backward": "backward", "optimizer": "optimizer"}
 _STREAM_WAIT_EVENT = 2  # CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT (the export's ENUM_CUPTI_SYNC_TYPE)
 MASK24 = 0xFFFFFF
+# the columns of a GPU activity (kernel, memcpy, memset) read first, as a GpuActivity's
+_ACTIVITY = ["start", "end", "deviceId", "streamId", "correlationId", "globalPid"]
+# rows read by name: a column added to a query moves no reader (SQLite's names where read from it)
+NvtxRange = namedtuple("NvtxRange", "start end eventType text textId globalTid category domainId jsonText")
+StreamWait = namedtuple("StreamWait", "start end streamId correlationId globalPid contextId eventId syncType")
+GpuActivity = namedtuple("GpuActivity", "start end device stream corr gpid name bytes")  # corr: correlationId
+NcclCall = namedtuple("NcclCall", "start end thread op group bytes peer own")  # own: NCCL's own range
 
 
 def decode_global_id(gid: int) -> tuple[int, int]:
@@ -107,13 +116,15 @@ def _columns(con, table) -> set:
     return {r[1] for r in con.execute(f'PRAGMA table_info("{table}")')}
 
 
-def _select(con, table, wanted, where="") -> list:
-    """Rows of the wanted columns; columns this export lacks come back as None."""
+def _select(con, table, wanted) -> list:
+    """Rows of the wanted columns (a namedtuple type: its fields, rows of it); absent columns None."""
     have = _columns(con, table)
     if not have:
         return []
-    exprs = [f'"{c}"' if c in have else "NULL" for c in wanted]
-    return con.execute(f'SELECT {", ".join(exprs)} FROM "{table}" {where}').fetchall()
+    columns = getattr(wanted, "_fields", wanted)
+    exprs = [f'"{c}"' if c in have else "NULL" for c in columns]
+    rows = con.execute(f'SELECT {", ".join(exprs)} FROM "{table}"')
+    return rows.fetchall() if columns is wanted else [new_row(wanted, row) for row in rows]
 
 
 class Export:
@@ -127,36 +138,27 @@ class Export:
                 if _columns(con, "StringIds") else {}
             start = _select(con, "TARGET_INFO_SESSION_START_TIME", ["utcEpochNs"])
             self.session_start_ns = int(start[0][0]) if start and start[0][0] is not None else 0
-            self.gpu = _select(con, "CUPTI_ACTIVITY_KIND_KERNEL",
-                               ["start", "end", "deviceId", "streamId", "correlationId", "globalPid",
-                                "demangledName", "shortName"])
-            memcpy = _select(con, "CUPTI_ACTIVITY_KIND_MEMCPY",
-                             ["start", "end", "deviceId", "streamId", "correlationId", "globalPid",
-                              "bytes", "copyKind"])
-            memset = _select(con, "CUPTI_ACTIVITY_KIND_MEMSET",
-                             ["start", "end", "deviceId", "streamId", "correlationId", "globalPid",
-                              "bytes"])
-            self.waits = [w for w in _select(con, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
-                                             ["start", "end", "streamId", "correlationId", "globalPid", "contextId",
-                                              "eventId", "syncType"]) if w[7] == _STREAM_WAIT_EVENT]
+            self.gpu = _select(con, "CUPTI_ACTIVITY_KIND_KERNEL", _ACTIVITY + ["demangledName", "shortName"])
+            memcpy = _select(con, "CUPTI_ACTIVITY_KIND_MEMCPY", _ACTIVITY + ["bytes", "copyKind"])
+            memset = _select(con, "CUPTI_ACTIVITY_KIND_MEMSET", _ACTIVITY + ["bytes"])
+            self.waits = [w for w in _select(con, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", StreamWait)
+                          if w.syncType == _STREAM_WAIT_EVENT]
             events = _select(con, "CUPTI_ACTIVITY_KIND_CUDA_EVENT",
                              ["globalPid", "contextId", "eventId", "correlationId", "streamId"])
             self.runtime = _select(con, "CUPTI_ACTIVITY_KIND_RUNTIME",
                                    ["start", "end", "globalTid", "correlationId", "nameId"])
-            self.nvtx = _select(con, "NVTX_EVENTS",
-                                ["start", "end", "eventType", "text", "textId", "globalTid",
-                                 "category", "domainId", "jsonText"])
+            self.nvtx = _select(con, "NVTX_EVENTS", NvtxRange)
         except sqlite3.DatabaseError as exc:
             raise UserError(f"{_display(path)}: unreadable Nsight export ({exc})") from None
         finally:
             con.close()
-        self.gpu = [(s, e, d, st, c, gp, self._str(dn) or self._str(sn), 0)
+        self.gpu = [new_row(GpuActivity, (s, e, d, st, c, gp, self._str(dn) or self._str(sn), 0))
                     for s, e, d, st, c, gp, dn, sn in self.gpu]
-        self.gpu += [(s, e, d, st, c, gp, f"Memcpy {_MEMCPY_NAMES.get(k, 'copy')}", b or 0)
+        self.gpu += [new_row(GpuActivity, (s, e, d, st, c, gp, f"Memcpy {_MEMCPY_NAMES.get(k, 'copy')}", b or 0))
                      for s, e, d, st, c, gp, b, k in memcpy]
-        self.gpu += [(s, e, d, st, c, gp, "Memset", b or 0) for s, e, d, st, c, gp, b in memset]
-        self.domains = {r[7]: self._text(r) for r in self.nvtx if r[2] == NVTX_DOMAIN}
-        self.categories = {(r[7], r[6]): self._text(r) for r in self.nvtx if r[2] == NVTX_CATEGORY}
+        self.gpu += [new_row(GpuActivity, (s, e, d, st, c, gp, "Memset", b or 0)) for s, e, d, st, c, gp, b in memset]
+        self.domains = {r.domainId: self._text(r) for r in self.nvtx if r.eventType == NVTX_DOMAIN}
+        self.categories = {(r.domainId, r.category): self._text(r) for r in self.nvtx if r.eventType == NVTX_CATEGORY}
         # cudaEventRecord's activities: (pid, context, event) -> [(correlation, stream recorded on)]
         # in call order (an event is recorded again and again: eventId is the handle, not the record)
         self.records = {}
@@ -169,20 +171,20 @@ class Export:
     def _str(self, string_id) -> str:
         return self.strings.get(string_id, "") if string_id is not None else ""
 
-    def _text(self, row) -> str:
-        return row[3] if row[3] is not None else self._str(row[4])
+    def _text(self, row: NvtxRange) -> str:
+        return row.text if row.text is not None else self._str(row.textId)
 
     def processes(self) -> list[int]:
         """pids that are ranks: with GPU work, else with NVTX ranges; by (GPU, pid)."""
         with_gpu = {}
-        for row in self.gpu:
-            if row[5] is not None:
-                pid = decode_global_id(row[5])[0]
-                with_gpu[pid] = min(with_gpu.get(pid, 1 << 30), row[2] if row[2] is not None else 0)
+        for g in self.gpu:
+            if g.gpid is not None:
+                pid = decode_global_id(g.gpid)[0]
+                with_gpu[pid] = min(with_gpu.get(pid, 1 << 30), g.device if g.device is not None else 0)
         if with_gpu:
             return sorted(with_gpu, key=lambda p: (with_gpu[p], p))
-        pids = {decode_global_id(r[5])[0] for r in self.nvtx
-                if r[2] in NVTX_RANGE_TYPES and r[5] is not None}
+        pids = {decode_global_id(r.globalTid)[0] for r in self.nvtx
+                if r.eventType in NVTX_RANGE_TYPES and r.globalTid is not None}
         if not pids and self.gpu:
             return [0]  # an older export without globalPid: the whole file is one process
         return sorted(pids)
@@ -190,7 +192,7 @@ class Export:
     def rows_for(self, pid: int, single: bool, world: str = "", rank: int = -1) -> list:
         def mine(gid):
             return single or (gid is not None and decode_global_id(gid)[0] == pid)
-        # calls: (start, end, thread, op, group or "", bytes, peer, NCCL's own range) of NCCL calls' ranges
+        # calls: the NcclCall of each NCCL call's range
         cpu, calls = [], []
         launches = {}  # correlation -> (start, thread)
         for s, e, gtid, corr, name_id in self.runtime:
@@ -202,32 +204,32 @@ class Export:
             if name in _SYNC_CALLS and e is not None:
                 cpu.append(("sync", name, s, e, "cuda"))
         for row in self.nvtx:
-            if row[2] in NVTX_RANGE_TYPES and row[1] is not None and mine(row[5]):
+            if row.eventType in NVTX_RANGE_TYPES and row.end is not None and mine(row.globalTid):
                 call = self._nccl_call(row)
                 if call is not None:
                     calls.append(call)
                     continue
                 kind, name = self._nvtx_kind(row)
-                cpu.append((kind, name, row[0], row[1], "nvtx"))
+                cpu.append((kind, name, row.start, row.end, "nvtx"))
         steps = _steps(cpu)
         cpu = [c for c in cpu if c[0] != "step"]
         numbers = np.array(sorted(steps), dtype=np.int64)
         starts = np.array([steps[n][0] for n in numbers], dtype=np.int64)
-        rows = [("step", "step", steps[n][0], steps[n][1], int(n), -1, -1, "", "", -1, -1, 0, False,
-                 "", "", -1) for n in numbers]
+        rows = [event_row("step", "step", steps[n][0], steps[n][1], int(n)) for n in numbers]
         step_of = assign_steps(starts, numbers, np.array([c[2] for c in cpu], dtype=np.int64))
         for (kind, name, s, e, detail), st in zip(cpu, step_of.tolist()):
-            rows.append((kind, name, s, e, st, -1, -1, "", "", -1, -1, 0, False, "", detail, -1))
+            rows.append(event_row(kind, name, s, e, st, detail=detail))
         rows.extend(self._gpu_rows(pid, single, launches, calls, starts, numbers, world, rank))
         rows.extend(self._wait_rows(pid, single, launches, starts, numbers))
-        rows.sort(key=lambda r: r[2])
+        rows.sort(key=lambda r: r.start_ns)
         return rows
 
     def _wait_rows(self, pid, single, launches, step_starts, step_numbers) -> list:
         """The process's cudaStreamWaitEvent calls as "stream_wait" rows, their
         step the one their call ran in, as a kernel's is its launch's."""
-        waits = [w for w in self.waits if single or _pid_of(w[4]) == pid]
-        calls = np.array([launches[w[3]][0] if w[3] in launches else w[0] for w in waits], dtype=np.int64)
+        waits = [w for w in self.waits if single or _pid_of(w.globalPid) == pid]
+        calls = np.array([launches[w.correlationId][0] if w.correlationId in launches else w.start for w in waits],
+                         dtype=np.int64)
         rows = []
         for (s, e, stream, corr, gpid, context, event, _), st in zip(waits, assign_steps(step_starts, step_numbers,
                                                                                            calls).tolist()):
@@ -235,14 +237,14 @@ class Export:
             recorded = self.records.get((_pid_of(gpid), context, event), ())
             at = bisect.bisect_left(recorded, (corr,))  # the last record before the wait call
             record, peer = recorded[at - 1] if at else (-1, -1)
-            rows.append(("stream_wait", STREAM_WAIT, s, e, st, -1, -1, str(stream), "", corr,
-                         -1 if peer is None else peer, record, False, "", "nsys", -1))
+            rows.append(event_row("stream_wait", STREAM_WAIT, s, e, st, group=str(stream), seq=corr,
+                                  peer=-1 if peer is None else peer, nbytes=record, detail="nsys"))
         return rows
 
     def _nvtx_kind(self, row) -> tuple[str, str]:
         text = (self._text(row) or "").strip()
-        domain = self.domains.get(row[7], "")
-        category = self.categories.get((row[7], row[6]), "")
+        domain = self.domains.get(row.domainId, "")
+        category = self.categories.get((row.domainId, row.category), "")
         if domain == "diagnose" and category in KINDS:
             if category == "collective" and text == "wait":
                 return "wait", text
@@ -258,54 +260,55 @@ class Export:
         return "phase", text
 
     def _nccl_call(self, row):
-        """(start, end, thread, op, group or "", bytes, peer or -1, whether NCCL's own range)
-        if the NVTX range is an NCCL call's: NCCL's, or PyTorch's nccl:<op> around it."""
+        """The NcclCall (group or "", peer or -1) if the NVTX range is an NCCL
+        call's: NCCL's, or PyTorch's nccl:<op> around it."""
         text = (self._text(row) or "").strip()
-        own = self.domains.get(row[7], "") == "NCCL" or bool(_NCCL_API_RE.match(text))
+        own = self.domains.get(row.domainId, "") == "NCCL" or bool(_NCCL_API_RE.match(text))
         if not own and not text.startswith("nccl:"):
             return None
         op = nccl_call_op(text if own else text.split(",")[0])
         if op is None:
             return None
-        payload = _payload(row[8])
+        payload = _payload(row.jsonText)
         comm = payload.get("NCCL communicator ID")
         group = f"nccl:{comm}" if isinstance(comm, (int, str)) and not isinstance(comm, bool) and comm != "" else ""
         nbytes = payload.get("Message size [bytes]")
         peer = payload.get("Peer rank") if op in ("send", "recv") else None
-        return (row[0], row[1], row[5], op, group, nbytes if _count(nbytes) and nbytes > 0 else 0,
-                peer if _count(peer) else -1, own)
+        return NcclCall(row.start, row.end, row.globalTid, op, group, nbytes if _count(nbytes) and nbytes > 0 else 0,
+                        peer if _count(peer) else -1, own)
 
     def _gpu_rows(self, pid, single, launches, calls, step_starts, step_numbers, world: str, rank: int) -> list:
-        gpu = [g for g in self.gpu if single or (g[5] is not None and decode_global_id(g[5])[0] == pid)]
-        gpu.sort(key=lambda g: g[0])
-        streams = list(dict.fromkeys(g[3] for g in gpu if kernel_class(g[6]) == COMMUNICATION))
-        launch = np.array([launches[g[4]][0] if g[4] in launches else g[0] for g in gpu], dtype=np.int64)
+        gpu = [g for g in self.gpu if single or (g.gpid is not None and decode_global_id(g.gpid)[0] == pid)]
+        gpu.sort(key=lambda g: g.start)
+        streams = list(dict.fromkeys(g.stream for g in gpu if kernel_class(g.name) == COMMUNICATION))
+        launch = np.array([launches[g.corr][0] if g.corr in launches else g.start for g in gpu], dtype=np.int64)
         step_of = assign_steps(step_starts, step_numbers, launch).tolist()
-        nccl = [i for i, g in enumerate(gpu) if kernel_class(g[6]) == COMMUNICATION]
+        nccl = [i for i, g in enumerate(gpu) if kernel_class(g.name) == COMMUNICATION]
         # NCCL's innermost range around the launch, and PyTorch's around that:
         # ncclGroupEnd launches a group's kernel and names no op, PyTorch's range does
-        own, torch = [c for c in calls if c[7]], [c for c in calls if not c[7]]
-        nccl_launches = [launches.get(gpu[i][4]) for i in nccl]
-        call_of = dict(zip(nccl, zip(launching_ranges(nccl_launches, [c[:3] for c in own]),
-                                     launching_ranges(nccl_launches, [c[:3] for c in torch]))))
+        own, torch = [c for c in calls if c.own], [c for c in calls if not c.own]
+        nccl_launches = [launches.get(gpu[i].corr) for i in nccl]
+        call_of = dict(zip(nccl, zip(launching_ranges(nccl_launches, [(c.start, c.end, c.thread) for c in own]),
+                                     launching_ranges(nccl_launches, [(c.start, c.end, c.thread) for c in torch]))))
         rows, seqs, last_call = [], {}, {}  # last_call: stream -> (call, its done row's index)
         for i, ((s, e, _, stream, corr, _, name, nbytes), st) in enumerate(zip(gpu, step_of)):
             cls = MEMORY if name.startswith(("Memcpy", "Memset")) else kernel_class(name)
             launched = corr if corr in launches else -1
             # queued_ns: launch to start (~0: the GPU waited for the host), as Kineto imports keep it
-            rows.append(("kernel", name, s, e, st, -1, -1, str(stream), "", launched, -1,
-                         int(nbytes), False, "", cls, max(s - int(launch[i]), 0) if launched >= 0 else -1))
+            rows.append(new_row(EventRow, ("kernel", name, s, e, st, -1, -1, str(stream), "", launched, -1, int(nbytes),
+                                           False, "", cls, max(s - int(launch[i]), 0) if launched >= 0 else -1)))
             if cls != COMMUNICATION:
                 continue
             c = call_of[i]  # (NCCL's range, PyTorch's range), -1: none
             previous = last_call.get(stream)
             if max(c) >= 0 and previous is not None and previous[0] == c:  # another kernel of the same call
                 done = rows[previous[1]]
-                rows[previous[1]] = done[:2] + (e, e) + done[4:]
+                rows[previous[1]] = done._replace(start_ns=e, end_ns=e)
                 continue
-            _, _, _, op, group, sent, peer, _ = own[c[0]] if c[0] >= 0 else (0, 0, 0, "nccl", "", 0, -1, True)
+            call = own[c[0]] if c[0] >= 0 else NcclCall(0, 0, 0, "nccl", "", 0, -1, True)
+            op, group, sent, peer = call.op, call.group, call.bytes, call.peer
             if op == "nccl" and c[1] >= 0:  # a range that names no collective (ncclGroupEnd): PyTorch's does
-                op = torch[c[1]][3]
+                op = torch[c[1]].op
             if op == "nccl":  # nor PyTorch's: the kernel says more
                 op = collective_op(None, name)
             kind, members, detail = "collective", world, "gpu:order"
@@ -316,8 +319,10 @@ class Export:
             group = group or f"nccl:comm{streams.index(stream)}"
             seq = seqs.get(group, 0)
             seqs[group] = seq + 1
-            rows.append((kind, op, s, s, st, -1, -1, group, members, seq, peer, sent, True, "", detail, -1))
-            rows.append(("done", op, e, e, st, -1, -1, group, members, seq, peer, 0, True, "", detail, -1))
+            rows.append(event_row(kind, op, s, s, st, group=group, group_ranks=members, seq=seq, peer=peer,
+                                  nbytes=sent, async_op=True, detail=detail))
+            rows.append(event_row("done", op, e, e, st, group=group, group_ranks=members, seq=seq, peer=peer,
+                                  async_op=True, detail=detail))
             last_call[stream] = (c, len(rows) - 1)
         return rows
 
@@ -358,6 +363,7 @@ def _steps(cpu: list) -> dict:
     return {i: (s, e) for i, (s, e) in enumerate(zip(starts, ends))}
 
 
+@gc_paused()  # its rows: 10^5-10^6 namedtuples (never untracked, as plain tuples are), no cycle to collect
 def import_nsys(paths: list, out_dir: str) -> tuple[str, dict]:
     if not paths:
         raise UserError("no SQLite exports given")
