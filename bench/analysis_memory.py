@@ -38,7 +38,7 @@ def main() -> int:
     from diagnose.cli.allocator import keep_freed_memory  # as the CLI runs the analysis
     keep_freed_memory()
     import diagnose
-    from diagnose.analysis.run_detectors import detect
+    from diagnose.analysis.findings.run_detectors import detect
     t0 = time.perf_counter()
     run = diagnose.load(sys.argv[1], warn=lambda m: None)
     events = len(run.events())

@@ -15,7 +15,7 @@ Sets: every real fixture directory under tests/data/kineto that HTA can
 analyse, and one real trace (--source) replicated to 8 and 64 ranks by
 rewriting distributedInfo.rank. The breakdowns are compared as well (max
 absolute difference of idle/compute/non-compute fractions; see
-diagnose/analysis/gpu_tables.py for the known sub-microsecond rounding difference).
+diagnose/analysis/tables/gpu_tables.py for the known sub-microsecond rounding difference).
 
 HTA is not a dependency of diagnose: install it in a throwaway venv first
 (bench/hta_reference.py says how). Target (issue 8): >= 10x faster than HTA on
@@ -48,7 +48,7 @@ FRACS = ("idle_frac", "compute_frac", "non_compute_frac")
 DIAGNOSE = """
 import json, sys, tempfile, os
 from diagnose.importers.kineto import import_kineto
-from diagnose.analysis.loader import load
+from diagnose.analysis.load.loader import load
 out = os.path.join(tempfile.mkdtemp(prefix="diagnose-vs-hta-"), "run")
 run_dir, _ = import_kineto(sys.argv[1:], out)
 table = load(run_dir, warn=lambda m: None).temporal_breakdown()

@@ -16,7 +16,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 from synthetic_run import write_synthetic_run  # noqa: E402
 
 from dashboards.report_page import write_report  # noqa: E402
-from diagnose.analysis.loader import load  # noqa: E402
+from diagnose.analysis.load.loader import load  # noqa: E402
 
 LIMIT_MB = 10.0
 

@@ -12,7 +12,7 @@ HTML report and the MLflow run, whose size grows with every event: a 10^7-event
 Chrome trace is gigabytes that no trace viewer opens.
 
 `--engines in-process,processes,dask` analyzes the same run once per engine
-(diagnose/analysis/rank_pass_engines.py; `--workers` local processes or LocalCluster
+(diagnose/analysis/load/rank_pass_engines.py; `--workers` local processes or LocalCluster
 workers) and prints each one's wall time and the peak of the SUM of the
 resident memory of every process involved (the CLI, its worker processes,
 Dask's scheduler and nannies: bench/measure.py samples the process tree).

@@ -57,8 +57,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from diagnose.analysis.detectors.pipeline_bubble import schedule_saving_ms  # noqa: E402
-from diagnose.analysis.loader import Run  # noqa: E402
-from diagnose.analysis.step_replay import job_step_ms  # noqa: E402
+from diagnose.analysis.load.loader import Run  # noqa: E402
+from diagnose.analysis.replay.step_replay import job_step_ms  # noqa: E402
 from reference_trainer.scenarios import SCENARIOS  # noqa: E402
 
 DIAGNOSE = [sys.executable, "-m", "diagnose"]

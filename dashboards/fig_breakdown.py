@@ -6,10 +6,10 @@ the GPUs' clocks."""
 import plotly.graph_objects as go
 
 from dashboards.view_parts import COLORS, LAYOUT, Section, bin_steps, compact, esc, fmt_ms, part_columns
-from diagnose.analysis import device_collectives
-from diagnose.analysis.breakdown import PART_LABELS
-from diagnose.analysis.gpu_tables import DEVICE_PARTS
-from diagnose.analysis.step_tables import steady
+from diagnose.analysis.tables import device_collectives
+from diagnose.analysis.tables.breakdown import PART_LABELS
+from diagnose.analysis.tables.gpu_tables import DEVICE_PARTS
+from diagnose.analysis.tables.step_tables import steady
 
 
 HOST_CLOCK_NOTE = ("On this GPU run these are the hosts' parts: forward and backward are the time "

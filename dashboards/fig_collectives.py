@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dashboards.view_parts import LAYOUT, Section, esc
-from diagnose.analysis.step_tables import arrival_skew
+from diagnose.analysis.tables.step_tables import arrival_skew
 
 MAX_KEYS = 24
 

@@ -1,11 +1,11 @@
 """The findings summary at the top of the report: one row per finding, most
 severe first, each linking to the figure that is its evidence."""
 from dashboards.view_parts import SEVERITY_COLORS, esc, kind_html
-from diagnose.analysis import finding_kinds
-from diagnose.analysis.gpu_hours import gpu_hour_cost, worth_line
+from diagnose.analysis.detectors import finding_kinds
+from diagnose.analysis.findings.gpu_hours import gpu_hour_cost, worth_line
 
 # Which view proves which kind of finding: its registry entry's evidence
-# (diagnose/analysis/finding_kinds.py), then these; the first one present wins.
+# (diagnose/analysis/detectors/finding_kinds.py), then these; the first one present wins.
 FALLBACK = ("breakdown-ranks", "timeline")
 # a finding measured on kernels is proved by the device's view, not the host's
 DEVICE_EVIDENCE = ("breakdown-device",)

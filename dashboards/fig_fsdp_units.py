@@ -1,7 +1,7 @@
 """FSDP2 per unit: the ms per step the training thread was blocked in each
 unit's all-gathers and reduce-scatters (exposed) beside the ms they were in
 flight while it worked on (overlapped by prefetching), from
-diagnose/analysis/fsdp_units.py. Absent for jobs without FSDP2."""
+diagnose/analysis/tables/fsdp_units.py. Absent for jobs without FSDP2."""
 import plotly.graph_objects as go
 
 from dashboards.view_parts import COLORS, LAYOUT, Section, esc

@@ -6,8 +6,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from dashboards.view_parts import LAYOUT, MAX_STEP_COLUMNS, Section, bin_steps, compact
-from diagnose.analysis.breakdown import busy_ms
-from diagnose.analysis.step_tables import waits_caused, waits_suffered
+from diagnose.analysis.tables.breakdown import busy_ms
+from diagnose.analysis.tables.step_tables import waits_caused, waits_suffered
 
 MAX_CELLS = 400_000
 

@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from dashboards.view_parts import COLORS, LAYOUT, Section, compact, esc, fmt_ms
-from diagnose.analysis.step_tables import bubble_frac, bubbles, pipeline_blocks, steady
+from diagnose.analysis.tables.step_tables import bubble_frac, bubbles, pipeline_blocks, steady
 
 MAX_ROWS = 16
 

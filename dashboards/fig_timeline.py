@@ -7,7 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from dashboards.view_parts import COLORS, LAYOUT, Section, esc, fmt_ms
-from diagnose.analysis import finding_kinds
+from diagnose.analysis.detectors import finding_kinds
 
 LANES = ("steps", "phases", "compute", "comm", "in flight", "data", "syncs", "gpu")
 CATEGORY_LANE = {"step": "steps", "phase": "phases", "forward": "compute", "backward": "compute",

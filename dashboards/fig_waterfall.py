@@ -1,6 +1,6 @@
 """Where the step goes: MFU, each finding's share of the step with overlaps
 between findings counted once, and the rest no finding explains, adding up to the
-whole step (diagnose/analysis/step_waterfall.py). One chart a team lead reads as
+whole step (diagnose/analysis/findings/step_waterfall.py). One chart a team lead reads as
 "this much of every step is model math, this much each cause, this much unknown"."""
 import plotly.graph_objects as go
 

@@ -1,10 +1,10 @@
 """What a fix buys: the measured step beside the replayed one, the ideal one, and
-per finding the step time with its cause removed (diagnose/analysis/whatif.py).
+per finding the step time with its cause removed (diagnose/analysis/replay/whatif.py).
 A bar per figure, so the user reads "fixing this gives that step" off one axis."""
 import plotly.graph_objects as go
 
 from dashboards.view_parts import LAYOUT, SEVERITY_COLORS, Section, esc, fmt_ms
-from diagnose.analysis import finding_kinds
+from diagnose.analysis.detectors import finding_kinds
 
 STEP_COLORS = {"measured": "#636363", "replayed": "#969696", "ideal": "#41ab5d"}
 MAX_FINDINGS = 12

@@ -12,7 +12,7 @@ from dashboards import (fig_breakdown, fig_collectives, fig_fsdp_units, fig_heat
 from dashboards.fig_findings import evidence_notes, findings_html
 from dashboards.plot_embed import figure_html, page_html
 from dashboards.view_parts import Section, esc, fmt_ms
-from diagnose.analysis import device_collectives, mfu
+from diagnose.analysis.tables import device_collectives, mfu
 
 VIEWS = (fig_whatif, fig_waterfall, fig_breakdown, fig_timeline, fig_heatmaps, fig_pipeline, fig_collectives, fig_fsdp_units,
          fig_series)

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from diagnose.analysis import finding_kinds
-from diagnose.analysis.breakdown import PARTS
+from diagnose.analysis.detectors import finding_kinds
+from diagnose.analysis.tables.breakdown import PARTS
 
 COLORS = {
     "forward": "#6baed6", "backward": "#2171b5", "optimizer": "#41ab5d",

@@ -14,11 +14,11 @@ def __getattr__(name):
     # on first use: the loader imports pandas (~0.3 s), which `diagnose run`'s
     # launcher and a Kineto import's parse workers never need
     if name == "analyze":
-        from diagnose.analysis.run_detectors import analyze
+        from diagnose.analysis.findings.run_detectors import analyze
         globals()["analyze"] = analyze
         return analyze
     if name in __all__:
-        from diagnose.analysis import loader
+        from diagnose.analysis.load import loader
         globals().update(load=loader.load, Run=loader.Run)
         return globals()[name]
     raise AttributeError(f"module 'diagnose' has no attribute {name!r}")

@@ -2,7 +2,7 @@
 (the trainer must also run on a machine that only has this package), and when
 REFERENCE_TRAINER_PHASES=0 asks for a job that marks no phases, stages or
 micro-batches at all, as most jobs do (the analysis must then infer the pipeline
-from the traffic: diagnose/analysis/pipeline_topology.py)."""
+from the traffic: diagnose/analysis/tables/pipeline_topology.py)."""
 import functools
 import os
 

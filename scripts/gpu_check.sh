@@ -177,7 +177,7 @@ try:
     sd = ev[ev["detail"].astype(str) == "sync_debug"]
     check("nccl: sync-debug events (trainer syncs)", len(sd) > 0, f"({len(sd)}, e.g. {sd['callsite'].astype(str).head(1).tolist()})")
     # this GPU's GEMM kernel names are in fp32_math's table (a new generation renames them)
-    from diagnose.analysis.kernel_precision import classify
+    from diagnose.analysis.tables.kernel_precision import classify
     gemms = sorted({n for n in k["name"].astype(str) if classify(n)[0] is not None})
     unknown = [n for n in gemms if classify(n)[1] is None]
     check("nccl: GEMM/conv kernel names carry a known precision", bool(gemms) and not unknown,
@@ -236,7 +236,7 @@ except Exception as exc:
     check("nccl calls: load", False, repr(exc))
 try:
     from diagnose.analysis.detectors import copy_stall
-    from diagnose.analysis.run_detectors import Context
+    from diagnose.analysis.findings.run_detectors import Context
     found = copy_stall.detect(Context(diagnose.load(f"{T}/copies", warn=lambda m: None)))
     m = found[0].metrics if found else {}
     check("copies: copy_stall names the fault's pageable copies", len(found) == 1

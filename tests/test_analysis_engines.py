@@ -143,7 +143,7 @@ def test_every_step_analyzes_the_run_window_by_window_and_finds_the_early_cause(
     one after the other; the early straggler is found, with the steps it was found
     in, and its impact is the run's average per step."""
     import diagnose
-    from diagnose.analysis.run_detectors import detect
+    from diagnose.analysis.findings.run_detectors import detect
     run_dir = str(tmp_path / "run")
     shutil.copytree(early_straggler, run_dir)
     full = load_run(run_dir)
@@ -192,7 +192,7 @@ def test_a_run_is_freed_with_its_tables(synthetic_64):
 
 
 def test_merged_findings_keep_a_crash_critical_and_weigh_a_partial_cause_by_its_steps():
-    from diagnose.analysis.window_findings import merge
+    from diagnose.analysis.findings.window_findings import merge
 
     def finding(kind, severity, impact, ranks=(3,)):
         return {"kind": kind, "severity": severity, "impact_ms_per_step": impact, "ranks": list(ranks),
@@ -221,7 +221,7 @@ def test_a_real_run_on_a_local_cluster_of_the_clis_own(tmp_path):
 
 
 def test_a_worker_killed_mid_pass_is_replaced_and_the_result_is_unchanged(synthetic_64, cluster):
-    from diagnose.analysis.rank_pass_engines import Dask
+    from diagnose.analysis.load.rank_pass_engines import Dask
     local, client = cluster
     expected = load_run(synthetic_64)
     pids = client.run(os.getpid)  # worker address -> its process
@@ -270,7 +270,7 @@ def test_a_run_at_a_memory_url_is_analyzed_as_at_its_local_path(synthetic_64, in
     """An fsspec URL (memory://, in this process): the same findings and tables,
     written back at the URL."""
     import fsspec
-    from diagnose.analysis.run_detectors import write_analysis
+    from diagnose.analysis.findings.run_detectors import write_analysis
     fs = fsspec.filesystem("memory")
     fs.put(synthetic_64, "/url-run64", recursive=True)
     try:

@@ -8,9 +8,9 @@ import sys
 
 import pandas as pd
 
-from diagnose.analysis.breakdown import CATEGORIES, PRIORITY, ddp_tail_intervals, step_breakdown
-from diagnose.analysis.detectors.run_structure import rank_stages
-from diagnose.analysis.per_rank import started_inside
+from diagnose.analysis.tables.breakdown import CATEGORIES, PRIORITY, ddp_tail_intervals, step_breakdown
+from diagnose.analysis.tables.per_rank import started_inside
+from diagnose.analysis.tables.pipeline_topology import rank_stages
 
 UNIT_NS = 1000  # every time is a multiple: the brute force checks each unit
 KINDS = ("data", "sync", "optimizer", "backward", "forward", "collective")

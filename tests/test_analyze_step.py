@@ -8,7 +8,7 @@ import pytest
 
 import diagnose
 from conftest import fixture_path, load_run
-from diagnose.analysis import run_detectors
+from diagnose.analysis.findings import run_detectors
 from diagnose.errors import NotAnalyzed, UserError
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from collectors.schema import event_row
 from conftest import load_run
-from diagnose.analysis.run_detectors import detect
+from diagnose.analysis.findings.run_detectors import detect
 from diagnose.importers.run_writer import RunDirWriter, clock_meta
 
 MS = 1_000_000

@@ -7,7 +7,7 @@ import json
 
 from conftest import fixture_path, load_run
 from diagnose.analysis.detectors import straggler
-from diagnose.analysis.run_detectors import Context
+from diagnose.analysis.findings.run_detectors import Context
 
 
 def _serious(findings, kind):

@@ -15,7 +15,7 @@ from collectors.instrument.cuda_events import REANCHOR_S, CudaEventTimer
 from collectors.recorder import Recorder
 from collectors.schema import event_row
 from conftest import load_run
-from diagnose.analysis.run_detectors import detect
+from diagnose.analysis.findings.run_detectors import detect
 from diagnose.importers.run_writer import RunDirWriter, clock_meta
 
 MS = 1_000_000

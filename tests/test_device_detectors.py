@@ -9,7 +9,7 @@ import async_stream_model
 import kineto_perturb
 from conftest import load_run
 from dashboards.report_page import render
-from diagnose.analysis.run_detectors import detect
+from diagnose.analysis.findings.run_detectors import detect
 from diagnose.importers.kineto import import_kineto
 from diagnose.importers.run_writer import RunDirWriter, clock_meta
 
@@ -56,7 +56,7 @@ def test_a_sync_that_drains_the_queue_costs_the_device_idle_behind_it(tmp_path):
     html = render(run, [f])
     assert "device work (collective arrivals and waits, compute" in html and "on the GPUs&#x27; clocks" in html
     # impact, then what it is worth a day: that share of the median step, on 2 GPUs, all day
-    from diagnose.analysis.run_detectors import Context
+    from diagnose.analysis.findings.run_detectors import Context
     hours = f["metrics"]["gpu_hours_per_day"]
     assert hours == pytest.approx(f["impact_ms_per_step"] / Context(run).step_ms * 24 * 2, rel=1e-3)
     assert f["impact_source"] == "replay"  # the sync removed from the device graph (device_graph.py)

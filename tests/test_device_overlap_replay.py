@@ -12,8 +12,8 @@ import pytest
 import kineto_perturb
 import megatron_stream_model as model
 from conftest import load_run
-from diagnose.analysis.run_detectors import detect
-from diagnose.analysis.whatif import WhatIf
+from diagnose.analysis.findings.run_detectors import detect
+from diagnose.analysis.replay.whatif import WhatIf
 from diagnose.importers.kineto import import_kineto
 
 TOLERANCE_FRAC = 0.25  # the acceptance: within 25% of the re-run truth

@@ -13,7 +13,7 @@ import pytest
 import kineto_perturb
 import megatron_stream_model as model
 from conftest import load_run
-from diagnose.analysis.run_detectors import detect
+from diagnose.analysis.findings.run_detectors import detect
 from diagnose.importers import kineto_scan
 from diagnose.importers.kineto import import_kineto
 from test_interop_kineto_p2p import _tables as scan_path_tables

@@ -6,7 +6,7 @@ import pytest
 import async_stream_model
 import kineto_perturb
 from conftest import fixture_path, load_run
-from diagnose.analysis.run_detectors import detect
+from diagnose.analysis.findings.run_detectors import detect
 from diagnose.importers.kineto import import_kineto
 
 SET = "kineto/hta/trace_filter"
@@ -138,7 +138,7 @@ def _model_step_ms(traces) -> float:
 
 def test_device_lanes_replay_the_steps_and_a_straggler_fix_saves_what_it_would(tmp_path):
     """Issue 23 on GPU traces: the what-if replay's lanes are the GPUs
-    (diagnose/analysis/device_graph.py). 4 ranks, rank 2's GPU 2x slower: making
+    (diagnose/analysis/replay/device_graph.py). 4 ranks, rank 2's GPU 2x slower: making
     it as fast as its peers saves what the same job without the slowdown
     measures, although every host launches the all-reduce at the same moment."""
     slow, _ = async_stream_model.traces(world=4, steps=8, slow_rank=2, slow_factor=2.0)

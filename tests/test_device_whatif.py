@@ -1,5 +1,5 @@
 """Issue 46: what a fix saves, replayed on a graph of every rank's kernels, streams,
-host launches and syncs (diagnose/analysis/device_graph.py), holds against the
+host launches and syncs (diagnose/analysis/replay/device_graph.py), holds against the
 fix's own re-run. Each case (tests/whatif_sim_cases.py) is an event simulation of
 hosts, CUDA stream queues and NCCL rendezvous, run with a fault and again with
 only the fault removed; the analysis reads only the faulty run's Kineto export.
@@ -9,8 +9,8 @@ import pytest
 
 import kineto_perturb
 from conftest import load_run
-from diagnose.analysis.op_graph import Cycle, OpGraph
-from diagnose.analysis.run_detectors import detect
+from diagnose.analysis.findings.run_detectors import detect
+from diagnose.analysis.replay.op_graph import Cycle, OpGraph
 from diagnose.importers.kineto import import_kineto
 from whatif_sim_cases import CASES
 
@@ -83,7 +83,7 @@ def test_a_kernel_the_host_launched_late_gets_no_inferred_wait(tmp_path):
     the host launches again. Those kernels start at their launch, which explains
     them: no inferred edge, however long the gap on their stream."""
     run, _ = _analyzed(tmp_path, CASES["host_sync"].faulty(0, drop_waits_frac=1.0))
-    from diagnose.analysis.whatif import WhatIf
+    from diagnose.analysis.replay.whatif import WhatIf
     model = WhatIf(run, run.steady_steps(), run.rank_stages(), device=True).model
     prev_end = model.k_end[np.maximum(model.k_prev, 0)]
     long_gap = (model.k_prev >= 0) & (model.k_start - prev_end > 1_000_000)

@@ -7,7 +7,7 @@ import types
 
 from conftest import PYTHON, REPO, job_env, load_run, run_diagnose, torchrun
 from collectors.instrument import rank_environment
-from diagnose.analysis import finding_kinds
+from diagnose.analysis.detectors import finding_kinds
 from diagnose.analysis.detectors import env_mismatch
 
 # The training script of the acceptance test. Differences are planted where the

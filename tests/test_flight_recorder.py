@@ -166,7 +166,7 @@ def test_desync_and_stuck_roles(tmp_path):
     """Two 3-rank groups built the way a 2.10 dump says it: rank 2 issues a broadcast
     where its peers all-reduce (desync); with timing on, rank 1 started #7 of
     group 1 and never completed it while rank 0 completed it (stuck)."""
-    from diagnose.analysis.collective_divergence import diverge
+    from diagnose.analysis.tables.collective_divergence import diverge
 
     def entry(pg_id, name, seq, op, sizes):
         return {"pg_id": pg_id, "process_group": (name, f"G{name}"), "collective_seq_id": seq,
@@ -214,7 +214,7 @@ def test_a_job_its_nccl_watchdog_ended_is_a_hang_named_by_the_dumps(tmp_path):
     from conftest import load_run
     from synthetic_run import write_synthetic_run
 
-    from diagnose.analysis.run_detectors import detect
+    from diagnose.analysis.findings.run_detectors import detect
     out = write_synthetic_run(str(tmp_path / "run"), ranks=4, steps=8)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     manifest.update(exit_status=1, hang=None)
@@ -239,7 +239,7 @@ def test_a_rank_blocked_in_the_group_it_lags_in_is_waiting_not_stopped():
     all-reduce, lags rank 0 by one completion; rank 0 waits in a receive (gloo's
     sends and receives are not in its Flight Recorder). diagnose's own dump says
     both; only rank 1, which never enqueued #31, is the culprit."""
-    from diagnose.analysis.collective_divergence import diverge
+    from diagnose.analysis.tables.collective_divergence import diverge
 
     def dump(rank, group, enq, done):
         entries = [{"pg_id": "1", "group": group, "group_desc": "undefined", "seq": s, "p2p_seq": 0,

@@ -12,7 +12,7 @@ import pytest
 from conftest import job_env, load_run, run_diagnose, torchrun
 
 from diagnose.analysis.detectors import hang
-from diagnose.analysis.run_detectors import Context
+from diagnose.analysis.findings.run_detectors import Context
 from diagnose.run.flight_recorder_env import flight_recorder_env
 from diagnose.run.watchdog import HANG_STEP_MULTIPLE
 

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from conftest import DATA, imported_findings
-from diagnose.analysis.kernel_precision import classify
+from diagnose.analysis.tables.kernel_precision import classify
 
 TRACE_FILTER = [DATA / "kineto" / "hta" / "trace_filter" / f"sampled_rank-{r}.json.gz" for r in (0, 1)]
 FP32_ONLY = DATA / "kineto" / "hta" / "ns_resolution_trace" / "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"

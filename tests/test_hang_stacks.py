@@ -1,7 +1,7 @@
 """Issue 47, items 1-3: every thread's stack on a hang, even while a thread holds
 the GIL (faulthandler on a real-time signal: collectors/instrument/fault_stacks.py),
 sent only to marked rank processes (diagnose/run/stack_signal.py), read to the
-line (diagnose/rundir/fault_stacks_reader.py, diagnose/analysis/stuck_frames.py).
+line (diagnose/rundir/fault_stacks_reader.py, diagnose/analysis/tables/stuck_frames.py).
 
 Real processes in real states, no torch: each child registers as a rank does,
 writes its marker in a rank folder, then gets stuck; the launcher's code signals it."""
@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import REPO
-from diagnose.analysis.stuck_frames import describe, sentence
+from diagnose.analysis.tables.stuck_frames import describe, sentence
 from diagnose.rundir.fault_stacks_reader import read_rank_stacks
 from diagnose.run.stack_signal import markers, signal_marked_ranks
 

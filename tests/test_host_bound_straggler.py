@@ -10,7 +10,7 @@ import pytest
 import async_stream_model
 import kineto_perturb
 from conftest import load_run
-from diagnose.analysis.run_detectors import detect
+from diagnose.analysis.findings.run_detectors import detect
 from diagnose.importers.kineto import import_kineto
 
 WORLD = 8

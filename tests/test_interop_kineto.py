@@ -165,7 +165,7 @@ def test_resnet_input_stall_contrast(imported):
 
 def test_resnet_input_stall_finding(imported):
     """The issue's acceptance: the same detectors as on a native run find the stall."""
-    from diagnose.analysis.run_detectors import detect
+    from diagnose.analysis.findings.run_detectors import detect
     kinds = {}
     for workers in (0, 4):
         run = load_run(imported[f"tb_plugin_resnet50/resnet50_num_workers_{workers}"])

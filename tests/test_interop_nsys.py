@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from conftest import fixture_path, load_run
-from diagnose.analysis.run_detectors import detect
+from diagnose.analysis.findings.run_detectors import detect
 from diagnose.importers.nsys import decode_global_id, import_nsys
 
 REAL = fixture_path("nsys", "tc_report1.sqlite")

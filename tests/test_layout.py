@@ -3,7 +3,8 @@ analysis -> findings -> dashboards / exporters / tracking (README, "How it works
 
 Read statically from every import statement, function-level ones included (a lazy
 import is still a dependency), so a violation fails here however rarely the
-importing code runs."""
+importing code runs. diagnose/analysis/ is in rooms that name the flow
+(docs/architecture.md), each importing only the rooms below it (ROOMS)."""
 import ast
 import collections
 from pathlib import Path
@@ -35,7 +36,7 @@ def _imports(name: str, path: Path) -> set[str]:
             if node.level:
                 base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
             found.add(base)
-            # `from diagnose.analysis import loader` imports diagnose.analysis.loader
+            # `from diagnose.analysis import loader` imports diagnose.analysis.load.loader
             found.update(f"{base}.{alias.name}" for alias in node.names)
     return found
 
@@ -70,6 +71,55 @@ def test_the_analysis_imports_nothing_downstream():
     assert _violations("diagnose.analysis", forbidden=(
         "dashboards", "diagnose.run", "diagnose.live", "diagnose.cli", "diagnose.exporters",
         "diagnose.importers", "reference_trainer")) == []
+
+
+ANALYSIS = "diagnose.analysis"
+# the rooms of diagnose/analysis/, bottom first, and the rooms each may import (only
+# rooms earlier in this list: one way; docs/architecture.md draws them)
+ROOMS = {
+    "tables": (),                                   # derived tables: pure functions of frames
+    "load": ("tables",),                            # a run directory -> Run
+    "replay": ("tables",),                          # the dependency model, the what-if
+    "detectors": ("tables",),                       # one module per kind of finding
+    "findings": ("tables", "load", "replay", "detectors"),  # the analysis step
+    "compare": ("tables", "load", "replay", "detectors", "findings"),  # across runs
+}
+RUN_DIRECTORY_READERS = ("load", "findings")  # the others get frames, or a loaded run
+
+
+def _room(module: str) -> str | None:
+    """The room of a module of diagnose.analysis ("" for the package itself), else None."""
+    if not _under(module, ANALYSIS):
+        return None
+    return module[len(ANALYSIS) + 1:].partition(".")[0]
+
+
+def _room_violations() -> list[str]:
+    out = []
+    for name, imported in IMPORTS.items():
+        room = _room(name)
+        if room is None:
+            continue
+        allowed = {room, *ROOMS.get(room, ())}
+        out += [f"{name} imports {target}" for target in sorted(imported)
+                if _room(target) not in (None, "", *allowed)]
+    return out
+
+
+def test_the_analysis_is_in_rooms_that_import_only_rooms_below():
+    analysis = REPO / "diagnose" / "analysis"
+    assert sorted(p.name for p in analysis.glob("*.py")) == ["__init__.py"]
+    assert sorted(p.name for p in analysis.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(ROOMS)
+    rooms = list(ROOMS)
+    for room, below in ROOMS.items():
+        assert all(rooms.index(b) < rooms.index(room) for b in below), room  # one way: no two rooms import each other
+    assert IMPORTS[ANALYSIS] == set(), "`import diagnose.analysis` stays free (no pandas)"
+    assert _room_violations() == []
+
+
+def test_only_load_and_findings_read_the_run_directory():
+    for room in set(ROOMS) - set(RUN_DIRECTORY_READERS):
+        assert _violations(f"{ANALYSIS}.{room}", forbidden=("diagnose.rundir",)) == []
 
 
 def test_the_run_directory_reader_imports_only_the_contract():
@@ -123,13 +173,42 @@ def test_one_stage_per_folder_and_no_two_modules_share_a_name():
         assert doc and "Enters" in doc and "Leaves" in doc, f"{package.name}/__init__.py"
 
 
+BREAKDOWN = "diagnose.analysis.tables.breakdown"
+
+
+def _with_import(monkeypatch, tmp_path, module: str, violating: str) -> None:
+    """`module` as if `violating` were appended to its source."""
+    path = tmp_path / MODULES[module].name
+    path.write_text(MODULES[module].read_text(encoding="utf-8") + violating)
+    monkeypatch.setitem(IMPORTS, module, _imports(module, path))
+
+
 @pytest.mark.parametrize("violating,expected", [
-    ("from dashboards.view_parts import esc\n", "diagnose.analysis.breakdown imports dashboards.view_parts"),
-    ("def f():\n    from diagnose.cli import app\n", "diagnose.analysis.breakdown imports diagnose.cli"),
+    ("from dashboards.view_parts import esc\n", f"{BREAKDOWN} imports dashboards.view_parts"),
+    ("def f():\n    from diagnose.cli import app\n", f"{BREAKDOWN} imports diagnose.cli"),
 ])
 def test_the_checks_catch_a_violation(monkeypatch, tmp_path, violating, expected):
     """The rules above fail on an upward import, lazy or not (so they can fail)."""
-    path = tmp_path / "breakdown.py"
-    path.write_text(MODULES["diagnose.analysis.breakdown"].read_text(encoding="utf-8") + violating)
-    monkeypatch.setitem(IMPORTS, "diagnose.analysis.breakdown", _imports("diagnose.analysis.breakdown", path))
+    _with_import(monkeypatch, tmp_path, BREAKDOWN, violating)
     assert expected in _violations("diagnose.analysis", forbidden=("dashboards", "diagnose.cli"))
+
+
+@pytest.mark.parametrize("module,violating,expected", [
+    (BREAKDOWN, "from diagnose.analysis.replay.whatif import WhatIf\n", "diagnose.analysis.replay.whatif"),
+    (BREAKDOWN, "from diagnose.analysis.load import rank_pass\n", "diagnose.analysis.load.rank_pass"),
+    ("diagnose.analysis.load.loader", "def f():\n    from diagnose.analysis.detectors.run_structure import mad\n",
+     "diagnose.analysis.detectors.run_structure"),
+    ("diagnose.analysis.replay.whatif", "import diagnose.analysis.detectors.straggler\n",
+     "diagnose.analysis.detectors.straggler"),
+    ("diagnose.analysis.detectors.straggler", "from diagnose.analysis.findings import run_detectors\n",
+     "diagnose.analysis.findings.run_detectors"),
+])
+def test_the_room_check_catches_an_import_of_a_room_above(monkeypatch, tmp_path, module, violating, expected):
+    _with_import(monkeypatch, tmp_path, module, violating)
+    assert f"{module} imports {expected}" in _room_violations()
+
+
+def test_the_run_directory_check_catches_a_reader_outside_load_and_findings(monkeypatch, tmp_path):
+    _with_import(monkeypatch, tmp_path, "diagnose.analysis.replay.whatif", "def f():\n    from diagnose import rundir\n")
+    assert _violations("diagnose.analysis.replay", forbidden=("diagnose.rundir",)) == [
+        "diagnose.analysis.replay.whatif imports diagnose.rundir"]

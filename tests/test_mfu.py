@@ -1,6 +1,6 @@
 """Issue 48, item 1: MFU per rank. Each rank counts one step's FLOPs zero-code
 (collectors/instrument/flop_count.py, meta.json `flops`); the analysis divides
-them by the median steady step and the GPU's dense peak (diagnose/analysis/mfu.py).
+them by the median steady step and the GPU's dense peak (diagnose/analysis/tables/mfu.py).
 In-process: counting the reference GPT against its analytic figure, activation
 checkpointing, the hooks' step, a DTensor TP share (2 gloo ranks, spawned:
 tests/mfu_tp_rank.py); the shared DDP run (no launch of its own) for the job,
@@ -16,7 +16,7 @@ import mfu_tp_rank
 from conftest import fixture_path, load_run
 from collectors.instrument import flop_count
 from collectors.recorder import StepState
-from diagnose.analysis import gpu_peaks, mfu
+from diagnose.analysis.tables import gpu_peaks, mfu
 from reference_trainer.config import TrainConfig
 from reference_trainer.model import GPTStage
 from synthetic_run import write_synthetic_run

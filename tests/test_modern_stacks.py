@@ -103,7 +103,7 @@ def test_fsdp_unit_comm_splits_in_flight_time_from_blocked_time():
     import numpy as np
     import pandas as pd
 
-    from diagnose.analysis.fsdp_units import fsdp_unit_comm
+    from diagnose.analysis.tables.fsdp_units import fsdp_unit_comm
     ms = 1_000_000
     rows = []
     for rank in (0, 1):
@@ -138,7 +138,7 @@ def test_pipelining_schedules_give_stages_and_micro_batches(tmp_path):
             mine = phases[(phases["rank"] == rank) & (phases["name"] == name)]
             assert set(mine["stage"]) == {rank}, (rank, name)
             assert mine.groupby("step")["microbatch"].apply(sorted).tolist() == [[0, 1]] * 5, (rank, name)
-    from diagnose.analysis.detectors.run_structure import rank_stages
+    from diagnose.analysis.tables.pipeline_topology import rank_stages
     assert rank_stages(events) == {0: 0, 1: 1}
     compute = run.breakdown().groupby("rank")[["forward_ms", "backward_ms"]].sum()
     assert (compute > 0).all().all(), compute  # per-stage compute

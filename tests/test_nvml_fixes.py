@@ -14,7 +14,7 @@ from collectors.instrument.nvml_sampler import NvmlSampler
 from collectors.part_writer import PartWriter
 from collectors.schema import rank_dir_name
 from conftest import REPO
-from diagnose.analysis.run_detectors import detect
+from diagnose.analysis.findings.run_detectors import detect
 from synthetic_run import write_synthetic_run
 from test_interop_gpu_collectors import fake_pynvml
 

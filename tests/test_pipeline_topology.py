@@ -1,5 +1,5 @@
 """Pipeline stages and micro-batches inferred from point-to-point traffic
-(issue 23, diagnose/analysis/pipeline_topology.py), for jobs that mark no
+(issue 23, diagnose/analysis/tables/pipeline_topology.py), for jobs that mark no
 stage: the reference trainer's pipeline scenarios run with its phases off
 (REFERENCE_TRAINER_PHASES=0: no collectors.phase at all; recorded in
 tests/data/runs/<scenario>-unmarked) give the findings they give with them;
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from conftest import load_run
-from diagnose.analysis import pipeline_topology
+from diagnose.analysis.tables import pipeline_topology
 from reference_trainer.scenarios import SCENARIOS
 
 

@@ -1,5 +1,5 @@
 """Issue 48, item 4: `diagnose compare BASELINE CANDIDATE --fail-on ...`, a CI gate
-that fails only beyond the baseline's own noise (diagnose/analysis/regression_gate.py).
+that fails only beyond the baseline's own noise (diagnose/analysis/compare/regression_gate.py).
 Step series are autocorrelated (AR(1)), as a job's step times are; the gate's
 bootstrap is seeded, so each verdict here is deterministic."""
 import shutil
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from conftest import fixture_path, run_diagnose
-from diagnose.analysis import regression_gate
-from diagnose.analysis.run_compare import finding_key
+from diagnose.analysis.compare import regression_gate
+from diagnose.analysis.compare.run_compare import finding_key
 
 
 def _steps(seed: int, n: int = 30, mean_ms: float = 100.0, slower: float = 0.0, phi: float = 0.5,

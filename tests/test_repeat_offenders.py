@@ -4,7 +4,7 @@ in one runs root, each with a straggler on rank 5, logged in turn."""
 import json
 
 from conftest import load_run
-from diagnose.analysis.run_detectors import detect
+from diagnose.analysis.findings.run_detectors import detect
 from diagnose.exporters import mlflow_run, repeat_offenders
 from synthetic_run import write_synthetic_run
 

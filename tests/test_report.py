@@ -232,7 +232,7 @@ def test_compare_shows_straggler_gained_and_step_time_change(ddp_run, straggler_
 
 
 def test_compare_calls_a_kept_finding_changed_on_severity_or_a_2x_impact():
-    from diagnose.analysis.run_compare import compare
+    from diagnose.analysis.compare.run_compare import compare
 
     def summary(findings):
         return {"root": "r", "name": "r", "world_size": 2, "step_ms": 50.0, "mean_step_ms": 50.0,
@@ -265,7 +265,7 @@ def test_timeline_window_default_chosen_and_at_a_hang(tmp_path, window, findings
 def test_waiting_is_charged_to_the_last_arriver():
     import pandas as pd
 
-    from diagnose.analysis.step_tables import arrival_skew, waits_caused, waits_suffered
+    from diagnose.analysis.tables.step_tables import arrival_skew, waits_caused, waits_suffered
     ms = 1_000_000
     arrivals = pd.DataFrame({  # 3 ranks, 2 all-reduces; rank 2 is 10 ms late at the first
         "group": ["0"] * 6, "seq": [0, 0, 0, 1, 1, 1], "name": ["all_reduce"] * 6,
@@ -286,7 +286,7 @@ def test_bubble_frac_has_one_definition_in_the_report_metrics_and_summary(tmp_pa
     """Idle over schedule window, whether per step (MLflow metric), per stage (the
     report's pipeline view) or over the steady steps (summary/bubble_frac)."""
     from dashboards.fig_pipeline import per_stage
-    from diagnose.analysis.step_tables import bubbles, pipeline_blocks, steady, step_summary
+    from diagnose.analysis.tables.step_tables import bubbles, pipeline_blocks, steady, step_summary
     from diagnose.exporters.mlflow_run import summary_metrics
     run = diagnose.load(write_synthetic_run(str(tmp_path / "pp"), ranks=4, steps=12, pp=2))
     blocks = pipeline_blocks(run.events())

@@ -12,8 +12,8 @@ import statistics
 import pytest
 
 from conftest import load_run
-from diagnose.analysis.step_replay import job_step_ms
-from diagnose.analysis.whatif import WhatIf
+from diagnose.analysis.replay.step_replay import job_step_ms
+from diagnose.analysis.replay.whatif import WhatIf
 
 TOLERANCE_FRAC = 0.25  # the acceptance: within 25% of the re-run
 RING_WARNING = "forward links form a ring"  # no pipeline stages in a ring: each rank on its own

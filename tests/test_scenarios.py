@@ -111,7 +111,7 @@ def check_neighbours_not_named(run, monkeypatch):
     once passed the busy gate (1.41x) and was named instead. With the gate open to
     all of them, the rank named is still the one with the most excess work."""
     from diagnose.analysis.detectors import straggler
-    from diagnose.analysis.run_detectors import Context
+    from diagnose.analysis.findings.run_detectors import Context
     monkeypatch.setattr(straggler, "BUSY_RATIO", 0.0)
     ctx = Context(run)
     caused = straggler.waiting_caused(ctx).mean(axis=1)
@@ -119,7 +119,7 @@ def check_neighbours_not_named(run, monkeypatch):
     assert [f.ranks for f in found] == [[5]], (caused.round(1).to_dict(), [f.title for f in found])
 
 
-# kinds whose impact is a what-if replay's saving (diagnose/analysis/whatif.py)
+# kinds whose impact is a what-if replay's saving (diagnose/analysis/replay/whatif.py)
 WHATIF_KINDS = {"straggler", "workload_imbalance", "stage_imbalance", "input_stall", "hidden_sync", "exposed_comm",
                 "pipeline_bubble", "accumulation_sync"}
 
@@ -212,7 +212,7 @@ def test_an_impact_is_the_saving_measured_with_the_fault_removed(recorded_scenar
     core, an emulated device per rank): with 4 ranks on 2 cores the slept loading
     hands its core to the others, and removing it slows their compute (the matrix's
     slow_input: 63 ms predicted, 94 measured), which no device-per-rank job does."""
-    from diagnose.analysis.run_detectors import Context
+    from diagnose.analysis.findings.run_detectors import Context
     slow, _ = recorded_scenario("whatif-slow_input")
     fixed, _ = recorded_scenario("whatif-slow_input-fixed")
     (stall,) = [f for f in json.loads((slow / "analysis" / "findings.json").read_text())

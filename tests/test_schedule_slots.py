@@ -1,10 +1,10 @@
 """Issue 24: a pipeline schedule's bubble from its own per-rank action order
-(diagnose/analysis/schedule_slots.py), on the orders torch's own schedules
+(diagnose/analysis/tables/schedule_slots.py), on the orders torch's own schedules
 write. The multi-stage schedules' order generators need only the sizes, so they
 are called without building stages (no process group here)."""
 import torch.distributed.pipelining.schedules as torch_schedules
 
-from diagnose.analysis.schedule_slots import recorded_schedule_idle_frac
+from diagnose.analysis.tables.schedule_slots import recorded_schedule_idle_frac
 
 
 def _torch_order(cls, ranks: int, stages_per_rank: int, microbatches: int) -> dict:

@@ -6,11 +6,11 @@ import pytest
 from conftest import load_run
 from synthetic_run import write_synthetic_run
 
-from diagnose.analysis.detectors.run_structure import rank_stages
-from diagnose.analysis.run_detectors import detect
-from diagnose.analysis.p2p_exchanges import exchange_partners
-from diagnose.analysis.step_replay import StepModel, job_step_ms, recorded_ends
-from diagnose.analysis.whatif import WhatIf
+from diagnose.analysis.findings.run_detectors import detect
+from diagnose.analysis.replay.step_replay import StepModel, job_step_ms, recorded_ends
+from diagnose.analysis.replay.whatif import WhatIf
+from diagnose.analysis.tables.p2p_exchanges import exchange_partners
+from diagnose.analysis.tables.pipeline_topology import rank_stages
 
 
 def _replay_error(run):

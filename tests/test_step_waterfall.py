@@ -1,9 +1,9 @@
-"""Issue 48 item 2: the step as shares that add up to 1 (diagnose/analysis/step_waterfall.py):
+"""Issue 48 item 2: the step as shares that add up to 1 (diagnose/analysis/findings/step_waterfall.py):
 MFU, each finding's impact with overlaps between findings counted once (their fixes
 replayed together), and a rest no finding explains."""
 import pytest
 
-from diagnose.analysis.step_waterfall import step_waterfall
+from diagnose.analysis.findings.step_waterfall import step_waterfall
 
 
 def _finding(kind, impact_ms, ranks=(), stage=None):

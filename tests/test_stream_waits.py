@@ -1,5 +1,5 @@
 """Issue 46: recorded waits between streams become "stream_wait" rows, and the
-kernels they join are found (diagnose/analysis/stream_waits.py).
+kernels they join are found (diagnose/analysis/tables/stream_waits.py).
 
 On HTA's critical-path traces (tests/data/kineto/hta/critical_path: PyTorch
 profiler with CUDA sync events, 20 Stream Wait Events each; alexnet's name the
@@ -16,7 +16,7 @@ import sqlite3
 import pytest
 
 from conftest import fixture_path, load_run
-from diagnose.analysis.stream_waits import EDGE_COLUMNS, WAIT_COLUMNS, stream_waits, waited_kernels
+from diagnose.analysis.tables.stream_waits import EDGE_COLUMNS, WAIT_COLUMNS, stream_waits, waited_kernels
 from diagnose.importers import kineto, kineto_scan
 from diagnose.importers.kineto import import_kineto
 from diagnose.importers.kineto_io import parse_trace, read_trace_bytes

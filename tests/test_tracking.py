@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 import diagnose
 from conftest import ARTIFACTS, DIAGNOSE, REPO, job_env
-from diagnose.analysis import finding_kinds
+from diagnose.analysis.detectors import finding_kinds
 from diagnose.exporters import mlflow_run as tracking
 
 

@@ -2,7 +2,7 @@
 item 6): the reference trainer with its phases off (REFERENCE_TRAINER_PHASES=0)
 under `diagnose run` with DIAGNOSE_COMPUTE_ROWS=0, so no phase, forward or
 backward row at all; the analysis infers the forwards and backwards from each
-pipeline rank's own sends and receives (diagnose/analysis/inferred_compute.py).
+pipeline rank's own sends and receives (diagnose/analysis/tables/inferred_compute.py).
 The trainer posts its pipeline traffic as Megatron does (--p2p-mode batched:
 one batch_isend_irecv with both neighbours; preposted: each receive alone,
 posted a compute early): the slow stage must still be named, and every mode

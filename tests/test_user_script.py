@@ -9,7 +9,7 @@ import pandas as pd
 
 import diagnose
 from conftest import PYTHON, REPO, job_env, run_diagnose, torchrun
-from diagnose.analysis import clock_align as align
+from diagnose.analysis.load import clock_align as align
 
 
 def _findings(out):

@@ -13,7 +13,7 @@ import kineto_perturb
 import megatron_stream_model as model
 import stream_sim_faults as faults
 import whatif_sim_cases as cases
-from diagnose.analysis import finding_kinds
+from diagnose.analysis.detectors import finding_kinds
 from diagnose.importers.kineto import import_kineto
 
 CASES = cases.CASES

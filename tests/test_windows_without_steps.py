@@ -17,7 +17,7 @@ import pytest
 from rich.console import Console
 
 from conftest import fixture_path, load_run
-from diagnose.analysis.step_tables import steady_state_steps, steps_table
+from diagnose.analysis.tables.step_tables import steady_state_steps, steps_table
 from diagnose.importers.kineto import import_kineto
 from diagnose.importers.nsys import import_nsys
 
@@ -143,7 +143,7 @@ def test_only_ranks_with_kernels_and_no_steps_get_a_window():
 
 
 def test_kernel_family_drops_return_type_namespaces_templates_and_parameters():
-    from diagnose.analysis.device_figures import kernel_family
+    from diagnose.analysis.compare.device_figures import kernel_family
     assert kernel_family("void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<(int)128>, (bool)0>"
                          "(Flash_fwd_params)") == "flash_fwd_kernel"
     assert kernel_family("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<(unsigned long)4096>)") == \

@@ -4,7 +4,7 @@ our hooks and the trainer's markup write removed (`phase`, `forward` and
 `backward` rows; the stage and micro-batch stamps on every row), names the same
 top finding (kind, ranks, stage) as the run as recorded, its impact within 25%.
 Forward and backward then come from the pipeline's traffic
-(diagnose/analysis/inferred_compute.py), gradient-reduction rounds from their
+(diagnose/analysis/tables/inferred_compute.py), gradient-reduction rounds from their
 waits (accumulation_sync). The scenarios whose signal needs the phase rows are
 in NEEDS_PHASES, with the reason (also in docs/analysis.md)."""
 import json
@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import fixture_path, load_run
-from diagnose.analysis.inferred_compute import SOURCE
+from diagnose.analysis.tables.inferred_compute import SOURCE
 
 NEEDS_PHASES = {
     # one micro-batch's forward and backward moving together is the signal; a DP
@@ -93,7 +93,7 @@ def test_the_scenarios_that_need_phase_rows_are_documented():
 def test_gaps_are_the_time_outside_blocking_rows_cut_at_step_boundaries():
     import numpy as np
 
-    from diagnose.analysis.inferred_compute import _gaps
+    from diagnose.analysis.tables.inferred_compute import _gaps
     # steps [0, 10) and [10, 20); blocking rows [2, 3], [5, 7] (nested [6, 6.5]), [8, 12]
     g0, g1 = _gaps(np.array([2, 5, 6, 8]), np.array([3, 7, 6, 12]), np.array([0, 10]), np.array([10, 20]))
     assert list(zip(g0.tolist(), g1.tolist())) == [(0, 2), (3, 5), (7, 8), (12, 20)]

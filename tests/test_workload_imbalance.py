@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import load_run
-from diagnose.analysis.run_detectors import Context, detect
+from diagnose.analysis.findings.run_detectors import Context, detect
 from synthetic_run import write_synthetic_run
 
 

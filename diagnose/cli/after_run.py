@@ -5,10 +5,10 @@ import sys
 
 from diagnose import rundir
 from diagnose.rundir import storage
-from diagnose.analysis.event_budget import step_windows
-from diagnose.analysis.loader import load, stderr_warning
-from diagnose.analysis.window_findings import analyze_windows
-from diagnose.analysis.run_detectors import write_analysis
+from diagnose.analysis.findings.run_detectors import write_analysis
+from diagnose.analysis.findings.window_findings import analyze_windows
+from diagnose.analysis.load.event_budget import step_windows
+from diagnose.analysis.load.loader import load, stderr_warning
 from diagnose.exporters.chrome_trace import write_chrome_trace
 
 
@@ -26,10 +26,10 @@ def analyze_run(run_dirs, outputs: bool = True, warn=None, engine=None, max_even
                 every_step: bool = False):
     """Analyze and write findings.json and the tables; with `outputs`, also the
     merged trace, report.html and the MLflow run. Returns (run, findings).
-    engine: where the per-rank pass runs (diagnose.analysis.rank_pass_engines);
-    max_events: the loader's event budget (diagnose.analysis.loader); every_step: a
+    engine: where the per-rank pass runs (diagnose.analysis.load.rank_pass_engines);
+    max_events: the loader's event budget (diagnose.analysis.load.loader); every_step: a
     run over it is analyzed in windows of steps, one after the other, findings and
-    tables only (diagnose.analysis.window_findings)."""
+    tables only (diagnose.analysis.findings.window_findings)."""
     outputs = outputs and outputs_enabled()
     plan = step_windows(*run_dirs, max_events=max_events) if every_step else None
     if plan is not None:
@@ -83,8 +83,8 @@ def analyze_during_hang(run_dir: str) -> None:
 
 
 def print_mfu(run) -> None:
-    """MFU per rank (diagnose/analysis/mfu.py), a line or two under the findings."""
-    from diagnose.analysis.mfu import summarize
+    """MFU per rank (diagnose/analysis/tables/mfu.py), a line or two under the findings."""
+    from diagnose.analysis.tables.mfu import summarize
     try:
         lines = summarize(run)["lines"]
     except Exception as exc:  # a figure missing must not lose the findings printed above
@@ -95,7 +95,7 @@ def print_mfu(run) -> None:
 
 def peak_option(peak_tflops: float | None) -> None:
     """`--peak-tflops`: the peak MFU divides by, for the report and MLflow too (DIAGNOSE_PEAK_TFLOPS)."""
-    from diagnose.analysis.gpu_peaks import PEAK_ENV
+    from diagnose.analysis.tables.gpu_peaks import PEAK_ENV
     from diagnose.errors import UserError
     if peak_tflops is None:
         return

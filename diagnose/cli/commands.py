@@ -143,7 +143,7 @@ def analyze(runs: List[str] = typer.Argument(..., help="run directory (several: 
     """Analyze a run directory: breakdown per rank and findings. The per-rank
     pass runs in this process unless an engine option says otherwise
     (docs/large-runs.md); the cross-rank pass always runs here."""
-    from diagnose.analysis.rank_pass_engines import make_engine
+    from diagnose.analysis.load.rank_pass_engines import make_engine
     from diagnose.cli.after_run import analyze_run, peak_option, print_mfu
     from diagnose.cli.console import print_breakdown, print_findings, print_step_figures
     peak_option(peak_tflops)
@@ -180,7 +180,7 @@ def export(run_dir: str = typer.Argument(..., help="run directory"),
     Nsight's ImportNvtxt, one file per rank; nsys-rep: Nsight Systems report)."""
     _local("export", run_dir)
     from diagnose import rundir
-    from diagnose.analysis.loader import load
+    from diagnose.analysis.load.loader import load
     if format in ("nvtxt", "nsys-rep"):
         from diagnose.cli.interop_commands import export_interop
         return export_interop(run_dir, format, out)
@@ -247,7 +247,7 @@ def compare(run_a: str = typer.Argument(..., help="run directory A (before)"),
     world sizes or layouts (or three runs and more), scaling efficiency and what grew.
     With --fail-on, a CI gate: one line per verdict, exit 3 on a regression."""
     _local("compare", run_a, run_b, *(more or []))
-    from diagnose.analysis.regression_gate import parse_fail_on
+    from diagnose.analysis.compare.regression_gate import parse_fail_on
     from diagnose.cli.compare_command import compare_command
     try:
         checks = parse_fail_on(fail_on) if fail_on is not None else None

@@ -1,12 +1,12 @@
 """`diagnose compare RUN_A RUN_B [RUN ...]`: the command body, the terminal tables
-and the optional HTML page of what diagnose.analysis.run_compare found changed
-between two runs, and diagnose.analysis.run_scaling's table when the runs differ
+and the optional HTML page of what diagnose.analysis.compare.run_compare found changed
+between two runs, and diagnose.analysis.compare.run_scaling's table when the runs differ
 in world size or layout (always with three or more)."""
 import json
 import math
 
-from diagnose.analysis.run_compare import compare, finding_key, summarize
-from diagnose.analysis.run_scaling import scaling
+from diagnose.analysis.compare.run_compare import compare, finding_key, summarize
+from diagnose.analysis.compare.run_scaling import scaling
 from diagnose.cli.report_commands import progress_steps
 from diagnose.errors import UserError
 
@@ -154,7 +154,7 @@ def print_comparison(result: dict, out=None) -> None:
 
 
 def print_device(device: dict, unit: str, out) -> None:
-    """run_compare's device figures (diagnose/analysis/device_figures.py): summed over ranks."""
+    """run_compare's device figures (diagnose/analysis/compare/device_figures.py): summed over ranks."""
     from rich.table import Table
     from rich.text import Text
     table = Table(title=f"GPU time, ms/{unit} summed over ranks (devices)")
@@ -172,8 +172,8 @@ def print_device(device: dict, unit: str, out) -> None:
 
 
 def compare_runs(runs: list, html: str | None = None, progress=None, checks: list | None = None) -> dict:
-    from diagnose.analysis.loader import load
-    from diagnose.analysis.run_detectors import read_or_analyze
+    from diagnose.analysis.load.loader import load
+    from diagnose.analysis.findings.run_detectors import read_or_analyze
     summaries = []
     for i, run_dir in enumerate(runs):
         if progress:
@@ -182,7 +182,7 @@ def compare_runs(runs: list, html: str | None = None, progress=None, checks: lis
         summaries.append(summarize(run, read_or_analyze(run)))  # a run never analyzed is analyzed here
     result = compare(*summaries) if len(summaries) == 2 else {}
     if checks:
-        from diagnose.analysis.regression_gate import gate
+        from diagnose.analysis.compare.regression_gate import gate
         result["gate"] = gate(summaries[0], summaries[1], checks, finding_key)
     if len(summaries) > 2 or len({(s["world_size"], s["layout"]) for s in summaries}) > 1:
         result["scaling"] = scaling(summaries)

@@ -5,9 +5,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from diagnose.analysis import finding_kinds, trace_windows
-from diagnose.analysis.breakdown import PART_COLUMNS
-from diagnose.analysis.gpu_hours import gpu_hour_cost, worth_line
+from diagnose.analysis.detectors import finding_kinds
+from diagnose.analysis.findings.gpu_hours import gpu_hour_cost, worth_line
+from diagnose.analysis.tables import trace_windows
+from diagnose.analysis.tables.breakdown import PART_COLUMNS
 
 
 def console() -> Console:
@@ -65,7 +66,7 @@ def kind_text(kind) -> str:
 
 
 def print_step_figures(figures: dict | None, out: Console | None = None) -> None:
-    """The measured step beside the replayed and ideal ones (diagnose/analysis/whatif.py)."""
+    """The measured step beside the replayed and ideal ones (diagnose/analysis/replay/whatif.py)."""
     if not figures or figures.get("ideal_step_ms") is None:
         return
     out = out or console()

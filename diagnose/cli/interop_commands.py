@@ -57,7 +57,7 @@ def flight_recorder(paths: List[str] = typer.Argument(..., help="dump files, or 
 
 
 def export_interop(run_dir: str, fmt: str, out: Optional[str]) -> int:
-    from diagnose.analysis.loader import load
+    from diagnose.analysis.load.loader import load
     run = load(run_dir)
     if fmt == "nvtxt":
         from diagnose.exporters.nvtxt import write_nvtxt

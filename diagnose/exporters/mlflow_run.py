@@ -14,7 +14,7 @@ than adding another:
                finding/<kind>_impact_ms_per_step and _gpu_hours_per_day for every
                kind (0 when absent); waterfall/<kind>_frac, rest_frac, mfu_frac
                (where the step goes: the report's plotly view of it is in
-               report.html); mfu/* (diagnose/analysis/mfu.py: mfu, hfu,
+               report.html); mfu/* (diagnose/analysis/tables/mfu.py: mfu, hfu,
                achieved_tflops_per_rank, peak_tflops, model_gflop_per_step,
                uncounted_kernel_share, each when measured);
                live/* streamed while the job ran
@@ -188,7 +188,7 @@ def step_metrics(run) -> list:
     """mlflow Metric objects, one per (name, step), stamped with the step's end."""
     from mlflow.entities import Metric
 
-    from diagnose.analysis.step_tables import bubbles, pipeline_blocks, step_summary
+    from diagnose.analysis.tables.step_tables import bubbles, pipeline_blocks, step_summary
     blocks = pipeline_blocks(run.events())
     summary = step_summary(run.breakdown(), run.steps(), bubbles(blocks) if len(blocks) else None)
     if summary.empty:
@@ -208,9 +208,9 @@ def step_metrics(run) -> list:
 
 
 def summary_metrics(run, findings) -> dict:
-    from diagnose.analysis import mfu
-    from diagnose.analysis.breakdown import PARTS
-    from diagnose.analysis.step_tables import bubble_frac, bubbles, pipeline_blocks, steady
+    from diagnose.analysis.tables import mfu
+    from diagnose.analysis.tables.breakdown import PARTS
+    from diagnose.analysis.tables.step_tables import bubble_frac, bubbles, pipeline_blocks, steady
     out = {"summary/steps_recorded": float(run.steps()["step"].nunique()) if len(run.steps()) else 0.0,
            "summary/findings": float(len(findings))}
     breakdown = steady(run.breakdown(), run.steady_steps())
@@ -241,7 +241,7 @@ def summary_metrics(run, findings) -> dict:
 
 def waterfall_metrics(waterfall: dict | None) -> dict:
     """waterfall/<kind>_frac per finding kind (the largest share of a kind), rest_frac,
-    mfu_frac where known: where the step goes (diagnose/analysis/step_waterfall.py)."""
+    mfu_frac where known: where the step goes (diagnose/analysis/findings/step_waterfall.py)."""
     if not waterfall or waterfall.get("rest_frac") is None:
         return {}
     out = {"waterfall/rest_frac": float(waterfall["rest_frac"])}
@@ -255,9 +255,9 @@ def waterfall_metrics(waterfall: dict | None) -> dict:
 
 def finding_impacts(findings: list) -> dict:
     """finding/<kind>_impact_ms_per_step and _gpu_hours_per_day for every kind
-    diagnose reports (diagnose/analysis/finding_kinds.py): the worst finding's, 0
+    diagnose reports (diagnose/analysis/detectors/finding_kinds.py): the worst finding's, 0
     when the run has none (so a fixed cause charts as 0, not as a missing point)."""
-    from diagnose.analysis import finding_kinds
+    from diagnose.analysis.detectors import finding_kinds
     out = {f"finding/{kind}_{what}": 0.0 for kind in finding_kinds.names()
            for what in ("impact_ms_per_step", "gpu_hours_per_day")}
     for f in findings:

@@ -2,7 +2,7 @@
 experiment (issue 47, item 5).
 
 A finding that blames ranks (a straggler, a hang's culprits, a failed rank:
-the kinds with `culprits` in diagnose/analysis/finding_kinds.py) blames
+the kinds with `culprits` in diagnose/analysis/detectors/finding_kinds.py) blames
 machines: each blamed rank's host and, where NVML named it, its GPU (index,
 UUID and serial in meta.json env.gpu: collectors/instrument/
 rank_environment.py). Each MLflow run keeps them as a tag, `culprit.<kind>`
@@ -15,7 +15,7 @@ Description. Why 3: on a cluster of N machines a culprit drawn at random
 repeats three times in a row with odds 1/N^2 (under 2% from 8 machines), twice
 with 1/N; a real bad machine keeps coming back.
 """
-from diagnose.analysis import finding_kinds
+from diagnose.analysis.detectors import finding_kinds
 
 LAST_RUNS = 5
 REPEAT_MIN = 3

@@ -3,7 +3,7 @@
 Each collective call a rank records carries its group, its sequence number in
 that group and its issue time (on a live CUDA run, also a device row: when the
 device was ready for it; that one is the member's arrival, as in the analysis'
-diagnose.analysis.matching). One instance (group, seq) is matched across the
+diagnose.analysis.tables.matching). One instance (group, seq) is matched across the
 members this monitor reads (one node's ranks); a member's lag is its arrival
 minus the first member's. The ranks of one node share CLOCK_MONOTONIC, so no
 clock alignment is needed; ranks on other nodes are another monitor's.
@@ -39,7 +39,7 @@ class ArrivalLags:
         start_ns, step, detail) of the ranks this monitor reads."""
         import pandas as pd  # (as compute_reader: the child imports pandas at its first poll)
 
-        from diagnose.analysis.device_collectives import timed_on_device
+        from diagnose.analysis.tables.device_collectives import timed_on_device
         rows = events[(events["kind"] == "collective") & (events["seq"] >= 0)]
         if rows.empty:
             return

@@ -1,7 +1,7 @@
 """The live monitor's view of a rank's own compute: per completed step, the
 step minus its waiting (data, exposed communication, pipeline wait, host
 syncs), read from the event parts the ranks have written so far, with the same
-breakdown the analysis uses (diagnose.analysis.breakdown). On the way, each
+breakdown the analysis uses (diagnose.analysis.tables.breakdown). On the way, each
 rank's exposed-communication share of its newest step (for the Prometheus
 metrics) and the collectives' arrivals (diagnose.live.arrivals: who the others
 wait for).
@@ -61,7 +61,7 @@ class ComputeReader:
         """rank -> [(step, compute_ms, step_ms)] for steps completed since the last poll."""
         import pandas as pd
 
-        from diagnose.analysis.breakdown import busy_ms, step_breakdown
+        from diagnose.analysis.tables.breakdown import busy_ms, step_breakdown
         new = self._new_parts(ranks)
         if new is None or new.num_rows == 0:
             return {}

@@ -10,7 +10,7 @@ Alerts compare each rank with its own recent past (robust: median + k x MAD of
 its last steps, with a floor, after warm-up, confirmed on two steps in a row):
 
 - compute: step time minus data wait, exposed communication, pipeline wait and
-  host syncs, from the event parts the rank has written (diagnose.analysis.breakdown, as the
+  host syncs, from the event parts the rank has written (diagnose.analysis.tables.breakdown, as the
   analysis does). In a synchronous job one slow rank makes every rank's step
   slower, but only the slow rank's own compute grows, so this names it. When
   the compute of more than half the ranks departs at the same steps, no rank is

@@ -14,7 +14,7 @@ on the micro-batches before the last.
 Threshold: on at least half the ranks that run >= 2 backwards per step, in at
 least half of the steady steps, every backward issues reductions. Impact: the
 step without the reductions of all but the last backward, by what-if replay
-(diagnose/analysis/whatif.py); the estimate: the time those rounds block the
+(diagnose/analysis/replay/whatif.py); the estimate: the time those rounds block the
 rank (their exposed part is what a fix saves, overlapped time is not).
 Evidence: backwards and reduction rounds per step, bytes per round, the
 backward's callsite.
@@ -22,10 +22,10 @@ backward's callsite.
 import numpy as np
 import pandas as pd
 
-from diagnose.analysis.device_collectives import timed_on_device
-from diagnose.analysis.findings import Finding
-from diagnose.analysis.matching import as_str
-from diagnose.analysis.per_rank import rank_slice, sorted_by_rank
+from diagnose.analysis.detectors.finding_record import Finding
+from diagnose.analysis.tables.device_collectives import timed_on_device
+from diagnose.analysis.tables.matching import as_str
+from diagnose.analysis.tables.per_rank import rank_slice, sorted_by_rank
 
 REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base",
               "all_reduce_coalesced")

@@ -20,10 +20,10 @@ long the compute stream stalled behind it, never how long Python waited.
 """
 import pandas as pd
 
-from diagnose.analysis.device_collectives import NCCL_TIMED, WAIT_BOUND
-from diagnose.analysis.findings import Finding
-from diagnose.analysis.matching import as_str
-from diagnose.analysis.p2p_exchanges import NOTHING_BETWEEN_NS
+from diagnose.analysis.detectors.finding_record import Finding
+from diagnose.analysis.tables.device_collectives import NCCL_TIMED, WAIT_BOUND
+from diagnose.analysis.tables.matching import as_str
+from diagnose.analysis.tables.p2p_exchanges import NOTHING_BETWEEN_NS
 
 IMMEDIATE_NS = NOTHING_BETWEEN_NS  # nothing ran between the return and the wait
 IMMEDIATE_FRAC = 0.8

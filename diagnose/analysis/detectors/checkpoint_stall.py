@@ -26,7 +26,7 @@ peers (>= 2x the median, its share of the waits) -> its disk or volume.
 import numpy as np
 import pandas as pd
 
-from diagnose.analysis.findings import Finding
+from diagnose.analysis.detectors.finding_record import Finding
 
 TRAINING_THREAD = "thread=MainThread"
 SLOW_RANK_X = 2.0

@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from collectors.schema import COMPUTE, MEMORY
-from diagnose.analysis.findings import Finding
-from diagnose.analysis.gpu_tables import covered_ns, intersection_ns
+from diagnose.analysis.detectors.finding_record import Finding
+from diagnose.analysis.tables.gpu_tables import covered_ns, intersection_ns
 
 MIN_STEP_FRAC = 0.01
 

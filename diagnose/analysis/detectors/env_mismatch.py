@@ -33,7 +33,7 @@ that can be measured here, so impact is 0 and severity is set here.
 """
 from collections import Counter
 
-from diagnose.analysis.findings import Finding
+from diagnose.analysis.detectors.finding_record import Finding
 
 CRITICAL_VERSIONS = ("torch", "cuda", "nccl")
 WARNING_VERSIONS = ("driver", "cuda_driver", "python")

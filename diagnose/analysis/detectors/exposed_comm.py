@@ -16,7 +16,7 @@ FSDP2 jobs (rows whose detail names an FSDP unit, collectors/instrument/fsdp2.py
 get FSDP2's own knobs in the recommendation and, as evidence, the time the
 training thread was blocked in each unit's all-gathers and reduce-scatters per
 step, the most exposed unit named, and each unit's all-gather time overlapped
-by prefetching (diagnose/analysis/fsdp_units.py; the report's FSDP2 view).
+by prefetching (diagnose/analysis/tables/fsdp_units.py; the report's FSDP2 view).
 
 On device traces (collectives are NCCL kernels) the host is never blocked in
 communication, so the breakdown says nothing: exposed communication is then
@@ -34,12 +34,12 @@ from those ranks alone waiting and transfer are one figure.
 import pandas as pd
 
 from collectors.schema import COMMUNICATION
-from diagnose.analysis import trace_windows
 from diagnose.analysis.detectors import hidden_sync
-from diagnose.analysis.device_collectives import timed_on_device
-from diagnose.analysis.findings import Finding
-from diagnose.analysis.gpu_tables import device_exposed_comm
-from diagnose.analysis.process_group_roles import group_roles
+from diagnose.analysis.detectors.finding_record import Finding
+from diagnose.analysis.tables import trace_windows
+from diagnose.analysis.tables.device_collectives import timed_on_device
+from diagnose.analysis.tables.gpu_tables import device_exposed_comm
+from diagnose.analysis.tables.process_group_roles import group_roles
 
 INFO_FRAC, WARNING_FRAC, CRITICAL_FRAC = 0.10, 0.35, 0.50
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
@@ -70,7 +70,7 @@ RECOMMENDATION = ("Overlap communication with compute (bucketed async all-reduce
 
 def fsdp_blocked_ms(ctx):
     """FSDP unit -> ms per step the training thread was blocked in its collectives,
-    the most exposed first (diagnose/analysis/fsdp_units.py); empty without FSDP2 rows."""
+    the most exposed first (diagnose/analysis/tables/fsdp_units.py); empty without FSDP2 rows."""
     table = ctx.run.fsdp_unit_comm()
     per_unit = table.groupby("unit", sort=False)["exposed_ms_per_step"].sum()
     return per_unit.sort_values(ascending=False, kind="stable").to_dict()

@@ -2,7 +2,7 @@
 
 Signal (device traces: kernels recorded; judged on the steady steps they cover):
 the GEMM and convolution kernels, classified by name
-(diagnose/analysis/kernel_precision.py): their time per step by precision. A
+(diagnose/analysis/tables/kernel_precision.py): their time per step by precision. A
 run whose GEMM/conv time is mostly fp32 or TF32 (>= FP32_SHARE) while other
 kernels work in fp16/bf16/fp8 (embeddings, activations, a half of the model:
 autocast or 16-bit parameters are in use) runs its heaviest math at a fraction
@@ -16,8 +16,8 @@ A100 and H100, 8-16x SIMT fp32's: half is the conservative end). Evidence: the
 share of GEMM/conv time per precision, the heaviest fp32 kernels, the 16-bit
 kernels that show mixed precision is in use.
 """
-from diagnose.analysis.findings import Finding
-from diagnose.analysis.kernel_precision import REDUCED, classify_names
+from diagnose.analysis.detectors.finding_record import Finding
+from diagnose.analysis.tables.kernel_precision import REDUCED, classify_names
 
 FP32_SHARE = 0.5
 MIN_STEP_FRAC = 0.01

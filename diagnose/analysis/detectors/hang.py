@@ -3,12 +3,12 @@
 Signal, first witness: PyTorch Flight Recorder dumps in the run dir (the
 backend's on a watchdog timeout, diagnose's on a hang, or imported), on any
 backend. Per process group, the collective each member enqueued, started and
-completed (diagnose/analysis/collective_divergence.py): the ranks that stopped
+completed (diagnose/analysis/tables/collective_divergence.py): the ranks that stopped
 where their peers went on are the culprits, each with its role (missing,
 device stopped, stuck, desync; for one whose buffer is empty, what its
 pg_status says); one finding names them all, with the op the job stalled on
 (the waiters' earliest-created pending op some culprit never reached: see
-diagnose/analysis/flight_recorder_headline.py), its sizes and who waits there,
+diagnose/analysis/tables/flight_recorder_headline.py), its sizes and who waits there,
 and the other such ops in that order (`also_pending`).
 
 Second witness (gloo, and NCCL without dumps): the launcher's watchdog saw no new event on any rank for
@@ -22,9 +22,9 @@ Severity: always critical, the job did not finish.
 """
 from collections import defaultdict
 
-from diagnose.analysis.collective_divergence import diverge
-from diagnose.analysis.stuck_frames import describe, sentence
-from diagnose.analysis.findings import Finding
+from diagnose.analysis.detectors.finding_record import Finding
+from diagnose.analysis.tables.collective_divergence import diverge
+from diagnose.analysis.tables.stuck_frames import describe, sentence
 
 
 def _main_thread_frame(dump: dict) -> str | None:

@@ -33,11 +33,11 @@ info, gives the host's blocked time and says how to measure the rest.
 import pandas as pd
 
 from diagnose.analysis.detectors.accumulation_sync import REDUCTIONS
-from diagnose.analysis.device_collectives import timed_on_device
-from diagnose.analysis.gpu_tables import device_idle_behind_syncs
-from diagnose.analysis.findings import Finding
-from diagnose.analysis.matching import as_str
-from diagnose.analysis.per_rank import started_inside
+from diagnose.analysis.detectors.finding_record import Finding
+from diagnose.analysis.tables.device_collectives import timed_on_device
+from diagnose.analysis.tables.gpu_tables import device_idle_behind_syncs
+from diagnose.analysis.tables.matching import as_str
+from diagnose.analysis.tables.per_rank import started_inside
 
 SMALL_BYTES = 1 << 20
 MIN_PER_STEP = 2

@@ -17,7 +17,7 @@ of it. Same threshold and pattern rule, on that device idle.
 """
 import numpy as np
 
-from diagnose.analysis.findings import Finding
+from diagnose.analysis.detectors.finding_record import Finding
 
 STALL_FRAC = 0.10
 PERIODIC_SPIKE_X = 4.0

@@ -11,7 +11,7 @@ line allocated it (and NVML counts the caching allocator's reserve, which only
 grows).
 """
 from collectors.instrument.gpu_common import GPU_MEM_USED_MB
-from diagnose.analysis.findings import Finding
+from diagnose.analysis.detectors.finding_record import Finding
 
 RATIO_WARNING, RATIO_CRITICAL, MIN_GAP_MB = 1.3, 1.6, 256.0
 HOST_RSS_MB = "rss_mb"  # collectors/instrument/host_sampler.py

@@ -3,7 +3,7 @@
 Signal: per pipeline rank, the part of the steady step not spent in forward or
 backward compute, against the schedule's theoretical bubble: for a
 torch.distributed.pipelining job the idle its own recorded action order implies
-(diagnose/analysis/schedule_slots.py: interleaved and zero-bubble orders too),
+(diagnose/analysis/tables/schedule_slots.py: interleaved and zero-bubble orders too),
 else (p-1)/(m+p-1) for p stages and m micro-batches. Threshold: the theoretical bubble is >= 20% (too few
 micro-batches for the depth). Impact is a what-if at the schedule's theoretical
 size: the same work in m' micro-batches (the count that brings theory under
@@ -13,7 +13,7 @@ assumes a micro-batch's compute scales with its size (GPUs past a few thousand
 tokens; not tiny CPU micro-batches, whose fixed overhead stays) and that idle
 above theory stays (a slow stage, blocking p2p: findings of their own). A
 schedule change is not a duration change, so this is arithmetic on measured
-busy time, not a replay (diagnose/analysis/whatif.py); severity from impact.
+busy time, not a replay (diagnose/analysis/replay/whatif.py); severity from impact.
 The old estimate (idle above 10%, times the step) is kept as evidence.
 A bubble is the pipeline's, not a stage's: the finding names no stage (the
 idlest one, `idlest_stage`, is evidence; with every stage idling about as much
@@ -35,9 +35,9 @@ kineto_structure.py) give both; evidence `phases_from` says which phases.
 """
 import math
 
-from diagnose.analysis.schedule_slots import recorded_schedule_idle_frac
-from diagnose.analysis.findings import Finding
-from diagnose.analysis.inferred_compute import phase_source
+from diagnose.analysis.detectors.finding_record import Finding
+from diagnose.analysis.tables.inferred_compute import phase_source
+from diagnose.analysis.tables.schedule_slots import recorded_schedule_idle_frac
 
 THEORY_GATE_FRAC = 0.2
 EXCESS_GATE_FRAC = 0.3

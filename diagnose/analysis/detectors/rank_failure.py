@@ -13,7 +13,7 @@ Severity: always critical.
 """
 import re
 
-from diagnose.analysis.findings import Finding
+from diagnose.analysis.detectors.finding_record import Finding
 
 # How a peer's death or stall looks from a surviving rank (gloo, NCCL, the TCP
 # store): a connection closed under it, or its backend's watchdog giving up on a

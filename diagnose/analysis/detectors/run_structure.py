@@ -1,6 +1,5 @@
 """Small shared helpers for detectors: robust statistics and run structure."""
 import numpy as np
-import pandas as pd
 
 
 def mad(values) -> float:
@@ -9,16 +8,6 @@ def mad(values) -> float:
     if len(values) == 0:
         return 0.0
     return float(1.4826 * np.median(np.abs(values - np.median(values))))
-
-
-def rank_stages(events: pd.DataFrame) -> dict[int, int]:
-    """rank -> pipeline stage, from the stage its phases were stamped with."""
-    staged = events.loc[events["stage"] >= 0, ["rank", "stage"]]
-    if staged.empty:
-        return {}
-    # the most frequent stage of each rank, the lowest on a tie (as Series.mode)
-    counts = staged.groupby(["rank", "stage"]).size().sort_values(ascending=False, kind="stable")
-    return {int(r): int(s) for r, s in counts.groupby(level="rank").head(1).index}
 
 
 def layers_per_stage(manifest: dict, n_stages: int) -> list[int] | None:

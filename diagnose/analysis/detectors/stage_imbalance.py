@@ -17,9 +17,9 @@ micro-batch's compute is device time. Evidence `phases_from` says which.
 """
 import pandas as pd
 
+from diagnose.analysis.detectors.finding_record import Finding
 from diagnose.analysis.detectors.run_structure import layers_per_stage
-from diagnose.analysis.findings import Finding
-from diagnose.analysis.inferred_compute import phase_source
+from diagnose.analysis.tables.inferred_compute import phase_source
 
 IMBALANCE_RATIO = 1.2
 

@@ -52,8 +52,8 @@ dp2 runs.
 import numpy as np
 import pandas as pd
 
+from diagnose.analysis.detectors.finding_record import Finding
 from diagnose.analysis.detectors.workload_imbalance import explains_slowness
-from diagnose.analysis.findings import Finding
 
 CAUSED_RATIO = 2.0
 FLOOR_MS = 0.5

@@ -63,8 +63,8 @@ p90/p50 of a rank's micro-batch compute over its median, is evidence.
 import numpy as np
 import pandas as pd
 
-from diagnose.analysis.findings import WARNING_FRAC, Finding
-from diagnose.analysis.inferred_compute import DEVICE_SOURCE, phase_source
+from diagnose.analysis.detectors.finding_record import WARNING_FRAC, Finding
+from diagnose.analysis.tables.inferred_compute import DEVICE_SOURCE, phase_source
 
 ALPHA = 0.01
 MAX_SLOWEST_SHARE = 0.5

@@ -1,0 +1,325 @@
+"""A dependency model of the run's steps on host lanes, replayed with what-if
+durations (after "Understanding Stragglers in Large Model Training Using What-if
+Analysis", OSDI'25) on the op graph of diagnose/analysis/replay/op_graph.py.
+
+The model, from the matched collectives table:
+- each rank's training thread is one lane of points in recorded order: the
+  issue of every collective or point-to-point call, the wait of every async
+  one, and the end of every step. Between two points the rank works on its
+  own: that gap (an edge's weight) keeps its recorded length unless a what-if
+  changes it;
+- an instance (group, seq: a collective, or the n-th message of a send/recv
+  pair, whose two ends are a rendezvous) is two nodes: its arrival, when its
+  last member arrived (its call's start), and its end, its recorded length
+  after the later of that arrival and the end of the instance before it in its
+  group (a group's calls run one after another: DDP's bucket all-reduces queue
+  behind each other while backward goes on);
+- a blocking point (a sync call, a wait) releases the rank at the later of its
+  arrival and the instance's end, plus the recorded time it took to return
+  (the point's own duration). DDP's gradient all-reduce on CPU, recorded once
+  per backward from the reducer's own timestamps, has no wait call: the reducer
+  blocks the end of the backward until its last bucket is done, so that is its
+  wait (and, numbered late, it stays off its group's lane).
+Replayed with the recorded durations this gives back the recorded step ends
+(tests/test_step_replay.py holds it within 5% per step on the reference
+trainer's scenarios); a what-if changes some gaps or instance lengths and
+reads the step time off the replay.
+
+Where it is wrong: the ranks' clocks are aligned with an error (an instance
+can appear to end before its last member arrived: its length is kept signed,
+and so is the gap before an arrival: calls issued together, as batched sends
+and receives, start before the first one's return, and keep that offset); a
+call whose end the host never saw is taken to end at its wait; work hidden in
+a gap (a sync inside user code diagnose does not see) stays as long as
+recorded. Device lanes (the GPUs' streams) are diagnose/analysis/replay/device_graph.py.
+"""
+import numpy as np
+import pandas as pd
+
+from diagnose.analysis.replay.op_graph import NEG_INF, Cycle, OpGraph
+from diagnose.analysis.tables.p2p_exchanges import exchange_partners
+
+REDUCER_DETAIL = "ddp backward"  # collectors/instrument/ddp.py: DDP's reducer, one row per backward
+ISSUE, CALL, WAIT, STEP_END = 0, 1, 2, 3  # point kinds
+
+
+class StepModel:
+    """The lanes and instances of a run's steps (all steps of the recorded window).
+    Points are flat arrays sorted by (rank, time); `gaps` and `posts` are per-rank
+    views of them."""
+
+    def __init__(self, calls: pd.DataFrame, steps: pd.DataFrame):
+        self.ok, self.why = True, ""
+        calls = calls[calls["seq"] >= 0]
+        if calls.empty or steps.empty:
+            self.ok, self.why = False, "no matched collectives or steps"
+            return
+        self._instances(calls)
+        self._points(self.calls, steps)
+        try:
+            self._graph()
+        except Cycle as cycle:
+            self.ok, self.why = False, f"the recorded order has a cycle: {self.describe(cycle.nodes)}"
+
+    def _instances(self, calls):
+        t = InstanceTable(calls)
+        self.calls, self.members, self.length_ns, self.frozen = t.calls, t.members, t.length_ns, t.frozen
+        self.recorded_end, self.previous, self.reducer = t.recorded_end, t.previous, t.reducer
+        self.last_arrival = t.last_arrival
+
+    def _points(self, c, steps):
+        asy = c["async_op"].to_numpy(bool)
+        waited = c["wait_start_ns"].notna().to_numpy() & c["wait_end_ns"].notna().to_numpy()
+        ddp = self.reducer[c["_inst"].to_numpy()] & asy & ~waited
+        ret, ext = c["return_ns"].to_numpy(np.int64), c["_exit"].to_numpy(np.int64)
+        rank, inst, step = c["rank"].to_numpy(np.int64), c["_inst"].to_numpy(np.int64), c["step"].to_numpy(np.int64)
+        w = asy & waited
+        # a blocking send that returned before its receiver arrived did not wait for it
+        # (an eager send, buffered by the transport): on the lane it only arrives. A
+        # collective cannot end before its last member arrives: there it is clock error
+        eager = ~asy & (ret < self.last_arrival[inst]) & (c["name"] == "send").to_numpy(bool)
+        row = np.arange(len(c))
+        parts = [  # (rank, t, order, kind, release, inst, step, row of calls)
+            (rank, c["issue_ns"].to_numpy(np.int64), 0, np.where(asy | eager, ISSUE, CALL), ret, inst, step, row),
+            (rank[w], c["wait_start_ns"].to_numpy()[w].astype(np.int64), 1, WAIT,
+             c["wait_end_ns"].to_numpy()[w].astype(np.int64), inst[w], step[w], row[w]),
+            # DDP's reducer: a wait from the last gradient computed (the row's return) to its completion
+            (rank[ddp], ret[ddp], 1, WAIT, np.maximum(ext[ddp], ret[ddp]), inst[ddp], step[ddp], row[ddp]),
+            (steps["rank"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64), 2, STEP_END,
+             steps["end_ns"].to_numpy(np.int64), -1, steps["step"].to_numpy(np.int64), -1)]
+        cols = [np.concatenate([np.broadcast_to(np.asarray(p[i]), len(p[0])) for p in parts]) for i in range(8)]
+        r, t, o, kind, release, inst, step, row = cols
+        order = np.lexsort((np.arange(len(r)), o, t, r))
+        self.rank_p, self.t_p, self.kind_p = r[order], t[order], kind[order].astype(np.int8)
+        self.release_p, self.inst_p, self.step_p, self.row_p = release[order], inst[order], step[order], row[order]
+        self._deferrable(c, ddp)
+        ranks, first_index = np.unique(self.rank_p, return_index=True)
+        bounds = np.append(first_index, len(self.rank_p))
+        self.slices = {int(rk): slice(int(a), int(b)) for rk, a, b in zip(ranks, bounds[:-1], bounds[1:])}
+        first = steps.groupby("rank")["start_ns"].min()
+        self.start_ns = {rk: int(min(first.get(rk, self.t_p[s.start]), self.t_p[s.start]))
+                         for rk, s in self.slices.items()}
+        start = np.array([self.start_ns[int(x)] for x in ranks], np.int64)[np.searchsorted(ranks, self.rank_p)]
+        blocking = (self.kind_p == CALL) | (self.kind_p == WAIT)
+        own_end = np.where(blocking, self.recorded_end[np.maximum(self.inst_p, 0)], np.iinfo(np.int64).min)
+        # the cursor is how far the rank's recorded time has got: before each point,
+        # the running max of what the points before it reached
+        reach = np.maximum.reduce([self.t_p, own_end, self.release_p])
+        before = _shifted_running_max(reach, bounds, start)
+        self.gap_p = (self.t_p - before).astype(np.float64)
+        released_from = np.maximum.reduce([before, self.t_p, own_end])
+        self.post_p = np.maximum(self.release_p - released_from, 0).astype(np.float64)
+        # the recorded span of each gap, for what-ifs that scale the work inside it
+        window_before = _shifted_running_max(np.maximum(self.t_p, self.release_p), bounds, start)
+        self.window_p = (window_before, np.maximum(window_before, self.t_p))
+        self.gaps = {rk: self.gap_p[s] for rk, s in self.slices.items()}
+        self.posts = {rk: self.post_p[s] for rk, s in self.slices.items()}
+        # the what-if interface (diagnose/analysis/replay/whatif.py): the units of work a
+        # what-if scales are the gaps; the step ends are read off the step-end points
+        self.unit_work, self.unit_rank, self.unit_step = self.gap_p, self.rank_p, self.step_p
+        at = self.kind_p == STEP_END
+        self.end_rank, self.end_step, self.recorded_end_ns = self.rank_p[at], self.step_p[at], self.t_p[at]
+
+    def _deferrable(self, c, ddp):
+        """The p2p waits a fix could move (p2p_exchanges.py), as `defer_p` over the
+        points (their blocking point) and `defer_to_p`, the point that would wait
+        them instead: a send and the receive exchanged with it become one batch
+        (the earlier's wait moves to the later's), a lone send is waited at the
+        lane's last p2p point of its step (the end of its schedule)."""
+        name = c["name"].astype(str).to_numpy()
+        partner = exchange_partners(c)
+        has, row = self.row_p >= 0, np.maximum(self.row_p, 0)
+        p2p = has & np.isin(name, ("send", "recv"))[row]
+        blocking = has & ((self.kind_p == CALL) | (self.kind_p == WAIT)) & ~ddp[row]
+        block_point = np.full(len(c), -1)
+        block_point[self.row_p[blocking]] = np.flatnonzero(blocking)
+        at = np.flatnonzero(p2p)
+        last = pd.Series(at).groupby([self.rank_p[at], self.step_p[at]]).max()
+        key = pd.MultiIndex.from_arrays([self.rank_p, self.step_p])
+        schedule_end = last.reindex(key).fillna(-1).to_numpy(np.int64)
+        paired = partner[row] >= 0
+        lone_send = (name == "send")[row] & ~np.isin(self.row_p, partner) & ~paired
+        self.defer_to_p = np.where(paired, block_point[np.maximum(partner[row], 0)],
+                                   np.where(lone_send, schedule_end, -1))
+        self.defer_p = blocking & (self.defer_to_p > np.arange(len(self.rank_p)))
+
+    def _graph(self):
+        """Nodes: one start per rank, one per point, an arrival and an end per instance."""
+        ranks = np.array(sorted(self.slices), np.int64)
+        n_r, n_p, n_i = len(ranks), len(self.rank_p), len(self.length_ns)
+        self._p0, self._a0, self._e0 = n_r, n_r + n_p, n_r + n_p + n_i
+        points = self._p0 + np.arange(n_p)
+        lane_start = np.searchsorted(ranks, self.rank_p)
+        first = np.r_[True, self.rank_p[1:] != self.rank_p[:-1]]
+        prev = np.where(first, lane_start, points - 1)
+        inst = self.inst_p
+        arrives = (self.kind_p == ISSUE) | (self.kind_p == CALL)
+        blocks = (self.kind_p == CALL) | (self.kind_p == WAIT)
+        live = ~self.frozen
+        has_prev = (self.previous >= 0) & live
+        insts = np.arange(n_i)
+        self._edges = {  # name -> (src, dst): the weights are set per replay
+            "lane": (prev, points),
+            "arrival": (prev[arrives], self._a0 + inst[arrives]),
+            "release": (self._e0 + inst[blocks], points[blocks]),
+            "joined": (self._a0 + insts[live], self._e0 + insts[live]),
+            "group": (self._e0 + self.previous[has_prev], self._e0 + insts[has_prev]),
+            # a deferrable send's end before the point that would wait it (implied by
+            # its own wait as recorded, so a replay without a what-if is unchanged)
+            "deferred": (self._e0 + inst[self.defer_p], self._p0 + self.defer_to_p[self.defer_p]),
+        }
+        self._masks = {"arrives": arrives, "blocks": blocks, "live": live, "has_prev": has_prev}
+        src = np.concatenate([e[0] for e in self._edges.values()])
+        dst = np.concatenate([e[1] for e in self._edges.values()])
+        floor = np.full(n_r + n_p + 2 * n_i, NEG_INF)
+        floor[:n_r] = [self.start_ns[int(r)] for r in ranks]
+        floor[self._e0 + insts[self.frozen]] = self.recorded_end[self.frozen]
+        self._n = len(floor)
+        self.graph = OpGraph(self._n, src, dst, np.zeros(len(src)), np.zeros(self._n), floor)
+
+    def describe(self, nodes) -> str:
+        """Graph nodes as the user would name them (a cycle's)."""
+        out = []
+        for v in nodes[:6]:
+            if v >= self._e0:
+                out.append(f"end of {self._inst_name(v - self._e0)}")
+            elif v >= self._a0:
+                out.append(f"arrival at {self._inst_name(v - self._a0)}")
+            elif v >= self._p0:
+                k = v - self._p0
+                out.append(f"rank {self.rank_p[k]} step {self.step_p[k]}")
+        return " -> ".join(out) + (" ..." if len(nodes) > 6 else "")
+
+    def _inst_name(self, i) -> str:
+        row = self.calls[self.calls["_inst"] == i].iloc[0]
+        return f"{row['name']} #{row['seq']} of group {row['group']}"
+
+    def replay_points(self, gap_p=None, length_ns=None, skip=frozenset(), defer=None) -> np.ndarray:
+        """Each point's replayed time (the rank's time after it), flat as the points.
+        `defer`: points of `defer_p` whose send is waited at the end of the step's
+        schedule instead (blocking_async's fix)."""
+        gap = self.gap_p if gap_p is None else gap_p
+        length = self.length_ns if length_ns is None else length_ns
+        skipped = np.zeros(len(self.length_ns), bool)
+        if skip:
+            skipped[list(skip)] = True
+        m, inst = self._masks, np.maximum(self.inst_p, 0)
+        on_skipped = skipped[inst] & (self.inst_p >= 0)
+        removed = np.where(on_skipped, NEG_INF, 0.0)
+        moved = np.zeros(len(self.kind_p), bool) if defer is None else defer & self.defer_p
+        weights = [np.maximum(gap, 0.0), np.where(on_skipped[m["arrives"]], NEG_INF, gap[m["arrives"]]),
+                   np.where(moved, NEG_INF, removed)[m["blocks"]], np.where(skipped[m["live"]], NEG_INF, 0.0),
+                   np.zeros(int(m["has_prev"].sum())), removed[self.defer_p]]
+        dur = np.zeros(self._n)
+        dur[self._p0:self._a0] = np.where(on_skipped | moved, 0.0, self.post_p)
+        dur[self._e0:] = np.where(skipped | self.frozen, 0.0, length)
+        return self.graph.replay(dur_ns=dur, weight_ns=np.concatenate(weights))[self._p0:self._a0]
+
+    def replay_units(self, work=None, length_ns=None, skip=frozenset(), defer=None) -> np.ndarray:
+        """The replayed step ends (as end_rank, end_step) with these gaps."""
+        return self.replay_points(work, length_ns, skip, defer)[self.kind_p == STEP_END]
+
+    def replay(self, gaps=None, length_ns=None, skip=frozenset(), defer=None) -> dict:
+        """rank -> {step: replayed end ns}. `gaps`: rank -> gap array to use;
+        `length_ns`: instance lengths; `skip`: instances removed (a sync that goes);
+        `defer`: waits moved (replay_points)."""
+        gap_p = None
+        if gaps is not None:
+            gap_p = self.gap_p.copy()
+            for r, g in gaps.items():
+                gap_p[self.slices[r]] = g
+        return self.step_ends(self.replay_points(gap_p, length_ns, skip, defer))
+
+    def step_ends(self, times) -> dict:
+        ends = {}
+        at = self.kind_p == STEP_END
+        for r, s, t in zip(self.rank_p[at], self.step_p[at], times[at]):
+            ends.setdefault(int(r), {})[int(s)] = t
+        return ends
+
+
+class InstanceTable:
+    """The instances (group, seq) of matched calls: `calls` gains `_inst`, `_exit`
+    and `_arrival`; per instance its members, signed length (from its last
+    arrival, or its group's previous instance's end, to its first member out),
+    recorded end, its group's previous instance, whether it is frozen (a member
+    not traced: it keeps its recorded end) and whether it is DDP's reducer."""
+
+    def __init__(self, calls: pd.DataFrame):
+        group_code = _codes(calls["group"])
+        seq = calls["seq"].to_numpy(np.int64)
+        inst, _ = pd.factorize(group_code * (int(seq.max(initial=0)) + 1) + seq)
+        n = int(inst.max(initial=-1)) + 1
+        exit_ns = calls["exit_ns"].fillna(calls["return_ns"]).to_numpy(np.int64)
+        arrival = calls["issue_ns"].to_numpy(np.int64)
+        rank = calls["rank"].to_numpy(np.int64)
+        calls = calls.assign(_inst=inst, _exit=exit_ns, _arrival=arrival)
+        first = np.full(n, len(inst))
+        np.minimum.at(first, inst, np.arange(len(inst)))
+        self.members = np.bincount(np.unique(inst.astype(np.int64) * (int(rank.max(initial=0)) + 1) + rank)
+                                   // (int(rank.max(initial=0)) + 1), minlength=n)
+        ranks_text = calls["group_ranks"]
+        commas = (ranks_text.cat.categories.str.count(",").to_numpy()[ranks_text.cat.codes.to_numpy()]
+                  if isinstance(ranks_text.dtype, pd.CategoricalDtype) else ranks_text.astype(str).str.count(",").to_numpy())
+        expected = commas[first] + 1
+        last_arrival = np.full(n, np.iinfo(np.int64).min)
+        np.maximum.at(last_arrival, inst, arrival)
+        end = np.full(n, np.iinfo(np.int64).max)  # the first member out: the instance is over
+        np.minimum.at(end, inst, exit_ns)
+        group, seq = group_code[first], seq[first]
+        # each group's instances in seq order: a lane of their own. DDP's reducer rows
+        # are numbered when the next forward reads them, after the calls that followed
+        # the backward (a loss all-reduce): out of the group's order, so off its lane
+        self.reducer = (calls["detail"].to_numpy()[first].astype(str) == REDUCER_DETAIL if "detail" in calls
+                        else np.zeros(len(seq), bool))
+        order = np.lexsort((seq, group))
+        order = order[~self.reducer[order]]
+        self.previous = np.full(len(seq), -1)
+        same = group[order[1:]] == group[order[:-1]]
+        self.previous[order[1:][same]] = order[:-1][same]
+        # recorded start: the last arrival, or the previous instance's end
+        prev_end = np.where(self.previous >= 0, end[np.maximum(self.previous, 0)], np.iinfo(np.int64).min)
+        start = np.maximum(last_arrival, prev_end)
+        # signed: an instance recorded as ending before its last member arrived is
+        # the ranks' clocks disagreeing (the alignment's error, a few ms on a busy
+        # host); the replay keeps that offset rather than inventing a delay
+        self.length_ns = (end - start).astype(np.float64)
+        self.frozen = self.members < expected
+        self.recorded_end, self.last_arrival = end, last_arrival
+        self.calls = calls
+
+
+def _codes(column: pd.Series) -> np.ndarray:
+    """Integer codes of a string column (a categorical's own)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        return column.cat.codes.to_numpy(np.int64)
+    return pd.factorize(column.astype(str))[0].astype(np.int64)
+
+
+def _shifted_running_max(values, bounds, start) -> np.ndarray:
+    """Per lane (bounds: its first index, then the end), the max of `start` and
+    every value before each position."""
+    out = np.empty(len(values), np.int64)
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        running = np.maximum.accumulate(np.maximum(values[a:b], start[a]))
+        out[a] = start[a]
+        out[a + 1:b] = running[:-1]
+    return out
+
+
+def job_step_ms(ends: dict, steps: list[int]) -> dict[int, float]:
+    """step -> ms from the previous step's last end (all ranks; a step outside
+    `steps` too) to this step's last end."""
+    def last_end(step):
+        times = [e[step] for e in ends.values() if step in e]
+        return max(times) if times else None
+    out = {}
+    for step in sorted(steps):
+        t, prev = last_end(step), last_end(step - 1)
+        if t is not None and prev is not None:
+            out[step] = (t - prev) / 1e6
+    return out
+
+
+def recorded_ends(model: StepModel) -> dict:
+    return model.step_ends(model.t_p)
