@@ -100,21 +100,24 @@ def test_a_lone_send_waited_at_once_is_waited_at_the_schedules_end():
 
 def test_a_send_exchanged_with_its_peers_receive_becomes_one_batch():
     """Rank 0 sends then receives from rank 1, rank 1 receives then sends, one after
-    the other, 2 ms each: batched, both transfers run at once and the step ends 2 ms
-    sooner. A receive from another peer, or one after compute, is no exchange."""
+    the other (0.3 ms of host time between the two calls), 2 ms each: posted as one
+    batch, both transfers run at once, the second call and the time before it go with
+    the first, and the step ends 2.3 ms sooner. A receive from another peer, or one
+    after compute, is no exchange."""
     ms = 1_000_000
+    later = 12 * ms + 3 * ms // 10
     calls = pd.DataFrame([
-        _p2p(0, "send", "0->1", 10 * ms, (10 * ms, 12 * ms), 1), _p2p(0, "recv", "1->0", 12 * ms, (12 * ms, 14 * ms), 1),
-        _p2p(1, "recv", "0->1", 10 * ms, (10 * ms, 12 * ms), 0), _p2p(1, "send", "1->0", 12 * ms, (12 * ms, 14 * ms), 0),
+        _p2p(0, "send", "0->1", 10 * ms, (10 * ms, 12 * ms), 1), _p2p(0, "recv", "1->0", later, (later, later + 2 * ms), 1),
+        _p2p(1, "recv", "0->1", 10 * ms, (10 * ms, 12 * ms), 0), _p2p(1, "send", "1->0", later, (later, later + 2 * ms), 0),
     ])
-    steps = pd.DataFrame({"rank": [0, 1], "step": [0, 0], "start_ns": [0, 0], "end_ns": [15 * ms, 15 * ms]})
+    steps = pd.DataFrame({"rank": [0, 1], "step": [0, 0], "start_ns": [0, 0], "end_ns": [later + 3 * ms] * 2})
     assert list(exchange_partners(calls)) == [1, -1, 3, -1]
     model = StepModel(calls, steps)
-    assert model.replay() == {0: {0: 15 * ms}, 1: {0: 15 * ms}}
+    assert model.replay() == {0: {0: later + 3 * ms}, 1: {0: later + 3 * ms}}
     assert model.replay(defer=model.defer_p) == {0: {0: 13 * ms}, 1: {0: 13 * ms}}
     other_peer = calls.assign(peer=[1, 2, 0, 0])
     assert list(exchange_partners(other_peer)) == [-1, -1, 3, -1]
-    after_compute = calls.assign(issue_ns=calls["issue_ns"] + [0, ms, 0, 0])
+    after_compute = calls.assign(issue_ns=calls["issue_ns"] + [0, ms // 2, 0, 0])
     assert list(exchange_partners(after_compute)) == [-1, -1, 3, -1]
 
 

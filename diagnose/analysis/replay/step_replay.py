@@ -142,6 +142,12 @@ class StepModel:
         self.defer_to_p = np.where(paired, block_point[np.maximum(partner[row], 0)],
                                    np.where(lone_send, schedule_end, -1))
         self.defer_p = blocking & (self.defer_to_p > np.arange(len(self.rank_p)))
+        # posted in the earlier op's call: the later op's own call (its issue point) and
+        # the host time before it go with the batch
+        arrives = has & ((self.kind_p == ISSUE) | (self.kind_p == CALL))
+        issue_point = np.full(len(c), -1)
+        issue_point[self.row_p[arrives]] = np.flatnonzero(arrives)
+        self.joined_p = np.where(paired & self.defer_p, issue_point[np.maximum(partner[row], 0)], -1)
 
     def _graph(self):
         """Nodes: one start per rank, one per point, an arrival and an end per instance."""
@@ -207,11 +213,14 @@ class StepModel:
         on_skipped = skipped[inst] & (self.inst_p >= 0)
         removed = np.where(on_skipped, NEG_INF, 0.0)
         moved = np.zeros(len(self.kind_p), bool) if defer is None else defer & self.defer_p
+        joined = np.zeros(len(self.kind_p), bool)
+        joined[self.joined_p[moved & (self.joined_p >= 0)]] = True
+        gap = np.where(joined, 0.0, gap)
         weights = [np.maximum(gap, 0.0), np.where(on_skipped[m["arrives"]], NEG_INF, gap[m["arrives"]]),
                    np.where(moved, NEG_INF, removed)[m["blocks"]], np.where(skipped[m["live"]], NEG_INF, 0.0),
                    np.zeros(int(m["has_prev"].sum())), removed[self.defer_p]]
         dur = np.zeros(self._n)
-        dur[self._p0:self._a0] = np.where(on_skipped | moved, 0.0, self.post_p)
+        dur[self._p0:self._a0] = np.where(on_skipped | moved | joined, 0.0, self.post_p)
         dur[self._e0:] = np.where(skipped | self.frozen, 0.0, length)
         return self.graph.replay(dur_ns=dur, weight_ns=np.concatenate(weights))[self._p0:self._a0]
 
