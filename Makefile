@@ -42,11 +42,11 @@ test: setup
 
 # Issue 8 figures (about 30 min on 2 cores); analyze_vs_hta needs HTA in /tmp/hta-venv (bench/hta_reference.py)
 bench: setup
-	$(PY) bench/overhead.py
-	$(PY) bench/scale.py --ranks 1024 --steps 200
-	$(PY) bench/analyze_8x100.py
-	$(PY) bench/analyze_vs_hta.py
-	$(PY) bench/report_size.py
+	$(PY) -m bench.overhead
+	$(PY) -m bench.scale --ranks 1024 --steps 200
+	$(PY) -m bench.analyze_8x100
+	$(PY) -m bench.analyze_vs_hta
+	$(PY) -m bench.report_size
 
 clean:
 	rm -rf $(VENV) runs

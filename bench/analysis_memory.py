@@ -3,18 +3,14 @@ process loads a run and builds the derived tables in the order the detectors
 ask for them, printing its resident and peak memory after each, and each
 table's own size.
 
-    .venv/bin/python bench/analysis_memory.py RUN      # e.g. a run kept by bench/scale.py --keep DIR
+    .venv/bin/python -m bench.analysis_memory RUN      # e.g. a run kept by bench/scale.py --keep DIR
 
 The peak over the whole analysis is what `bench/scale.py` reports; this says
 which table holds it, per event of the run, so that the two-level design
 (per-rank compact tables, a cross-rank pass over them) targets the right ones.
 """
-import os
 import sys
 import time
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 
 def rss_mb() -> tuple[float, float]:

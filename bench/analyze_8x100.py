@@ -1,6 +1,6 @@
 """Analysis time of a real 8-rank x 100-step run (issue 4: under 5 s here).
 
-    .venv/bin/python bench/analyze_8x100.py [--run DIR] [--repeat 3]
+    .venv/bin/python -m bench.analyze_8x100 [--run DIR] [--repeat 3]
 
 Without --run it first records one: the reference trainer, dp 2 x pp 2 x tp 2,
 4 micro-batches, 100 steps, under `diagnose run --no-analyze` (about a minute
@@ -23,7 +23,6 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 TRAINER = ["-m", "reference_trainer", "--dp", "2", "--pp", "2", "--tp", "2", "--microbatches", "4",
            "--steps", "100"]
 TARGET_S = 5.0

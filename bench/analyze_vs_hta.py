@@ -1,6 +1,6 @@
 """Kineto import + temporal breakdown: diagnose vs Holistic Trace Analysis (HTA).
 
-    .venv/bin/python bench/analyze_vs_hta.py [--ranks 8,64] [--hta-python /tmp/hta-venv/bin/python]
+    .venv/bin/python -m bench.analyze_vs_hta [--ranks 8,64] [--hta-python /tmp/hta-venv/bin/python]
 
 The same trace files go to both, each measured in its own process: wall time,
 interleaved diagnose/HTA `--repeat` times (medians); then one more run each for
@@ -31,11 +31,10 @@ import statistics
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]
+from bench.hta_reference import kineto_files
+from bench.measure import run_measured
 
-from hta_reference import kineto_files  # noqa: E402
-from measure import run_measured  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FIXTURES = os.path.join(ROOT, "tests", "data", "kineto")
 # The largest real trace, whole: the figures in bench/results were measured on it. The copy

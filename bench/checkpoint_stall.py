@@ -1,7 +1,7 @@
 """Issue 47, item 4: checkpoint_stall's impact against the saving measured by
 running the same job without its saves.
 
-    .venv/bin/python bench/checkpoint_stall.py [--pairs 3]
+    .venv/bin/python -m bench.checkpoint_stall [--pairs 3]
 
 Job: the reference trainer, dp2, 24 steps, a save every 4 steps, under `diagnose
 run` (findings and tables only), one run after the other, nothing else running.
@@ -14,14 +14,12 @@ bench/results/<date>-checkpoint-stall.md.
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-from campaign import run_trainer, write  # bench/campaign.py (python bench/<script>.py puts bench/ first)
+from bench.campaign import run_trainer, write
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 JOB = ["--dp", "2", "--steps", "24", "--layers", "2", "--d-model", "64", "--heads", "4", "--seq-len", "64",
        "--micro-batch-size", "2", "--microbatches", "2"]
 MODES = {"torch.save, rank 1 slow disk": "checkpoint:every=4,mode=torch,slow_rank=1,slow_ms=2",
@@ -64,7 +62,7 @@ def main() -> None:
         sd = statistics.stdev(measured) if len(measured) > 1 else 0.0
         body.append(f"| {name} | {m:.1f} +- {sd:.1f} | {p:.1f} | {f'{p / m:.2f}' if m else '-'} |")
     write(REPO, "checkpoint-stall", "checkpoint_stall: impact vs measured saving",
-          f"python bench/checkpoint_stall.py --pairs {args.pairs}", body)
+          f"python -m bench.checkpoint_stall --pairs {args.pairs}", body)
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,7 @@
 """Issue 43: are clean runs silent? N launches of jobs with no fault, counting the
 findings above info per kind.
 
-    .venv/bin/python bench/clean_silence.py [--runs 10]
+    .venv/bin/python -m bench.clean_silence [--runs 10]
 
 Jobs: the plain-DDP sample at 4 ranks (samples/ddp_mlp.py, 30 steps) and the
 reference trainer's clean scenario (dp2 x pp2, 1F1B, 8 micro-batches), each under
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from campaign import QUIET_ENV, write  # bench/campaign.py (python bench/<script>.py puts bench/ first)
+from bench.campaign import QUIET_ENV, write
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -62,7 +62,7 @@ def main() -> None:
         others = ", ".join(f"{k} ({v})" for k, v in sorted(counts.items()) if k != "straggler") or "-"
         body.append(f"| {job} | {n} | {silent} | {counts.get('straggler', 0)} | {others} |")
     body += ["", "Findings above info:", ""] + (details or ["- none"])
-    write(REPO, "clean-silence", "Clean runs are silent", f"python bench/clean_silence.py --runs {args.runs}", body)
+    write(REPO, "clean-silence", "Clean runs are silent", f"python -m bench.clean_silence --runs {args.runs}", body)
 
 if __name__ == "__main__":
     main()

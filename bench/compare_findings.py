@@ -4,9 +4,9 @@ Re-running a scenario changes its timings (and so its impacts) by noise; re-anal
 the run directories it left does not. So a refactor is checked in two steps:
 
     # with the code before the change: run the demo scenarios once, save what they found
-    python bench/compare_findings.py record --runs-root /tmp/scenario-runs --out before.json
+    python -m bench.compare_findings record --runs-root /tmp/scenario-runs --out before.json
     # with the code after it: analyze the same run directories again and compare
-    python bench/compare_findings.py check before.json
+    python -m bench.compare_findings check before.json
 
 `record --scenarios all` first runs every `diagnose demo` scenario into the runs
 root (~10 min on 2 cores); `--import-fixtures` also imports the Kineto and Nsight

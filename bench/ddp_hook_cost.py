@@ -13,7 +13,7 @@ built), so the timing is the only difference. Prints the median extra ms per
 step (2 micro-batches, each with its backward and all-reduce, then the
 optimizer) over `builtin`, per part.
 
-    .venv/bin/python bench/ddp_hook_cost.py [--steps 200]
+    .venv/bin/python -m bench.ddp_hook_cost [--steps 200]
 """
 import argparse
 import os

@@ -2,7 +2,7 @@
 DuckDB and Polars, each reading the same run directory's Parquet parts in its
 own process (wall time, peak RSS of the process tree).
 
-    .venv/bin/python bench/engines.py RUN [--engines-python /tmp/engines-venv/bin/python]
+    .venv/bin/python -m bench.engines RUN [--engines-python /tmp/engines-venv/bin/python]
 
 The join: every collective/p2p call matched with its completion ("done") row
 by (rank, group, seq, name), then per instance (group, seq) the members'
@@ -22,10 +22,9 @@ import argparse
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]
+from bench.measure import run_measured
 
-from measure import run_measured  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PANDAS = """
 import sys

@@ -15,17 +15,13 @@ median over batches of (recorded - plain) per call:
 The recorder is real (writer thread, 0.8 s parts to a temporary folder), so
 the flushes' share of the GIL is included.
 
-    .venv/bin/python bench/event_cost.py
+    .venv/bin/python -m bench.event_cost
 """
 import contextlib
 import os
 import statistics
-import sys
 import tempfile
 import time
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 BATCHES, CALLS = 15, 2000
 

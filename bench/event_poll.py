@@ -2,7 +2,7 @@
 pending (a device far behind its host, or a job that never waits), before and
 after the poll took only each stream's head, side by side in one process.
 
-    .venv/bin/python bench/event_poll.py [--before 36e4045] [--pending 100000]
+    .venv/bin/python -m bench.event_poll [--before 36e4045] [--pending 100000]
 
 "before": collectors/instrument/{cuda_events,collective_events}.py at that
 commit, loaded from git; "after": the working tree. Events are fakes with
@@ -20,15 +20,14 @@ import gc
 import importlib.util
 import statistics
 import subprocess
-import sys
 import threading
 import time
 import types
 from pathlib import Path
 
+from collectors.schema import event_row
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from collectors.schema import event_row  # noqa: E402
 
 
 class Clock:
@@ -148,7 +147,7 @@ def main():
             res[name]["call"].append(us)
             res[name]["events"] = ev
     lines = [f"# {datetime.date.today()} CUDA-event poll with {args.pending:,} pending pairs (issue 44, O1)", "",
-             f"`python bench/event_poll.py --before {args.before} --pending {args.pending}`; fake events "
+             f"`python -m bench.event_poll --before {args.before} --pending {args.pending}`; fake events "
              "(torch.cuda.Event's methods, a Python call each); median of "
              f"{args.repeats} alternated repeats.", "",
              "| | before | after | after/before |", "|---|---|---|---|"]

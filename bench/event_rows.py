@@ -1,7 +1,7 @@
 """Issue 49, typed event records: what naming the collectives' rows
 (schema.EventRow) costs, side by side with a commit before it, in one process.
 
-    .venv/bin/python bench/event_rows.py [--before fa430ec] [--runs 5]
+    .venv/bin/python -m bench.event_rows [--before fa430ec] [--runs 5]
 
 "before": collectors/instrument/{collectives,collective_events}.py at that
 commit, loaded from git (they run on the working tree's other modules); "after":
@@ -28,7 +28,6 @@ import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def load(rev: str, name: str):

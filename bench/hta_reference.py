@@ -6,7 +6,7 @@ is not a dependency of diagnose, so it is run by hand in a throwaway venv:
 
     python3 -m venv /tmp/hta-venv
     /tmp/hta-venv/bin/pip install HolisticTraceAnalysis==0.5.0
-    /tmp/hta-venv/bin/python bench/hta_reference.py tests/data/kineto \
+    /tmp/hta-venv/bin/python -m bench.hta_reference tests/data/kineto \
         > tests/data/hta_temporal_breakdown.json
 
 Each trace set (the files of one directory that are Kineto traces) is copied to

@@ -2,7 +2,7 @@
 this 2-core box, one rank slowed from a known step, the live child at its own
 low priority, as `diagnose run` starts it.
 
-    .venv/bin/python bench/live_alert_latency.py [--rounds 3] [--ranks 4]
+    .venv/bin/python -m bench.live_alert_latency [--rounds 3] [--ranks 4]
 
 Each round runs samples/ddp_mlp.py under `diagnose run --no-analyze` (MLflow
 tracking on, as by default) with rank R sleeping S ms per micro-batch from step

@@ -1,6 +1,6 @@
 """The live monitor child's CPU time over a whole job, for one checkout or several.
 
-    .venv/bin/python bench/live_child_cpu.py ROOT [ROOT ...] [--rounds 2] [--steps 600]
+    .venv/bin/python -m bench.live_child_cpu ROOT [ROOT ...] [--rounds 2] [--steps 600]
 
 Each ROOT is a checkout (a `git worktree` of the commits to compare; the script
 runs the job with PYTHONPATH=ROOT). Rounds interleave the roots. The job:

@@ -1,6 +1,6 @@
 """What the live monitor's child process costs the job, measured inside one run.
 
-    .venv/bin/python bench/live_cost.py [--job reference] [--steps 1200] [--window-s 8]
+    .venv/bin/python -m bench.live_cost [--job reference] [--steps 1200] [--window-s 8]
 
 Run-to-run comparisons (bench/overhead.py) carry this VM's drift: the same
 plain job's median step moved 10% between runs a minute apart, more than the
@@ -26,10 +26,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]
+from bench.overhead import PY, jobs
 
-from overhead import PY, jobs  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def live_child(run_dir: str) -> int | None:

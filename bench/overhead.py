@@ -1,6 +1,6 @@
 """Overhead of `diagnose run` on real 2-rank jobs, side by side with torch.profiler.
 
-    .venv/bin/python bench/overhead.py [--rounds 4] [--steps 400] [--jobs reference,ddp_mlp]
+    .venv/bin/python -m bench.overhead [--rounds 4] [--steps 400] [--jobs reference,ddp_mlp]
 
 Duet design: every measured run has a plain twin of the same job running at the
 same time on the same cores, and the figure is the ratio of the two runs' median
@@ -204,7 +204,7 @@ def hot_path_ms(kinds: dict, rank_steps: int, costs: dict) -> float:
 
 
 def event_costs() -> dict:
-    out = subprocess.run([PY, os.path.join(ROOT, "bench", "event_cost.py")], cwd=ROOT,
+    out = subprocess.run([PY, "-m", "bench.event_cost"], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
     costs = {}
     for line in out.stdout.splitlines():

@@ -3,7 +3,7 @@ live runs of the reference trainer: pairs of the same clean job must pass; a
 fault, or a planted slowdown of 10%, must fail naming it; a 2% slowdown is within
 noise unless the noise says otherwise.
 
-    .venv/bin/python bench/regression_gate.py [--pairs 10]
+    .venv/bin/python -m bench.regression_gate [--pairs 10]
 
 Job: the clean scenario's layout (dp2 x pp2, 1F1B, 8 micro-batches, 16 steps)
 under `diagnose run`, findings only (DIAGNOSE_OUTPUTS=off, tracking off), one
@@ -18,12 +18,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from campaign import QUIET_ENV, run_trainer, write  # bench/campaign.py (python bench/<script>.py puts bench/ first)
+from bench.campaign import QUIET_ENV, run_trainer, write
+from reference_trainer.scenarios import SCENARIOS
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
-sys.path.insert(0, str(REPO))
-from reference_trainer.scenarios import SCENARIOS  # noqa: E402
 
 CLEAN = SCENARIOS["clean"]
 CANDIDATES = {"clean": (), "slowdown 10%": ("slowdown:pct=10",), "slowdown 2%": ("slowdown:pct=2",),
@@ -61,7 +60,7 @@ def main() -> None:
     for i, name, code, lines in rows:
         body.append(f"| {i} | {name} | {code} | {'<br>'.join(line.replace('|', '/') for line in lines)} |")
     write(REPO, "regression-gate", "CI regression gate on live runs",
-          f"python bench/regression_gate.py --pairs {args.pairs}", body)
+          f"python -m bench.regression_gate --pairs {args.pairs}", body)
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,7 @@
 """Report size and build time for a long synthetic run (default 8 ranks x 1,000
 steps, DP 2 x PP 4, one slow rank): the report must stay under 10 MB.
 
-    .venv/bin/python bench/report_size.py [--ranks 8] [--steps 1000] [--keep DIR]
+    .venv/bin/python -m bench.report_size [--ranks 8] [--steps 1000] [--keep DIR]
 """
 import argparse
 import os
@@ -10,13 +10,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
-
-from synthetic_run import write_synthetic_run  # noqa: E402
-
-from dashboards.report_page import write_report  # noqa: E402
-from diagnose.analysis.load.loader import load  # noqa: E402
+from dashboards.report_page import write_report
+from diagnose.analysis.load.loader import load
+from tests.support.synthetic_run import write_synthetic_run
 
 LIMIT_MB = 10.0
 

@@ -1,6 +1,6 @@
 """Scale benchmark: analyze a synthetic DP x PP x TP run of many ranks.
 
-    .venv/bin/python bench/scale.py --ranks 1024 --steps 200
+    .venv/bin/python -m bench.scale --ranks 1024 --steps 200
 
 Writes the run with the collectors' own PartWriter (bench/synthetic_3d.py: a
 simulated Megatron-style timeline with one planted straggler whose compute is
@@ -35,11 +35,10 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]
+from bench.measure import run_measured
+from bench.synthetic_3d import write_3d_run
 
-from measure import run_measured  # noqa: E402
-from synthetic_3d import write_3d_run  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 ENGINE_OPTIONS = {"in-process": lambda n: [], "processes": lambda n: ["--processes", str(n)],
                   "dask": lambda n: ["--dask-workers", str(n)]}

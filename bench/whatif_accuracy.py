@@ -1,6 +1,6 @@
 """Issue 23: is a finding's what-if saving the step time a fix actually saves?
 
-    .venv/bin/python bench/whatif_accuracy.py [--pairs 3] [--scenarios straggler,slow_input,...]
+    .venv/bin/python -m bench.whatif_accuracy [--pairs 3] [--scenarios straggler,slow_input,...]
 
 For each reference-trainer scenario, interleaved pairs of the same job under
 `diagnose run`: with its fault, then without (the scenario's argv minus its
@@ -53,13 +53,12 @@ import subprocess
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from diagnose.analysis.detectors.pipeline_bubble import schedule_saving_ms
+from diagnose.analysis.load.loader import Run
+from diagnose.analysis.replay.step_replay import job_step_ms
+from reference_trainer.scenarios import SCENARIOS
 
-from diagnose.analysis.detectors.pipeline_bubble import schedule_saving_ms  # noqa: E402
-from diagnose.analysis.load.loader import Run  # noqa: E402
-from diagnose.analysis.replay.step_replay import job_step_ms  # noqa: E402
-from reference_trainer.scenarios import SCENARIOS  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DIAGNOSE = [sys.executable, "-m", "diagnose"]
 TARGET_FRAC = 0.25
@@ -210,7 +209,7 @@ def main():
     date = datetime.date.today().isoformat()
     path = args.out or os.path.join(REPO, "bench", "results", f"{date}-whatif-accuracy.md")
     with open(path, "w") as f:
-        f.write(f"# What-if saving vs measured saving ({date})\n\n`python bench/whatif_accuracy.py --pairs "
+        f.write(f"# What-if saving vs measured saving ({date})\n\n`python -m bench.whatif_accuracy --pairs "
                 f"{args.pairs} --scenarios {args.scenarios}{' --emulate-all' if args.emulate_all else ''}` on the 2-core VM (layouts: the module's docstring).\n\n")
         f.write("| scenario | ranks | finding | faulty step ms | fault-free step ms | measured saving ms (95% CI) "
                 "| impact ms (source) | error | 25% target | detector estimate ms | replay max step error | per pair: measured / impact |\n"

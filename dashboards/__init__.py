@@ -11,5 +11,5 @@ string that comes from a trace (range names, callsites, hosts, finding titles)
 goes through `view_parts.esc` before it reaches HTML or a plotly label.
 
 Enters: diagnose.analysis tables and findings (and diagnose.rundir names). Leaves:
-HTML pages. Imports nothing else of diagnose (tests/test_layout.py).
+HTML pages. Imports nothing else of diagnose (tests/architecture/test_layout.py).
 """

@@ -32,7 +32,7 @@ VARIANTS = {"slow_stage-unmarked": ("slow_stage", {"REFERENCE_TRAINER_PHASES": "
             "whatif-slow_input-fixed": ("slow_input", {}),
             "ring3-gloo": ("ring", {}), "ring3-gloo-fixed": ("ring", {})}
 # a ring of 3 batched exchanges (issue 46), natively on gloo: rank 1 at 1.5x the
-# others' emulated device time, and without a slow rank (tests/test_ring_replay.py)
+# others' emulated device time, and without a slow rank (tests/analysis/test_ring_replay.py)
 RING_ARGV = {"ring3-gloo": ["--slow-rank", "1", "--factor", "1.5"], "ring3-gloo-fixed": []}
 
 
@@ -46,8 +46,7 @@ def _command(name: str, scenario: str, out: Path) -> tuple[list, str]:
     if not name.startswith("whatif-"):
         return ([sys.executable, "-m", "diagnose", "demo", "--scenario", scenario, "--out", str(out)],
                 f"diagnose demo --scenario {scenario}")
-    sys.path.insert(0, str(REPO / "bench"))
-    from whatif_accuracy import pair_of
+    from bench.whatif_accuracy import pair_of  # the repository root is on sys.path (below)
     nproc, faulty, fixed, _ = pair_of(scenario, emulate_all=True)
     argv = fixed if name.endswith("-fixed") else faulty
     return ([sys.executable, "-m", "diagnose", "run", "--out", str(out), "--", sys.executable, "-m",

@@ -46,7 +46,7 @@ def records_compute_rows(environ=os.environ) -> bool:
     """False under DIAGNOSE_COMPUTE_ROWS=0: no forward or backward rows (host or
     device), as in what a Kineto or Nsight capture of a job holds, so that a live
     run checks the analysis on what an imported trace gives it
-    (diagnose/analysis/inferred_compute.py). Every other row stays."""
+    (diagnose/analysis/tables/inferred_compute.py). Every other row stays."""
     return environ.get("DIAGNOSE_COMPUTE_ROWS", "1") != "0"
 
 

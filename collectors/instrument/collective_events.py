@@ -1,7 +1,7 @@
 """Device rows of collectives and sends/receives on CUDA (issue 21): when the
 device was ready for each call and when its communication was over, from CUDA
 events on the current stream of the tensor's device, so that the analysis judges NCCL runs on device
-time as it does imported GPU traces (diagnose/analysis/device_collectives.py).
+time as it does imported GPU traces (diagnose/analysis/tables/device_collectives.py).
 
     arrival  an event recorded on the current stream just before the call: the
              NCCL stream waits on the current stream, so the collective's
@@ -32,7 +32,7 @@ completed (never waiting for them): a "collective" (or "p2p") row at the
 arrival, with the host row's group, seq and name, and a "done" row at the end;
 times through the GPU-to-host anchor, so their error is the anchor's residual.
 The matching prefers them to the host row of the same call
-(diagnose/analysis/matching.py). Not recorded: gloo groups (their work is the
+(diagnose/analysis/tables/matching.py). Not recorded: gloo groups (their work is the
 host's), calls on CPU tensors, and anything while a CUDA graph is being
 captured (a captured event has no time, recording one would change the graph,
 and asking one from any thread would invalidate it: graph_capture.py).

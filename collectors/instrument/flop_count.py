@@ -1,5 +1,5 @@
 """The FLOPs of one training step, counted zero-code for MFU (issue 48; what the
-analysis makes of them: diagnose/analysis/mfu.py, docs/analysis.md#mfu).
+analysis makes of them: diagnose/analysis/tables/mfu.py, docs/analysis.md#mfu).
 
 Which step. Step COUNTED_STEP (1), or the first step after the `--torch-profiler`
 window when that window holds it: a counted step runs every op of the step

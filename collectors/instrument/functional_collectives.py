@@ -15,7 +15,7 @@ once when funcol waited before returning).
 Compiled code: under torch.compile the wrappers step aside
 (`torch.compiler.is_compiling()`, which dynamo reads as True while it traces),
 so a compiled graph holds torch's own collectives and compiles as without
-diagnose (tests/test_compile.py); those collectives run inside the graph and
+diagnose (tests/interop/test_compile.py); those collectives run inside the graph and
 leave no row.
 """
 import functools

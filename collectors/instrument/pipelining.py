@@ -12,7 +12,7 @@ The schedule's own action order: at a schedule's first `step`, its class,
 micro-batch count and per-rank order of actions (`pipeline_order`, pp rank ->
 actions as torch writes them, "0F1" = stage 0 forward of micro-batch 1; idle
 slots dropped) go into meta.json as `pipeline_schedule`, once. The bubble
-detector plays that order (diagnose/analysis/schedule_slots.py) for the idle
+detector plays that order (diagnose/analysis/tables/schedule_slots.py) for the idle
 the schedule itself implies, whatever the schedule (1F1B, interleaved,
 zero-bubble, one loaded from CSV).
 """

@@ -19,4 +19,4 @@ Enters: a run directory, read through diagnose.rundir (by load/ and findings/
 only). Leaves: `diagnose.load(RUN)` -> Run, `diagnose.analyze(run)` -> findings
 as dicts, analysis/*.parquet and findings.json; compare/'s summaries. Nothing
 here imports dashboards, exporters, diagnose.run, diagnose.live or diagnose.cli
-(tests/test_layout.py checks that and the rooms' arrows)."""
+(tests/architecture/test_layout.py checks that and the rooms' arrows)."""

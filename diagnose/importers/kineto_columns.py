@@ -226,7 +226,7 @@ def _collective_blocks(gpu, kernels: dict, start_order: np.ndarray, world_size: 
 
     A group's calls that carry no sequence number are numbered in start order,
     and marked "gpu:order" (detail) so that matching checks the numbering
-    across ranks (diagnose.analysis.device_collectives). A kernel without
+    across ranks (diagnose.analysis.tables.device_collectives). A kernel without
     process-group args is on communicator "nccl:comm<k>", k its NCCL stream's
     rank in order of first use (stream ids need not agree across processes),
     and its members are taken to be the world (docs/choices.md: traces of
@@ -237,7 +237,7 @@ def _collective_blocks(gpu, kernels: dict, start_order: np.ndarray, world_size: 
     collectives.py): group "SRC->DST", seq its place among this rank's messages
     of that pair in start order, which is the order NCCL delivers them in. It
     is detail "gpu", not "gpu:order": the device checks want one op across an
-    instance's members (diagnose.analysis.device_collectives), and a send's
+    instance's members (diagnose.analysis.tables.device_collectives), and a send's
     partner is a recv, so they would unmatch every pair. (So a trace that lost
     a message, sampled or cut, shifts the pair's numbering unchecked.) Without
     a peer it stays a collective of its process group, as before. A fused

@@ -24,7 +24,7 @@ passes (`## forward ##`, DDP.forward: kineto._classify's rows win).
 Micro-batches. On a rank without p2p, forward and backward runs alternate per
 micro-batch of gradient accumulation: the n-th forward/backward pair of a step
 is micro-batch n (a step whose runs do not alternate so is not numbered). On a pipeline rank they are left to the traffic
-(diagnose/analysis/pipeline_topology.py), which also gives the stages.
+(diagnose/analysis/tables/pipeline_topology.py), which also gives the stages.
 
 Peers the ops do not name: from the pipeline group (the exchange kernel's
 "Process Group Name" in pg_config, its "Process Group Ranks", else the group

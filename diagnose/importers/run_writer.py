@@ -4,7 +4,7 @@ docs/run-directory.md (an imported run is analysed like a recorded one).
 
 Each NCCL kernel also yields a "collective" row (start = end = kernel start,
 async) and a "done" row at kernel end, keyed by process group and per-group
-sequence number, so cross-rank matching (diagnose.analysis.matching) runs on GPU
+sequence number, so cross-rank matching (diagnose.analysis.tables.matching) runs on GPU
 times: arrival = when the rank's GPU reached the collective.
 """
 import os
@@ -33,7 +33,7 @@ def assign_steps(step_starts_ns: np.ndarray, step_numbers: np.ndarray, t_ns: np.
 
 def clock_meta(wall_anchor_ns: int = 0, mono_anchor_ns: int = 0) -> dict:
     """Imported times are absolute (wall clock or the profiler's session base);
-    ranks are put on one clock through these anchors (diagnose.analysis.clock_align)."""
+    ranks are put on one clock through these anchors (diagnose.analysis.load.clock_align)."""
     return {"mono_anchor_ns": int(mono_anchor_ns), "wall_anchor_ns": int(wall_anchor_ns),
             "offset_to_rank0_ns": None, "offset_error_ns": None, "offset_method": "import"}
 

@@ -1,12 +1,12 @@
 """Issue 27: gradient accumulation that reduces every micro-batch (DDP without
 no_sync) is the accumulation_sync finding, naming the user's backward line and
 DDP's own fix; the same job with no_sync() (the ddp_run fixture) has none. The
-reference trainer's accum_sync scenario is in tests/test_scenarios.py."""
+reference trainer's accum_sync scenario is in tests/trainer/test_scenarios.py."""
 import json
 
 import pytest
 
-from conftest import REPO, run_diagnose, torchrun
+from tests.support.jobs import REPO, run_diagnose, torchrun
 
 
 def test_ddp_without_no_sync_is_named_with_its_backward_and_the_fix(ddp_run, tmp_path):

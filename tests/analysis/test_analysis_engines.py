@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 
 import diagnose
-from conftest import fixture_path, load_run, run_diagnose
 from pandas.testing import assert_frame_equal
-from synthetic_run import write_synthetic_run
+from tests.support.jobs import fixture_path, load_run, run_diagnose
+from tests.support.synthetic_run import write_synthetic_run
 
 
 TABLES = ("steps", "breakdown", "collectives", "arrivals")

@@ -7,9 +7,9 @@ import shutil
 import pytest
 
 import diagnose
-from conftest import fixture_path, load_run
 from diagnose.analysis.findings import run_detectors
 from diagnose.errors import NotAnalyzed, UserError
+from tests.support.jobs import fixture_path, load_run
 
 
 @pytest.fixture

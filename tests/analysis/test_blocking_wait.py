@@ -6,9 +6,9 @@ as the host's blocked time with no saving claimed."""
 import pytest
 
 from collectors.schema import event_row
-from conftest import load_run
 from diagnose.analysis.findings.run_detectors import detect
 from diagnose.importers.run_writer import RunDirWriter, clock_meta
+from tests.support.jobs import load_run
 
 MS = 1_000_000
 SITE = "train.py:20"

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import job_env, load_run, run_diagnose, torchrun
+from tests.support.jobs import job_env, load_run, run_diagnose, torchrun
 
 STEPS, EVERY = 12, 3
 

@@ -5,9 +5,9 @@ steps (diagnose/analysis/detectors/straggler.py). bench/clean_silence.py counts
 findings over repeated clean launches."""
 import json
 
-from conftest import fixture_path, load_run
 from diagnose.analysis.detectors import straggler
 from diagnose.analysis.findings.run_detectors import Context
+from tests.support.jobs import fixture_path, load_run
 
 
 def _serious(findings, kind):

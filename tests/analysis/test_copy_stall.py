@@ -7,7 +7,7 @@ compute, does not."""
 
 import pytest
 
-from conftest import DATA, imported_findings
+from tests.support.jobs import DATA, imported_findings
 
 RESNET = DATA / "kineto" / "tb_plugin_resnet50" / "resnet50_num_workers_0" / "worker0.pt.trace.json.gz"
 PINNED = [DATA / "kineto" / "hta" / "trace_filter" / f"sampled_rank-{r}.json.gz" for r in (0, 1)]

@@ -1,17 +1,17 @@
 """hidden_sync, input_stall and pipeline_bubble judged on device time (issue 20)
 for runs whose collectives are NCCL kernels, on the asynchronous-stream model
-(tests/async_stream_model.py): each planted cause is found with the device's
+(tests/support/async_stream_model.py): each planted cause is found with the device's
 figures, and each control, where the host waits but the device does not, is
 not (host time alone would have reported it)."""
 import pytest
 
-import async_stream_model
-import kineto_perturb
-from conftest import load_run
 from dashboards.report_page import render
 from diagnose.analysis.findings.run_detectors import detect
 from diagnose.importers.kineto import import_kineto
 from diagnose.importers.run_writer import RunDirWriter, clock_meta
+from tests.support import async_stream_model
+from tests.support import kineto_perturb
+from tests.support.jobs import load_run
 
 WORLD, STEPS = 2, 8
 

@@ -1,5 +1,5 @@
 """Issue 46: the device replay on a trace whose communication overlaps compute.
-A dp4 job with DDP's bucketed gradient all-reduces (tests/megatron_stream_model.py,
+A dp4 job with DDP's bucketed gradient all-reduces (tests/support/megatron_stream_model.py,
 buckets=4): each bucket's all-reduce runs on the data-parallel stream while the
 rest of the last backward computes, and only the last bucket is exposed. The
 replay reads only the Kineto export; the truth is the simulation's own re-run
@@ -9,12 +9,12 @@ straggler).
 import numpy as np
 import pytest
 
-import kineto_perturb
-import megatron_stream_model as model
-from conftest import load_run
 from diagnose.analysis.findings.run_detectors import detect
 from diagnose.analysis.replay.whatif import WhatIf
 from diagnose.importers.kineto import import_kineto
+from tests.support import kineto_perturb
+from tests.support import megatron_stream_model as model
+from tests.support.jobs import load_run
 
 TOLERANCE_FRAC = 0.25  # the issue's acceptance: within 25% of the re-run truth
 FIDELITY_FRAC = 0.05   # ... and every steady step replayed within 5% of its record

@@ -1,5 +1,5 @@
 """Issue 45 item 1 on device traces: an imported Kineto trace of a Megatron job
-(tests/megatron_stream_model.py) has no phases, no forward/backward rows of our
+(tests/support/megatron_stream_model.py) has no phases, no forward/backward rows of our
 hooks, and its batched p2p is one fused SendRecv kernel per exchange whose
 peers are only in the CPU nccl:send / nccl:recv ops (or nowhere). The importer
 reads the exchanges and the passes from what the trace holds
@@ -10,13 +10,13 @@ and say which phases they read; uniform jittered runs give nothing from them.
 import numpy as np
 import pytest
 
-import kineto_perturb
-import megatron_stream_model as model
-from conftest import load_run
 from diagnose.analysis.findings.run_detectors import detect
 from diagnose.importers import kineto_scan
 from diagnose.importers.kineto import import_kineto
-from test_interop_kineto_p2p import _tables as scan_path_tables
+from tests.interop.test_kineto_p2p import _tables as scan_path_tables
+from tests.support import kineto_perturb
+from tests.support import megatron_stream_model as model
+from tests.support.jobs import load_run
 
 FWD_MS = 3.0   # a micro-batch's forward on the device (model default); backward twice that
 DEVICE_PASSES = "device passes inferred from the trace"

@@ -1,13 +1,13 @@
 """Imported GPU traces judged on device time (issue 20): the two real ranks of
 HTA's trace_filter set (ranks 0 and 1 of a 128-rank NCCL job, sampled), as
-they are and perturbed (tests/kineto_perturb.py)."""
+they are and perturbed (tests/support/kineto_perturb.py)."""
 import pytest
 
-import async_stream_model
-import kineto_perturb
-from conftest import fixture_path, load_run
 from diagnose.analysis.findings.run_detectors import detect
 from diagnose.importers.kineto import import_kineto
+from tests.support import async_stream_model
+from tests.support import kineto_perturb
+from tests.support.jobs import fixture_path, load_run
 
 SET = "kineto/hta/trace_filter"
 UNMATCHED = kineto_perturb.TRACE_FILTER_UNMATCHED
@@ -85,7 +85,7 @@ def test_the_stretched_rank_is_named_the_later_of_the_ranks_seen(tmp_path, slow)
 
 
 def test_async_stream_model_straggler_is_seen_on_the_device_not_on_the_hosts(tmp_path):
-    """8 ranks, rank 3's GPU computes 1.5x slower (tests/async_stream_model.py)."""
+    """8 ranks, rank 3's GPU computes 1.5x slower (tests/support/async_stream_model.py)."""
     from collectors.schema import event_row
     from diagnose.importers.run_writer import RunDirWriter, clock_meta
 

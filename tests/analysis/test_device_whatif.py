@@ -1,18 +1,18 @@
 """Issue 46: what a fix saves, replayed on a graph of every rank's kernels, streams,
 host launches and syncs (diagnose/analysis/replay/device_graph.py), holds against the
-fix's own re-run. Each case (tests/whatif_sim_cases.py) is an event simulation of
+fix's own re-run. Each case (tests/support/whatif_sim_cases.py) is an event simulation of
 hosts, CUDA stream queues and NCCL rendezvous, run with a fault and again with
 only the fault removed; the analysis reads only the faulty run's Kineto export.
 """
 import numpy as np
 import pytest
 
-import kineto_perturb
-from conftest import load_run
 from diagnose.analysis.findings.run_detectors import detect
 from diagnose.analysis.replay.op_graph import Cycle, OpGraph
 from diagnose.importers.kineto import import_kineto
-from whatif_sim_cases import CASES
+from tests.support import kineto_perturb
+from tests.support.jobs import load_run
+from tests.support.whatif_sim_cases import CASES
 
 TOLERANCE_FRAC = 0.25  # the issue's acceptance: within 25% of the re-run truth
 # the finding that carries each case's fix on a device trace: a non-blocking send
@@ -114,7 +114,7 @@ def test_real_nccl_traces_are_given_back_by_the_replay(tmp_path, trace):
     communication overlapped, no wait records): the graph, with the waits it
     infers, replays every steady step as recorded within the 5% gate."""
     import glob
-    from conftest import DATA
+    from tests.support.jobs import DATA
     paths = sorted(glob.glob(str(DATA / "kineto" / "hta" / trace / "*.json.gz")))
     assert len(paths) >= 1
     # trace_filter is sampled: some of its collectives have no partner (the loader says so)
@@ -132,7 +132,7 @@ def test_a_host_bound_stragglers_fix_is_its_launch_delay_gone(tmp_path):
     all-reduce. The what-if brings its host work to its peers' (the launch delay
     gone, kernel durations untouched) and saves what the re-run at normal launch
     cost saves."""
-    import megatron_stream_model as model
+    from tests.support import megatron_stream_model as model
 
     def simulate(**fault):
         return model.simulate(pp=1, dp=4, microbatches=4, steps=6, seed=0, jitter_sigma=0.02, record_waits=True,

@@ -5,10 +5,10 @@ import subprocess
 import textwrap
 import types
 
-from conftest import PYTHON, REPO, job_env, load_run, run_diagnose, torchrun
 from collectors.instrument import rank_environment
 from diagnose.analysis.detectors import finding_kinds
 from diagnose.analysis.detectors import env_mismatch
+from tests.support.jobs import PYTHON, REPO, job_env, load_run, run_diagnose, torchrun
 
 # The training script of the acceptance test. Differences are planted where the
 # probe reads them, by the script itself on one rank each, before its first step

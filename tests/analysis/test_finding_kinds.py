@@ -12,10 +12,10 @@ import types
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, fixture_path
 from diagnose.analysis.detectors import finding_kinds
 from diagnose.analysis.detectors.finding_record import Finding
 from diagnose.analysis.tables.breakdown import PARTS
+from tests.support.jobs import REPO, fixture_path
 
 
 def _anchors(markdown: str) -> set:

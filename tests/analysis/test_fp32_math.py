@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from conftest import DATA, imported_findings
 from diagnose.analysis.tables.kernel_precision import classify
+from tests.support.jobs import DATA, imported_findings
 
 TRACE_FILTER = [DATA / "kineto" / "hta" / "trace_filter" / f"sampled_rank-{r}.json.gz" for r in (0, 1)]
 FP32_ONLY = DATA / "kineto" / "hta" / "ns_resolution_trace" / "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from conftest import job_env, load_run, run_diagnose
 from diagnose.analysis.findings.gpu_hours import gpu_hour_cost, gpu_hours_per_day, worth_line
 from diagnose.analysis.findings.run_detectors import Context
-from synthetic_run import write_synthetic_run
+from tests.support.jobs import job_env, load_run, run_diagnose
+from tests.support.synthetic_run import write_synthetic_run
 
 
 def test_the_formula_and_the_price():

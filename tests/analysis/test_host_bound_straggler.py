@@ -2,16 +2,16 @@
 GPU computes as fast as its peers'. One profiled step of 8 ranks (the shape of
 HTA's DLRM trace: rank 7 last into the step's collectives, its device compute
 equal to its peers'), on the asynchronous-stream model written as Kineto
-(tests/async_stream_model.py): its NCCL kernels start as soon as they are
+(tests/support/async_stream_model.py): its NCCL kernels start as soon as they are
 launched (the GPU's queue is empty), later than its peers', whose kernels wait.
 The kernel rows keep how long each waited after its launch (queued_ns)."""
 import pytest
 
-import async_stream_model
-import kineto_perturb
-from conftest import load_run
 from diagnose.analysis.findings.run_detectors import detect
 from diagnose.importers.kineto import import_kineto
+from tests.support import async_stream_model
+from tests.support import kineto_perturb
+from tests.support.jobs import load_run
 
 WORLD = 8
 

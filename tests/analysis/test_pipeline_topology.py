@@ -9,9 +9,9 @@ import json
 import pandas as pd
 import pytest
 
-from conftest import load_run
 from diagnose.analysis.tables import pipeline_topology
 from reference_trainer.scenarios import SCENARIOS
+from tests.support.jobs import load_run
 
 
 def _serious(run_dir):

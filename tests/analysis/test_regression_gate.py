@@ -7,9 +7,9 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import fixture_path, run_diagnose
 from diagnose.analysis.compare import regression_gate
 from diagnose.analysis.compare.run_compare import finding_key
+from tests.support.jobs import fixture_path, run_diagnose
 
 
 def _steps(seed: int, n: int = 30, mean_ms: float = 100.0, slower: float = 0.0, phi: float = 0.5,

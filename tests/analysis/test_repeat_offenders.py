@@ -3,10 +3,10 @@ the runs of one MLflow experiment (a real sqlite store). Three synthetic runs
 in one runs root, each with a straggler on rank 5, logged in turn."""
 import json
 
-from conftest import load_run
 from diagnose.analysis.findings.run_detectors import detect
 from diagnose.exporters import mlflow_run, repeat_offenders
-from synthetic_run import write_synthetic_run
+from tests.support.jobs import load_run
+from tests.support.synthetic_run import write_synthetic_run
 
 UUID = "GPU-8f6c1d2e-1b7a-4c1e-9a0b-3d5e7f9a1b2c"
 

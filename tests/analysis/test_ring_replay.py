@@ -4,16 +4,16 @@ rank 1 at 1.5x the others' emulated device time (tests/data/runs/ring3-gloo), an
 the same job without a slow rank (ring3-gloo-fixed; scripts/record_test_runs.py).
 The replay of the faulty run must slow the ring down with its slowest member,
 not deadlock on the batch's sends and receives, and fixing rank 1 must save what
-the fixed run measured. The simulated device case is tests/test_device_whatif.py's
+the fixed run measured. The simulated device case is tests/analysis/test_device_whatif.py's
 ring3."""
 import json
 import statistics
 
 import pytest
 
-from conftest import load_run
 from diagnose.analysis.replay.step_replay import job_step_ms
 from diagnose.analysis.replay.whatif import WhatIf
+from tests.support.jobs import load_run
 
 TOLERANCE_FRAC = 0.25  # the issue's acceptance: within 25% of the re-run
 RING_WARNING = "forward links form a ring"  # no pipeline stages in a ring: each rank on its own

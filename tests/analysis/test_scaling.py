@@ -6,8 +6,8 @@ part of the step that grew most (on 2 cores, 4 ranks share what 2 had)."""
 import json
 import statistics
 
-from conftest import load_run, run_diagnose, torchrun
 from reference_trainer.scenarios import WARMUP_STEPS
+from tests.support.jobs import load_run, run_diagnose, torchrun
 
 MODEL = ["--d-model", "64", "--heads", "4", "--seq-len", "64", "--micro-batch-size", "2", "--layers", "4",
          "--microbatches", "4", "--steps", "14", "--seed", "0"]

@@ -3,14 +3,14 @@ and a what-if saving is what removing the cause saves (synthetic runs whose
 answer is known; the reference trainer's scenarios in test_scenarios.py)."""
 import pandas as pd
 import pytest
-from conftest import load_run
-from synthetic_run import write_synthetic_run
 
 from diagnose.analysis.findings.run_detectors import detect
 from diagnose.analysis.replay.step_replay import StepModel, job_step_ms, recorded_ends
 from diagnose.analysis.replay.whatif import WhatIf
 from diagnose.analysis.tables.p2p_exchanges import exchange_partners
 from diagnose.analysis.tables.pipeline_topology import rank_stages
+from tests.support.jobs import load_run
+from tests.support.synthetic_run import write_synthetic_run
 
 
 def _replay_error(run):

@@ -15,12 +15,12 @@ import sqlite3
 
 import pytest
 
-from conftest import fixture_path, load_run
 from diagnose.analysis.tables.stream_waits import EDGE_COLUMNS, WAIT_COLUMNS, stream_waits, waited_kernels
 from diagnose.importers import kineto, kineto_scan
 from diagnose.importers.kineto import import_kineto
 from diagnose.importers.kineto_io import parse_trace, read_trace_bytes
 from diagnose.importers.nsys import import_nsys
+from tests.support.jobs import fixture_path, load_run
 
 CRITICAL_PATH = fixture_path("kineto", "hta", "critical_path")
 NSYS = fixture_path("nsys")

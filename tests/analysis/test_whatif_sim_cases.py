@@ -9,12 +9,12 @@ import json
 import numpy as np
 import pytest
 
-import kineto_perturb
-import megatron_stream_model as model
-import stream_sim_faults as faults
-import whatif_sim_cases as cases
 from diagnose.analysis.detectors import finding_kinds
 from diagnose.importers.kineto import import_kineto
+from tests.support import kineto_perturb
+from tests.support import megatron_stream_model as model
+from tests.support import stream_sim_faults as faults
+from tests.support import whatif_sim_cases as cases
 
 CASES = cases.CASES
 _SIMS = {}

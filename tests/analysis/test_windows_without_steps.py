@@ -16,10 +16,10 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from conftest import fixture_path, load_run
 from diagnose.analysis.tables.step_tables import steady_state_steps, steps_table
 from diagnose.importers.kineto import import_kineto
 from diagnose.importers.nsys import import_nsys
+from tests.support.jobs import fixture_path, load_run
 
 PAIR = fixture_path("nsys", "nsysai_2gpu_h100")
 WINDOW_NOTE = "the trace marks no steps; analysed as one window per rank"

@@ -16,8 +16,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import fixture_path, load_run
 from diagnose.analysis.tables.inferred_compute import SOURCE
+from tests.support.jobs import fixture_path, load_run
 
 NEEDS_PHASES = {
     # one micro-batch's forward and backward moving together is the signal; a DP

@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from conftest import load_run
 from diagnose.analysis.findings.run_detectors import Context, detect
-from synthetic_run import write_synthetic_run
+from tests.support.jobs import load_run
+from tests.support.synthetic_run import write_synthetic_run
 
 
 def _planted_length(step, microbatch, dp_rank):

@@ -13,9 +13,9 @@ import random
 import pytest
 
 from collectors.schema import event_row
-from conftest import load_run
 from diagnose.analysis.findings.run_detectors import Context, detect
 from diagnose.importers.run_writer import RunDirWriter, clock_meta
+from tests.support.jobs import load_run
 
 MS = 1_000_000
 FORWARD_MS, BACKWARD_MS, OPTIMIZER_MS = 6.0, 12.0, 3.0

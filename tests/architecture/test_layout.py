@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("collectors", "diagnose", "dashboards", "reference_trainer")
 
 
@@ -173,6 +173,37 @@ def test_one_stage_per_folder_and_no_two_modules_share_a_name():
         assert doc and "Enters" in doc and "Leaves" in doc, f"{package.name}/__init__.py"
 
 
+TEST_FOLDERS = ("analysis", "architecture", "cli", "collectors", "interop", "live", "trainer")
+NOT_PYTHON_PACKAGES = ("data", "scripts", "__pycache__")  # fixtures; jobs the tests launch by path
+
+
+def test_tests_sit_in_package_folders_and_helpers_in_support():
+    """docs/testing.md, "Layout": no test or helper beside the folders, every test
+    module in a package folder under a name of its own, helpers only in support/."""
+    tests = REPO / "tests"
+    assert sorted(p.name for p in tests.glob("*.py")) == ["__init__.py", "conftest.py"]
+    folders = sorted(p.name for p in tests.iterdir() if p.is_dir() and p.name not in NOT_PYTHON_PACKAGES)
+    assert folders == sorted((*TEST_FOLDERS, "support"))
+    by_name = collections.defaultdict(list)
+    for folder in folders:
+        modules = sorted(p.name for p in (tests / folder).glob("*.py"))
+        assert "__init__.py" in modules, folder
+        for module in set(modules) - {"__init__.py"}:
+            assert module.startswith("test_") == (folder != "support"), f"tests/{folder}/{module}"
+            by_name[module].append(folder)
+    assert {n: f for n, f in by_name.items() if len(f) > 1} == {}
+
+
+def test_bench_runs_as_modules_and_patches_no_path():
+    """bench/ is a package run as `python -m bench.<name>` from the root: it imports
+    bench.* and tests.support.* as they are, with no sys.path of its own."""
+    bench = REPO / "bench"
+    assert (bench / "__init__.py").exists()
+    patched = [f"{p.relative_to(REPO)}:{n}" for p in sorted(bench.rglob("*.py"))
+               for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if "sys.path" in line]
+    assert patched == []
+
+
 BREAKDOWN = "diagnose.analysis.tables.breakdown"
 
 
@@ -196,7 +227,7 @@ def test_the_checks_catch_a_violation(monkeypatch, tmp_path, violating, expected
 @pytest.mark.parametrize("module,violating,expected", [
     (BREAKDOWN, "from diagnose.analysis.replay.whatif import WhatIf\n", "diagnose.analysis.replay.whatif"),
     (BREAKDOWN, "from diagnose.analysis.load import rank_pass\n", "diagnose.analysis.load.rank_pass"),
-    ("diagnose.analysis.load.loader", "def f():\n    from diagnose.analysis.detectors.run_structure import mad\n",
+    ("diagnose.analysis.load.loader", "def f():\n    from diagnose.analysis.detectors.run_structure import layers_per_stage\n",
      "diagnose.analysis.detectors.run_structure"),
     ("diagnose.analysis.replay.whatif", "import diagnose.analysis.detectors.straggler\n",
      "diagnose.analysis.detectors.straggler"),

@@ -6,9 +6,9 @@ import subprocess
 import time
 
 import pytest
-from conftest import DIAGNOSE, REPO, job_env, run_diagnose, torchrun
 
 import diagnose
+from tests.support.jobs import DIAGNOSE, REPO, job_env, run_diagnose, torchrun
 
 
 # Not shorter: with 6 s, on a box busy with the suite's other worker, 1 run in 5 dumped

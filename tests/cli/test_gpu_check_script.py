@@ -4,7 +4,7 @@ find the CLI, and list the issue-44 checks it would make, exit 0."""
 import py_compile
 import subprocess
 
-from conftest import PYTHON, REPO
+from tests.support.jobs import PYTHON, REPO
 
 
 def test_the_gpu_check_parses_and_its_preflight_lists_every_check():

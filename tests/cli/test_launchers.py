@@ -8,7 +8,7 @@ import shutil
 import socket
 
 import diagnose
-from conftest import PYTHON, REPO, job_env, run_diagnose
+from tests.support.jobs import PYTHON, REPO, job_env, run_diagnose
 
 JOB = "tests/scripts/launcher_job.py"
 

@@ -11,9 +11,9 @@ from plotly.offline import get_plotlyjs
 import diagnose
 from collectors.part_writer import atomic_write_json
 from collectors.schema import event_row, events_table
-from conftest import ARTIFACTS, job_env, run_diagnose
 from dashboards.report_page import write_report
-from synthetic_run import write_synthetic_run
+from tests.support.jobs import ARTIFACTS, job_env, run_diagnose
+from tests.support.synthetic_run import write_synthetic_run
 
 ALL_FIGURES_DRAWN = """(() => {
   const divs = Array.from(document.querySelectorAll('.plotly-graph-div'));

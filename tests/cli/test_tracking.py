@@ -14,9 +14,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import diagnose
-from conftest import ARTIFACTS, DIAGNOSE, REPO, job_env
 from diagnose.analysis.detectors import finding_kinds
 from diagnose.exporters import mlflow_run as tracking
+from tests.support.jobs import ARTIFACTS, DIAGNOSE, REPO, job_env
 
 
 def client_of(run_dir) -> MlflowClient:
@@ -157,7 +157,7 @@ def _stop(proc) -> None:
 def fresh_browser():
     """Issue 26's browser tests each start from a fresh profile: no view chosen,
     nothing in the browser's storage."""
-    from cdp import Browser
+    from tests.support.cdp import Browser
     with Browser(["--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"]) as b:
         yield b
 

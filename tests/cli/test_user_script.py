@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 
 import diagnose
-from conftest import PYTHON, REPO, job_env, run_diagnose, torchrun
 from diagnose.analysis.load import clock_align as align
+from tests.support.jobs import PYTHON, REPO, job_env, run_diagnose, torchrun
 
 
 def _findings(out):

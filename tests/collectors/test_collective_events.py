@@ -14,9 +14,9 @@ from collectors.instrument.collective_events import CollectiveEvents
 from collectors.instrument.cuda_events import REANCHOR_S, CudaEventTimer
 from collectors.recorder import Recorder
 from collectors.schema import event_row
-from conftest import load_run
 from diagnose.analysis.findings.run_detectors import detect
 from diagnose.importers.run_writer import RunDirWriter, clock_meta
+from tests.support.jobs import load_run
 
 MS = 1_000_000
 

@@ -55,7 +55,7 @@ def test_a_live_part_writes_an_event_row_as_orjson_writes_a_tuple(monkeypatch):
 
 def test_no_reader_indexes_an_event_row_by_number():
     """Issue 49's acceptance: a field added in the middle would shift such a reader."""
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     found = [f"{path.relative_to(repo)}:{n}" for top in ("collectors", "diagnose")
              for path in sorted((repo / top).rglob("*")) if path.suffix in (".py", ".c")
              for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)

@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from conftest import REPO
 from diagnose.analysis.tables.stuck_frames import describe, sentence
 from diagnose.rundir.fault_stacks_reader import read_rank_stacks
 from diagnose.run.stack_signal import markers, signal_marked_ranks
+from tests.support.jobs import REPO
 
 PRELUDE = """
 import ctypes, os, signal, sys, threading, time
@@ -172,7 +172,7 @@ def test_under_diagnose_run_a_jobs_own_handlers_stay_its_and_only_ranks_get_the_
     the job's handlers runs, and a process of the same host that no rank is stays alive."""
     import json
 
-    from conftest import job_env, run_diagnose, torchrun
+    from tests.support.jobs import job_env, run_diagnose, torchrun
     handled = tmp_path / "handled.log"
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:

@@ -5,7 +5,7 @@ exit code are the plain job's, and each coalesced group is one op."""
 import json
 import subprocess
 
-from conftest import REPO, job_env, load_run, run_diagnose, torchrun
+from tests.support.jobs import REPO, job_env, load_run, run_diagnose, torchrun
 
 SCRIPT = "tests/scripts/coalesced_job.py"
 

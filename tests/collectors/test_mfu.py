@@ -3,7 +3,7 @@
 them by the median steady step and the GPU's dense peak (diagnose/analysis/tables/mfu.py).
 In-process: counting the reference GPT against its analytic figure, activation
 checkpointing, the hooks' step, a DTensor TP share (2 gloo ranks, spawned:
-tests/mfu_tp_rank.py); the shared DDP run (no launch of its own) for the job,
+tests/support/mfu_tp_rank.py); the shared DDP run (no launch of its own) for the job,
 the report and the MLflow metrics; real imported GPU traces say why no figure."""
 import json
 import socket
@@ -12,14 +12,14 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-import mfu_tp_rank
-from conftest import fixture_path, load_run
 from collectors.instrument import flop_count
 from collectors.recorder import StepState
 from diagnose.analysis.tables import gpu_peaks, mfu
 from reference_trainer.config import TrainConfig
 from reference_trainer.model import GPTStage
-from synthetic_run import write_synthetic_run
+from tests.support import mfu_tp_rank
+from tests.support.jobs import fixture_path, load_run
+from tests.support.synthetic_run import write_synthetic_run
 
 
 def _gpt(cfg: TrainConfig) -> GPTStage:

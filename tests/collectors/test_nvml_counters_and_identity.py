@@ -1,5 +1,5 @@
 """Issue 44, NVML: PCIe rates from byte counters (O3) and the sampled GPU found by
-UUID (O2), on tests/test_interop_gpu_collectors.py's pynvml stand-in."""
+UUID (O2), on the pynvml stand-in of tests/support/fake_pynvml.py."""
 import sys
 import time
 import types
@@ -9,7 +9,7 @@ import pytest
 from collectors.instrument import nvml_sampler
 from collectors.instrument.nvml_sampler import NvmlSampler
 from collectors.recorder import Recorder
-from test_interop_gpu_collectors import fake_pynvml
+from tests.support.fake_pynvml import fake_pynvml
 
 
 def test_pcie_rates_come_from_the_byte_counters_not_20_ms_bus_samples():

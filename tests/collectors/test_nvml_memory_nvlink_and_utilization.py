@@ -1,7 +1,7 @@
 """Issue 21, NVML fixes: memory_imbalance reads the device memory the NVML
 sampler writes (and says so when it falls back to host RSS), NVLink throughput
 is summed over every link, and GPU utilization is never evidence of compute.
-NVML is faked (no GPU here) by test_interop_gpu_collectors.fake_pynvml, which
+NVML is faked (no GPU here) by tests/support/fake_pynvml.py, which
 follows pynvml name for name; the sampler, writer, loader and detectors are real."""
 import glob
 import os
@@ -13,10 +13,10 @@ from collectors.instrument.gpu_common import GPU_MEM_USED_MB
 from collectors.instrument.nvml_sampler import NvmlSampler
 from collectors.part_writer import PartWriter
 from collectors.schema import rank_dir_name
-from conftest import REPO
 from diagnose.analysis.findings.run_detectors import detect
-from synthetic_run import write_synthetic_run
-from test_interop_gpu_collectors import fake_pynvml
+from tests.support.fake_pynvml import fake_pynvml
+from tests.support.jobs import REPO
+from tests.support.synthetic_run import write_synthetic_run
 
 GIB = 2 ** 30
 

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import diagnose
-from conftest import PYTHON, REPO, fixture_path, job_env, run_diagnose, torchrun
+from tests.support.jobs import PYTHON, REPO, fixture_path, job_env, run_diagnose, torchrun
 
 
 def _lines_of(path, pattern):

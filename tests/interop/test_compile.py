@@ -9,7 +9,7 @@ optimizer steps; it prints dynamo's and AOTAutograd's counters and its outputs.
 import json
 import subprocess
 
-from conftest import REPO, job_env, load_run, run_diagnose, torchrun
+from tests.support.jobs import REPO, job_env, load_run, run_diagnose, torchrun
 
 SCRIPT = "tests/scripts/compile_counts.py"
 

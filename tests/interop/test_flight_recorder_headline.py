@@ -9,8 +9,8 @@ import hashlib
 import json
 import pickle
 
-from conftest import fixture_path
-from test_flight_recorder import _import, _nvrx, _plain_load
+from tests.interop.test_flight_recorder import _import, _nvrx, _plain_load
+from tests.support.jobs import fixture_path
 
 LOCK_GIL = fixture_path("flight_recorder", "lock_gil_1st")
 RANKS = range(16)

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-import kineto_perturb
-from conftest import fixture_path, load_run
 from diagnose.errors import UserError
 from diagnose.importers.kineto import import_kineto
+from tests.support import kineto_perturb
+from tests.support.jobs import fixture_path, load_run
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KINETO = fixture_path("kineto")
 HTA = json.loads(fixture_path("hta_temporal_breakdown.json").read_text())["sets"]
 TOLERANCE_PP = 1.0

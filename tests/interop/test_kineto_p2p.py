@@ -11,11 +11,11 @@ import json
 
 import pytest
 
-import kineto_perturb
-from conftest import load_run
 from diagnose.importers import kineto, kineto_scan
 from diagnose.importers.kineto import import_kineto
 from diagnose.importers.kineto_columns import table_and_facts
+from tests.support import kineto_perturb
+from tests.support.jobs import load_run
 
 LATE_US = 30          # how much later rank 1's recv kernels start than rank 0's sends
 MESSAGES = 3

@@ -7,7 +7,7 @@ stages and micro-batches come from the schedule; no job's numbers change.
 import json
 import subprocess
 
-from conftest import REPO, job_env, load_run, run_diagnose, torchrun
+from tests.support.jobs import REPO, job_env, load_run, run_diagnose, torchrun
 
 SCRIPT = "tests/scripts/modern_stack.py"
 

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fixture_path, load_run
 from diagnose.analysis.findings.run_detectors import detect
 from diagnose.importers.nsys import decode_global_id, import_nsys
+from tests.support.jobs import fixture_path, load_run
 
 REAL = fixture_path("nsys", "tc_report1.sqlite")
 

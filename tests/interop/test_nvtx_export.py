@@ -9,10 +9,10 @@ import pytest
 
 from collectors.part_writer import PartWriter
 from collectors.schema import event_row, rank_dir_name
-from conftest import load_run
 from diagnose.cli.commands import main
 from diagnose.exporters.nsys_rep import write_nsys_rep
 from diagnose.exporters.nvtxt import write_nvtxt
+from tests.support.jobs import load_run
 
 # NVTXT grammar (Nsight's text NVTX): comment, assignment, declaration, instruction.
 COMMENT = re.compile(r"^#.*$")

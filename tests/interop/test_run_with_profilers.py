@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from conftest import REPO, fixture_path, job_env, load_run, run_diagnose, torchrun
 from diagnose.run.nsys_wrap import TORCHRUN_FLAGS, nsys_command, split_torchrun, torchrun_python
+from tests.support.jobs import REPO, fixture_path, job_env, load_run, run_diagnose, torchrun
 
 KINETO = fixture_path("kineto")
 NSYS_OUT = "-o /r/nsys/rank%q{RANK}".split()

@@ -6,7 +6,7 @@ stall; compiled, it compiles as it does without diagnose."""
 import json
 import subprocess
 
-from conftest import REPO, job_env, load_run, run_diagnose, torchrun
+from tests.support.jobs import REPO, job_env, load_run, run_diagnose, torchrun
 
 SAMPLE = "samples/titan_style.py"
 

@@ -9,12 +9,12 @@ import statistics
 import time
 
 import pytest
-from conftest import job_env, load_run, run_diagnose, torchrun
 
 from diagnose.analysis.detectors import hang
 from diagnose.analysis.findings.run_detectors import Context
 from diagnose.run.flight_recorder_env import flight_recorder_env
 from diagnose.run.watchdog import HANG_STEP_MULTIPLE
+from tests.support.jobs import job_env, load_run, run_diagnose, torchrun
 
 PG_TIMEOUT_S = 14
 

@@ -11,9 +11,9 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import STRAGGLER_STEPS
 from diagnose.live.baseline import Baseline
 from diagnose.live.monitor import DEPARTING_POLL_S, EVENT_POLL_S, QUIET_POLL_S, LiveMonitor
+from tests.support.jobs import STRAGGLER_STEPS
 
 
 def test_live_alert_names_the_slowed_rank_during_the_run(straggler_run):
@@ -253,7 +253,7 @@ def test_the_live_child_runs_at_idle_priority_on_every_thread(tmp_path, monkeypa
     monkeypatch.setenv("DIAGNOSE_TRACKING", "off")  # no MLflow store: not what is tested
     rundir.write_manifest(str(tmp_path), {"run_id": "t", "command": "true"})
     live = LiveProcess(str(tmp_path))
-    live.tick({})  # no rank has recorded yet: it starts with the job (bench/overhead.py --whole-job)
+    live.tick({})  # no rank has recorded yet: it starts with the job (python -m bench.overhead --whole-job)
     try:
         pid = live.proc.pid
         assert os.getsid(pid) == pid and os.getsid(pid) != os.getsid(0)
@@ -297,7 +297,7 @@ def test_node_health_reaches_mlflow_while_the_job_runs(tmp_path):
     then 1, with rank 1 named as the rank the others wait for. (In this launch, not
     one of its own: the suite's time is spent on launches. The alert comes before
     MLflow's first system metrics, which end the loop: no time added.)"""
-    from conftest import DIAGNOSE, REPO, job_env, torchrun
+    from tests.support.jobs import DIAGNOSE, REPO, job_env, torchrun
     out = tmp_path / "long"
     slow_from = 12  # early, so that the alert comes while MLflow's first system metrics are awaited
     # 4,000 steps of 16 samples at 8 ms each: over 8 min of data wait alone

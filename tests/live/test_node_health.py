@@ -1,10 +1,10 @@
 """Issue 26: node health while the job runs (diagnose/live/node_health.py).
 
 The rank side is real: each rank's Recorder, its NVML sampler over the faithful
-fake of pynvml (no GPU here; tests/test_interop_gpu_collectors.fake_pynvml),
+fake of pynvml (no GPU here; tests/support/fake_pynvml.py),
 progress.json and meta.json on disk; the live monitor reads them with
 read_progress as the live child does, on a clock the test advances. The live
-CPU/RSS/network metrics of a real job reach MLflow in tests/test_live.py."""
+CPU/RSS/network metrics of a real job reach MLflow in tests/live/test_live.py."""
 import io
 import json
 import types
@@ -13,7 +13,7 @@ from collectors.instrument.nvml_sampler import NvmlSampler
 from collectors.recorder import Recorder
 from diagnose.live.monitor import LiveMonitor
 from diagnose.rundir.progress import read_progress
-from test_interop_gpu_collectors import fake_pynvml
+from tests.support.fake_pynvml import fake_pynvml
 
 RANKS = 4
 

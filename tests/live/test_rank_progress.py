@@ -14,10 +14,10 @@ import select
 import subprocess
 
 import diagnose
-from conftest import DIAGNOSE, REPO, job_env
 from diagnose.live.rank_gauges import LIVE_STATE
 from diagnose.run.progress_line import ProgressLine, rank_spans
-from synthetic_run import write_synthetic_run
+from tests.support.jobs import DIAGNOSE, REPO, job_env
+from tests.support.synthetic_run import write_synthetic_run
 
 RANKS = 64
 

@@ -1,5 +1,5 @@
 """A small training job started the ways large and small jobs are started
-(tests/test_launchers.py), with no code for diagnose:
+(tests/cli/test_launchers.py), with no code for diagnose:
 
     launcher_job.py env     rank and world from the launcher's own variables
                             (SLURM_PROCID/SLURM_NTASKS under srun, OMPI_COMM_WORLD_*

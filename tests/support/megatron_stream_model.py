@@ -37,11 +37,11 @@ allow (_Model.run_step).
 
 Faults and host behaviour, all off by default (simulate's arguments; the host
 calls that order or wait for streams, and their Kineto records, are in
-tests/stream_sim_faults.py): a slow rank, per-rank launch cost, host work
+tests/support/stream_sim_faults.py): a slow rank, per-rank launch cost, host work
 between micro-batches, host syncs, blocking p2p, a ring of fused exchanges,
 recorded cross-stream waits and some of them left out of the export.
 simulate() also returns each step's end on the simulation's own clock: the
-truth a what-if is measured against (tests/whatif_sim_cases.py).
+truth a what-if is measured against (tests/support/whatif_sim_cases.py).
 
 distributedInfo carries pg_config with Megatron's descriptions (ranks laid out
 tensor-data-pipeline: pipeline groups [d, d+dp, ...], data-parallel groups of
@@ -49,7 +49,7 @@ consecutive ranks).
 """
 import numpy as np
 
-from stream_sim_faults import (COMPUTE_STREAM, DP_STREAM, NCCL_STREAMS, P2P_STREAM, HostCalls, bucketed,
+from tests.support.stream_sim_faults import (COMPUTE_STREAM, DP_STREAM, NCCL_STREAMS, P2P_STREAM, HostCalls, bucketed,
                                drop_waits, interleaved, ring_schedule)
 
 T0_US = 1_700_000_000_000_000.0

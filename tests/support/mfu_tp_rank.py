@@ -1,4 +1,4 @@
-"""One rank of tests/test_mfu.py's DTensor tensor-parallel count, in a module of
+"""One rank of tests/collectors/test_mfu.py's DTensor tensor-parallel count, in a module of
 its own: torch.multiprocessing.spawn imports the target's module in each child,
 and this one imports torch and the counter only (the test module's imports,
 pandas and the analysis among them, cost each child seconds)."""

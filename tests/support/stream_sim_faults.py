@@ -1,4 +1,4 @@
-"""Test aid: the host calls of tests/megatron_stream_model.py that order its
+"""Test aid: the host calls of tests/support/megatron_stream_model.py that order its
 CUDA streams or wait for them, as Kineto records them, DDP's bucketed
 all-reduces, the schedules beside 1F1B (interleaved, a ring of exchanges), and
 the export's "dependencies removed" (issue 46: the what-if replay reads only
@@ -122,7 +122,7 @@ def ring_schedule(microbatches: int) -> list:
 
 
 class HostCalls:
-    """The host calls above, for _Model (tests/megatron_stream_model.py): it
+    """The host calls above, for _Model (tests/support/megatron_stream_model.py): it
     provides rank, t, corr, latest (per rank: stream -> its last launched op),
     waited, blocked, events, cpu() and buckets (simulate's, 0 without dp)."""
 

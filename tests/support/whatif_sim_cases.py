@@ -1,5 +1,5 @@
 """Issue 46's test bench for the what-if replay: jobs simulated with a fault and
-again with only the fault removed (tests/megatron_stream_model.py, an event
+again with only the fault removed (tests/support/megatron_stream_model.py, an event
 simulation of hosts, CUDA stream queues, NCCL rendezvous and fused p2p
 batches). A case's truth is the simulation's own: the faulty job's mean step
 minus the fixed job's, both from the simulated times, never from reading the
@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-import megatron_stream_model as model
+from tests.support import megatron_stream_model as model
 
 STEPS = 6
 JITTER = 0.02  # lognormal sigma per kernel: steps are not all the same

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import diagnose
-from conftest import job_env, run_diagnose
 from reference_trainer.scenarios import SCENARIOS
+from tests.support.jobs import job_env, run_diagnose
 
 EXPECTED_CALLSITE = {"hidden_sync": "reference_trainer/faults.py", "blocking_p2p": "reference_trainer/p2p.py"}
 MATRIX = [name for name in SCENARIOS if name not in ("hang", "crash")]
@@ -227,7 +227,7 @@ def test_every_recorded_run_is_of_the_current_schema():
     again (scripts/record_test_runs.py): the detectors are tested on what the
     collectors write today."""
     from collectors.schema import SCHEMA_VERSION
-    from conftest import DATA
+    from tests.support.jobs import DATA
     recorded = {p.name: p for p in (DATA / "runs").iterdir()}
     assert set(MATRIX) <= set(recorded), sorted(set(MATRIX) - set(recorded))
     for name, path in recorded.items():

@@ -18,7 +18,7 @@ from reference_trainer.config import parse_args
 from reference_trainer.faults import parse_fault
 from reference_trainer.scenarios import SCENARIOS, WARMUP_STEPS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 STEPS = 8
 REL_TOL = 1e-5

@@ -14,11 +14,11 @@ import types
 import pytest
 import torch
 
-from conftest import job_env, load_run, run_diagnose, torchrun
 from reference_trainer import p2p as p2p_module
 from reference_trainer.p2p import BACKWARD, FORWARD, P2P_MODES, PipelineP2P
 from reference_trainer.pipeline import run_schedule
 from reference_trainer.scenarios import SCENARIOS
+from tests.support.jobs import job_env, load_run, run_diagnose, torchrun
 
 SLOW_STAGE = SCENARIOS["slow_stage"]  # pp4, 1F1B, 8 micro-batches, stage 2 three times slower
 STEPS = 10

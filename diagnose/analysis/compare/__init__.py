@@ -3,4 +3,4 @@
 sizes (run_scaling), and the CI regression gate (regression_gate). It reads the
 runs' steps, breakdowns and findings as load/ and findings/ left them.
 
-May import: tables/, load/, replay/, detectors/, findings/ (tests/test_layout.py)."""
+May import: tables/, load/, replay/, detectors/, findings/ (tests/architecture/test_layout.py)."""

@@ -7,5 +7,5 @@ how each kind is labelled and priced; finding_record is the record a detector
 returns (findings.json's schema) and severity from impact. findings/run_detectors
 runs them.
 
-May import: tables/ (tests/test_layout.py); it gets a loaded run and reads no
+May import: tables/ (tests/architecture/test_layout.py); it gets a loaded run and reads no
 run directory."""

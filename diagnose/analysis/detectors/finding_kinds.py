@@ -5,7 +5,7 @@ and what-ifs here, and show a kind this version does not know (a findings.json
 of another version) by its name.
 
 Adding a cause: a detector module (`detect(ctx) -> list[Finding]`, its docstring
-stating signal and threshold) and an entry here; tests/test_finding_kinds.py
+stating signal and threshold) and an entry here; tests/analysis/test_finding_kinds.py
 lists what an entry must provide and shows a kind added in a test reach the
 CLI, the report, compare and MLflow.
 

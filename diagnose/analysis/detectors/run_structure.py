@@ -1,13 +1,4 @@
-"""Small shared helpers for detectors: robust statistics and run structure."""
-import numpy as np
-
-
-def mad(values) -> float:
-    """Median absolute deviation scaled to a standard deviation for normal data."""
-    values = np.asarray(values, dtype=float)
-    if len(values) == 0:
-        return 0.0
-    return float(1.4826 * np.median(np.abs(values - np.median(values))))
+"""Small shared helpers for detectors: the run's structure as its job states it."""
 
 
 def layers_per_stage(manifest: dict, n_stages: int) -> list[int] | None:

@@ -6,4 +6,4 @@ the step's waterfall in step_waterfall), what it is worth in GPU-hours
 (window_findings).
 
 May import: tables/, load/, replay/, detectors/, diagnose.rundir
-(tests/test_layout.py)."""
+(tests/architecture/test_layout.py)."""

@@ -3,4 +3,4 @@
 event_budget when the run is too large) onto rank 0's clock (clock_align) into
 pandas tables, and serves the derived ones (tables/) on demand.
 
-May import: tables/, diagnose.rundir, diagnose.errors (tests/test_layout.py)."""
+May import: tables/, diagnose.rundir, diagnose.errors (tests/architecture/test_layout.py)."""

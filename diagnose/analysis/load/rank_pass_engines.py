@@ -3,7 +3,7 @@ hands an engine its tasks (rank_batch's arguments: a batch of ranks, the steps
 to keep) and gets their tables back in task order; the cross-rank pass (clock
 alignment, matching, detectors, what-if) then runs in the calling process,
 whatever the engine. Results are the same for every engine
-(tests/test_analysis_engines.py): the per-rank pass is a pure function of the
+(tests/analysis/test_analysis_engines.py): the per-rank pass is a pure function of the
 rank's folder.
 
     in-process   a few threads (Parquet decoding releases the GIL); the default

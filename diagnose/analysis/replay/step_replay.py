@@ -21,7 +21,7 @@ The model, from the matched collectives table:
   blocks the end of the backward until its last bucket is done, so that is its
   wait (and, numbered late, it stays off its group's lane).
 Replayed with the recorded durations this gives back the recorded step ends
-(tests/test_step_replay.py holds it within 5% per step on the reference
+(tests/analysis/test_step_replay.py holds it within 5% per step on the reference
 trainer's scenarios); a what-if changes some gaps or instance lengths and
 reads the step time off the replay.
 

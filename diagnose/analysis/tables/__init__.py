@@ -9,4 +9,4 @@ gpu_peaks, and the hang's evidence (collective_divergence, stuck_frames).
 
 May import: tables/ only, of diagnose.analysis (and collectors' constants, the
 run directory's contract); nothing of diagnose.rundir: it reads no run
-directory (tests/test_layout.py)."""
+directory (tests/architecture/test_layout.py)."""

@@ -1,6 +1,6 @@
 """The math and number format of a GPU kernel, from its name: one table for the
 kernel names of cuBLAS, cuDNN, CUTLASS, cuBLASLt's xmma and PyTorch's own
-kernels, as they appear in Kineto and Nsight traces (tests/test_fp32_math.py
+kernels, as they appear in Kineto and Nsight traces (tests/analysis/test_fp32_math.py
 checks it on the real traces in tests/data/kineto).
 
     math       "gemm" (matrix multiply), "conv" (convolution), or None

@@ -1,0 +1,1 @@
+"""The reference trainer and its demo scenarios."""
