@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 DEMO_SCENARIO ?= showcase
 
-.PHONY: setup browser mpi demo test bench clean
+.PHONY: setup browser mpi demo lint test bench clean
 
 $(VENV)/.installed: pyproject.toml setup.py diagnose/importers/_kineto_c.c Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +37,11 @@ demo: setup
 # read the shared DDP runs are one group, every module's tests another, so each job
 # launches once. TEST_ARGS= runs serially.
 TEST_ARGS ?= -n 2 --dist loadgroup
-test: setup
+# ruff's rules in pyproject.toml (docs/testing.md, "Style"); the suite runs after it
+lint: setup
+	$(VENV)/bin/ruff check .
+
+test: setup lint
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(TEST_ARGS) tests
 
 # Issue 8 figures (about 30 min on 2 cores); analyze_vs_hta needs HTA in /tmp/hta-venv (bench/hta_reference.py)

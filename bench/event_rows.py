@@ -90,6 +90,7 @@ def all_reduce_deltas_us(before_mod, after_mod, runs: int, batches: int = 80, ca
     os.environ.setdefault("WORLD_SIZE", "1")
     import torch
     import torch.distributed as dist
+
     from collectors.recorder import start_recorder
     rec = start_recorder(tempfile.mkdtemp(prefix="diagnose-eventrows-"))
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -118,6 +119,7 @@ def all_reduce_deltas_us(before_mod, after_mod, runs: int, batches: int = 80, ca
 
 def orjson_us_per_row() -> dict:
     import orjson
+
     from collectors.schema import EVENT_COLUMNS, event_row
     rows = [event_row("collective", "all_reduce", i, i + 5, 3, group="0", group_ranks="0,1", seq=i, nbytes=4096)
             for i in range(5000)]

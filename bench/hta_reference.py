@@ -38,8 +38,8 @@ def kineto_files(directory):
 
 def main(root):
     logging.disable(logging.WARNING)
-    from hta.trace_analysis import TraceAnalysis
     import hta
+    from hta.trace_analysis import TraceAnalysis
     out = {"hta_version": getattr(hta, "__version__", None) or _version(), "sets": {}}
     for directory in sorted({os.path.dirname(p) for p in glob.glob(os.path.join(root, "**", "*.json*"),
                                                                     recursive=True)}):

@@ -59,7 +59,8 @@ class _Rows:
 
         def col(v, dtype):
             return np.broadcast_to(np.asarray(v, dtype=dtype), (n,))
-        codes = lambda v: col(self.code(v), np.int32) if isinstance(v, str) else np.asarray(v, np.int32)
+        def codes(v):
+            return col(self.code(v), np.int32) if isinstance(v, str) else np.asarray(v, np.int32)
         self.blocks.append({
             "rank": np.asarray(ranks, np.int64), "kind": codes(kind), "name": codes(name),
             "start_ns": col(start, np.int64), "end_ns": col(end, np.int64), "step": col(step, np.int32),
@@ -117,8 +118,8 @@ class _Sim:
                            for s in range(pp)]
         self.dp_group = [code(lambda i, s=s: f"dp.{s}.{i % tp}") for s in range(pp)]
         self.dp_members = [code(lambda i, s=s: members(self.ranks[s][i % tp::tp])) for s in range(pp)]
-        self.pair = {(a, b): (code(lambda i: f"{self.ranks[a][i]}->{self.ranks[b][i]}"),
-                              code(lambda i: f"{self.ranks[a][i]},{self.ranks[b][i]}"))
+        self.pair = {(a, b): (code(lambda i, a=a, b=b: f"{self.ranks[a][i]}->{self.ranks[b][i]}"),
+                              code(lambda i, a=a, b=b: f"{self.ranks[a][i]},{self.ranks[b][i]}"))
                      for a in range(pp) for b in (a - 1, a + 1) if 0 <= b < pp}
         self.tp_seq, self.dp_seq = [0] * pp, [0] * pp
         self.now = np.full(self.world, 10 * MS, np.int64)

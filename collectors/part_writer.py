@@ -46,8 +46,7 @@ try:
 except ImportError:  # optional speed-up
     orjson = None
 
-from collectors.schema import (EVENT_COLUMNS, EVENT_SCHEMA, SAMPLE_COLUMNS, SCHEMA_VERSION,
-                               events_table, samples_table)
+from collectors.schema import EVENT_COLUMNS, EVENT_SCHEMA, SAMPLE_COLUMNS, SCHEMA_VERSION, events_table, samples_table
 
 COMPACT_EVERY = 64
 _PART_NAME = re.compile(r"^(?P<prefix>[a-z]+)-(?P<lo>\d{6})(?:-(?P<hi>\d{6}))?\.(?:parquet|json)$")

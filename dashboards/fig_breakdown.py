@@ -11,7 +11,6 @@ from diagnose.analysis.tables.breakdown import PART_LABELS
 from diagnose.analysis.tables.gpu_tables import DEVICE_PARTS
 from diagnose.analysis.tables.step_tables import steady
 
-
 HOST_CLOCK_NOTE = ("On this GPU run these are the hosts' parts: forward and backward are the time "
                    "to queue their kernels, and the device's waiting shows as host syncs. What the "
                    "GPUs did is in the next view.")

@@ -3,8 +3,17 @@
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dashboards.view_parts import (COLORS, LAYOUT, MAX_LINE_RANKS, Section, bin_steps, compact,
-                                  downsample_series, esc, fmt_ms)
+from dashboards.view_parts import (
+    COLORS,
+    LAYOUT,
+    MAX_LINE_RANKS,
+    Section,
+    bin_steps,
+    compact,
+    downsample_series,
+    esc,
+    fmt_ms,
+)
 
 MAX_METRICS = 12
 

@@ -7,8 +7,17 @@ steps; see bench/report_size.py)."""
 import datetime
 import os
 
-from dashboards import (fig_breakdown, fig_collectives, fig_fsdp_units, fig_heatmaps, fig_pipeline,
-                        fig_series, fig_timeline, fig_waterfall, fig_whatif)
+from dashboards import (
+    fig_breakdown,
+    fig_collectives,
+    fig_fsdp_units,
+    fig_heatmaps,
+    fig_pipeline,
+    fig_series,
+    fig_timeline,
+    fig_waterfall,
+    fig_whatif,
+)
 from dashboards.fig_findings import evidence_notes, findings_html
 from dashboards.plot_embed import figure_html, page_html
 from dashboards.view_parts import Section, esc, fmt_ms

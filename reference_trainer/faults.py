@@ -54,7 +54,6 @@ import torch.distributed as dist
 
 from reference_trainer.checkpointing import MODES as CHECKPOINT_MODES
 from reference_trainer.checkpointing import Checkpointer
-
 from reference_trainer.device_slowdown import DeviceSlowdown
 
 SHORT_SPREAD = 0.1  # varlen's tail mode: the short micro-batches' lengths, 1-1.1x

@@ -8,13 +8,13 @@ import time
 import torch
 import torch.distributed as dist
 
-from reference_trainer.optional_collectors import phase
 from reference_trainer.config import TrainConfig, parse_args
 from reference_trainer.data import make_loader
 from reference_trainer.dp import GradBuckets
 from reference_trainer.faults import Faults
 from reference_trainer.mesh import Mesh, init_mesh
 from reference_trainer.model import GPTStage
+from reference_trainer.optional_collectors import phase
 from reference_trainer.p2p import PipelineP2P
 from reference_trainer.pipeline import StageRunner, run_schedule
 from reference_trainer.zero import ZeroAdamW

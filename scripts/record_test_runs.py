@@ -57,6 +57,7 @@ def _command(name: str, scenario: str, out: Path) -> tuple[list, str]:
 
 def record(name: str) -> Path:
     import torch
+
     from collectors.schema import SCHEMA_VERSION
     scenario, extra_env = VARIANTS.get(name, (name, {}))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DIAGNOSE_TRACKING": "off", "DIAGNOSE_OUTPUTS": "off",

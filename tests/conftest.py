@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 pytest.register_assert_rewrite("tests.support")  # the helpers' asserts explain themselves, as a test's do
-from tests.support.jobs import (DIAGNOSE, REPO, STRAGGLER_STEPS, fixture_path, job_env,  # noqa: E402
-                                 run_diagnose, torchrun)
+from tests.support.jobs import DIAGNOSE, REPO, STRAGGLER_STEPS, fixture_path, job_env, run_diagnose, torchrun  # noqa: E402
 
 
 @pytest.fixture(scope="session")

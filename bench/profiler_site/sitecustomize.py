@@ -11,7 +11,6 @@ import functools
 import os
 
 if os.environ.get("RANK") is not None and os.environ.get("LOCAL_RANK") is not None:
-    import torch
     import torch.distributed as dist
     from torch.optim.optimizer import register_optimizer_step_post_hook
     from torch.profiler import ProfilerActivity, profile

@@ -148,6 +148,7 @@ def _when_process_group(run_dir: str) -> None:
     def patch():
         try:
             import functools
+
             import torch.distributed as dist
             import torch.optim.optimizer as optimizer
             optimizer.register_optimizer_step_post_hook(note_training)

@@ -58,7 +58,8 @@ import sys
 from collections import defaultdict
 
 from collectors.clock import now_ns
-from collectors.profiler_window import ENV as PROFILER_ENV, parse_window
+from collectors.profiler_window import ENV as PROFILER_ENV
+from collectors.profiler_window import parse_window
 
 ENV = "DIAGNOSE_FLOPS"
 META_KEY = "flops"

@@ -12,8 +12,7 @@ RECENT_STEPS = 64  # per-step history kept in progress.json for live metrics
 
 
 def install(rec):
-    from torch.optim.optimizer import (register_optimizer_step_post_hook,
-                                       register_optimizer_step_pre_hook)
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
     st = rec.state
     primary = []           # id of the optimizer that defines the step
     started: dict = {}     # id(optimizer) -> start_ns of its running step()

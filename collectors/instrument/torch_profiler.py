@@ -20,6 +20,7 @@ import os
 from collectors.clock import now_ns
 from collectors.profiler_window import ENV, OUT_DIR, parse_window
 
+
 class Window:
     """Starts the profiler when step `first` begins, marks each step, stops and
     exports when step `last` ends. `boundary()` is called when a step ends."""

@@ -4,13 +4,12 @@ import os
 import sys
 
 from diagnose import rundir
-from diagnose.rundir import storage
 from diagnose.analysis.findings.run_detectors import write_analysis
 from diagnose.analysis.findings.window_findings import analyze_windows
 from diagnose.analysis.load.event_budget import step_windows
 from diagnose.analysis.load.loader import load, stderr_warning
 from diagnose.exporters.chrome_trace import write_chrome_trace
-
+from diagnose.rundir import storage
 
 PROGRESS_MIN_RANKS = 48  # below this, reading the ranks takes a second or two: no bar
 

@@ -2,7 +2,6 @@
 import json
 import os
 import sys
-from typing import List, Optional
 
 import click
 import typer
@@ -56,8 +55,8 @@ def _finish(run_dir: str, status: int, analyze: bool, outputs: bool = True) -> i
 
 @app.command(context_settings=PASSTHROUGH)
 def run(ctx: typer.Context,
-        out: Optional[str] = typer.Option(None, "--out", help="run directory (default runs/<timestamp>)"),
-        name: Optional[str] = typer.Option(None, "--name", help="a name for the run"),
+        out: str | None = typer.Option(None, "--out", help="run directory (default runs/<timestamp>)"),
+        name: str | None = typer.Option(None, "--name", help="a name for the run"),
         no_analyze: bool = typer.Option(False, "--no-analyze", help="skip analysis at the end"),
         no_outputs: bool = typer.Option(False, "--no-outputs",
                                         help="analyze, but write only findings.json and the analysis tables: "
@@ -72,10 +71,10 @@ def run(ctx: typer.Context,
                                           help="end the job on a hang (default: diagnose dumps, analyzes "
                                                "and reports; ending it stays with its backend or you)"),
         nsys: bool = typer.Option(False, "--nsys", help="run each rank under `nsys profile` (if on PATH)"),
-        torch_profiler: Optional[str] = typer.Option(
+        torch_profiler: str | None = typer.Option(
             None, "--torch-profiler", metavar="STEPS",
             help="record steps FIRST-LAST with the PyTorch profiler and import its kernels"),
-        metrics_port: Optional[int] = typer.Option(
+        metrics_port: int | None = typer.Option(
             None, "--metrics-port", metavar="PORT",
             help="serve live Prometheus metrics on this port, one endpoint per node (0: any free port, "
                  "written to RUN/metrics_port; needs prometheus-client)")):
@@ -114,20 +113,20 @@ def _hang_timeout_option(text: str) -> float | None:
 
 
 @app.command()
-def analyze(runs: List[str] = typer.Argument(..., help="run directory (several: one per node)"),
+def analyze(runs: list[str] = typer.Argument(..., help="run directory (several: one per node)"),
             as_json: bool = typer.Option(False, "--json", help="print findings as JSON"),
             quiet: bool = typer.Option(False, "--quiet", help="findings only, no breakdown"),
             no_outputs: bool = typer.Option(False, "--no-outputs",
                                             help="write only findings.json and the analysis tables: no merged "
                                                  "trace, report or MLflow run (for very large runs)"),
-            processes: Optional[int] = typer.Option(None, "--processes", metavar="N",
+            processes: int | None = typer.Option(None, "--processes", metavar="N",
                                                     help="read the ranks in N local worker processes"),
-            scheduler: Optional[str] = typer.Option(None, "--scheduler", metavar="ADDRESS",
+            scheduler: str | None = typer.Option(None, "--scheduler", metavar="ADDRESS",
                                                     help="read the ranks on a Dask cluster (tcp://HOST:8786); "
                                                          "its workers must see the run directory at this path"),
-            dask_workers: Optional[int] = typer.Option(None, "--dask-workers", metavar="N",
+            dask_workers: int | None = typer.Option(None, "--dask-workers", metavar="N",
                                                        help="read the ranks on a Dask LocalCluster of N workers"),
-            max_events: Optional[int] = typer.Option(None, "--max-events", metavar="N",
+            max_events: int | None = typer.Option(None, "--max-events", metavar="N",
                                                      help="a run with more events is analyzed over its last "
                                                           "steps that fit N (default 25,000,000, ~6 GB; 0: "
                                                           "every step, whatever the memory)"),
@@ -135,10 +134,10 @@ def analyze(runs: List[str] = typer.Argument(..., help="run directory (several: 
                                             help="a run over --max-events is analyzed in windows of steps "
                                                  "that fit, one after the other, findings merged (findings "
                                                  "and tables only: no trace, report or MLflow run)"),
-            gpu_hour_cost: Optional[float] = typer.Option(None, "--gpu-hour-cost", metavar="PRICE",
+            gpu_hour_cost: float | None = typer.Option(None, "--gpu-hour-cost", metavar="PRICE",
                                                           help="the price of one GPU-hour: findings' GPU-hours "
                                                                "per day also in money (DIAGNOSE_GPU_HOUR_COST)"),
-            peak_tflops: Optional[float] = typer.Option(None, "--peak-tflops", metavar="TFLOPS",
+            peak_tflops: float | None = typer.Option(None, "--peak-tflops", metavar="TFLOPS",
                                                         help=PEAK_HELP)):
     """Analyze a run directory: breakdown per rank and findings. The per-rank
     pass runs in this process unless an engine option says otherwise
@@ -175,7 +174,7 @@ def analyze(runs: List[str] = typer.Argument(..., help="run directory (several: 
 @app.command()
 def export(run_dir: str = typer.Argument(..., help="run directory"),
            format: str = typer.Option("chrome", "--format", help="chrome | nvtxt | nsys-rep"),
-           out: Optional[str] = typer.Option(None, "--out", help="output path")):
+           out: str | None = typer.Option(None, "--out", help="output path")):
     """Export a run's merged trace (chrome: Perfetto / chrome://tracing; nvtxt:
     Nsight's ImportNvtxt, one file per rank; nsys-rep: Nsight Systems report)."""
     _local("export", run_dir)
@@ -194,7 +193,7 @@ def export(run_dir: str = typer.Argument(..., help="run directory"),
 
 
 @app.command()
-def merge(runs: List[str] = typer.Argument(..., help="run directories, one per node"),
+def merge(runs: list[str] = typer.Argument(..., help="run directories, one per node"),
           out: str = typer.Option(..., "--out", help="the merged run directory")):
     """Merge per-node run directories of one multi-node job into one run."""
     _local("merge", *runs)
@@ -206,7 +205,7 @@ def merge(runs: List[str] = typer.Argument(..., help="run directories, one per n
 
 @app.command()
 def demo(scenario: str = typer.Option("showcase", "--scenario", help="scenario name"),
-         out: Optional[str] = typer.Option(None, "--out", help="run directory"),
+         out: str | None = typer.Option(None, "--out", help="run directory"),
          hang_timeout: float = typer.Option(20.0, "--hang-timeout"),
          no_outputs: bool = typer.Option(False, "--no-outputs",
                                          help="findings.json and the analysis tables only (also DIAGNOSE_OUTPUTS=off)")):
@@ -225,8 +224,8 @@ def demo(scenario: str = typer.Option("showcase", "--scenario", help="scenario n
 
 @app.command()
 def report(run_dir: str = typer.Argument(..., help="run directory"),
-           out: Optional[str] = typer.Option(None, "--out", help="output path (default <run>/report.html)"),
-           steps: Optional[str] = typer.Option(None, "--steps", help="timeline steps FIRST-LAST (default: a few steady steps)")):
+           out: str | None = typer.Option(None, "--out", help="output path (default <run>/report.html)"),
+           steps: str | None = typer.Option(None, "--steps", help="timeline steps FIRST-LAST (default: a few steady steps)")):
     """(Re)write a run's self-contained HTML report."""
     _local("report", run_dir)
     from diagnose.cli.report_commands import report_command
@@ -237,10 +236,10 @@ def report(run_dir: str = typer.Argument(..., help="run directory"),
 @app.command()
 def compare(run_a: str = typer.Argument(..., help="run directory A (before)"),
             run_b: str = typer.Argument(..., help="run directory B (after)"),
-            more: Optional[List[str]] = typer.Argument(None, help="more runs: a scaling table"),
-            html: Optional[str] = typer.Option(None, "--html", help="also write the comparison as HTML here"),
+            more: list[str] | None = typer.Argument(None, help="more runs: a scaling table"),
+            html: str | None = typer.Option(None, "--html", help="also write the comparison as HTML here"),
             as_json: bool = typer.Option(False, "--json", help="print the comparison as JSON"),
-            fail_on: Optional[str] = typer.Option(None, "--fail-on", metavar="CHECKS",
+            fail_on: str | None = typer.Option(None, "--fail-on", metavar="CHECKS",
                                                   help="exit 3 when B regressed beyond A's noise: regression "
                                                        "(all), or a list of step-time, new-critical, impact")):
     """Compare runs: step time, breakdown per phase, findings gained and lost; across
@@ -287,6 +286,7 @@ def _steps_option(spec):
 
 
 from diagnose.cli.interop_commands import import_app  # noqa: E402  (`diagnose import kineto|nsys`)
+
 app.add_typer(import_app, name="import")
 
 

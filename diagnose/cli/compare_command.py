@@ -172,8 +172,8 @@ def print_device(device: dict, unit: str, out) -> None:
 
 
 def compare_runs(runs: list, html: str | None = None, progress=None, checks: list | None = None) -> dict:
-    from diagnose.analysis.load.loader import load
     from diagnose.analysis.findings.run_detectors import read_or_analyze
+    from diagnose.analysis.load.loader import load
     summaries = []
     for i, run_dir in enumerate(runs):
         if progress:

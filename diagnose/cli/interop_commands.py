@@ -1,6 +1,5 @@
 """`diagnose import kineto|nsys ... --out RUN` and the nvtxt / nsys-rep exports,
 wired into diagnose/cli/commands.py (`app.add_typer(import_app, name="import")`)."""
-from typing import List, Optional
 
 import typer
 
@@ -17,8 +16,8 @@ def _report(kind: str, run_dir: str, summary: dict) -> int:
 
 
 @import_app.command("kineto")
-def kineto(files: List[str] = typer.Argument(..., help="trace .json or .json.gz, one per rank"),
-           out: Optional[str] = typer.Option(None, "--out", help="new run directory")):
+def kineto(files: list[str] = typer.Argument(..., help="trace .json or .json.gz, one per rank"),
+           out: str | None = typer.Option(None, "--out", help="new run directory")):
     """PyTorch profiler (Kineto) traces; the rank comes from distributedInfo, else the order given."""
     from diagnose import rundir
     from diagnose.importers.kineto import import_kineto
@@ -27,8 +26,8 @@ def kineto(files: List[str] = typer.Argument(..., help="trace .json or .json.gz,
 
 
 @import_app.command("nsys")
-def nsys(files: List[str] = typer.Argument(..., help="Nsight Systems SQLite exports (nsys export --type sqlite)"),
-         out: Optional[str] = typer.Option(None, "--out", help="new run directory")):
+def nsys(files: list[str] = typer.Argument(..., help="Nsight Systems SQLite exports (nsys export --type sqlite)"),
+         out: str | None = typer.Option(None, "--out", help="new run directory")):
     """Nsight Systems SQLite exports; rank from a `rank<N>` file name, else the order given."""
     from diagnose import rundir
     from diagnose.importers.nsys import import_nsys
@@ -37,8 +36,8 @@ def nsys(files: List[str] = typer.Argument(..., help="Nsight Systems SQLite expo
 
 
 @import_app.command("flight-recorder")
-def flight_recorder(paths: List[str] = typer.Argument(..., help="dump files, or folders of them (pickle or JSON)"),
-                    out: Optional[str] = typer.Option(None, "--out", help="new run directory"),
+def flight_recorder(paths: list[str] = typer.Argument(..., help="dump files, or folders of them (pickle or JSON)"),
+                    out: str | None = typer.Option(None, "--out", help="new run directory"),
                     force: bool = typer.Option(False, "--force", help="replace RUN if it exists")):
     """PyTorch Flight Recorder dumps (any backend); the rank is the file name's trailing digits.
     Read safely (no code in a pickle can run), then analyzed: who stopped where."""
@@ -56,7 +55,7 @@ def flight_recorder(paths: List[str] = typer.Argument(..., help="dump files, or 
     return 0
 
 
-def export_interop(run_dir: str, fmt: str, out: Optional[str]) -> int:
+def export_interop(run_dir: str, fmt: str, out: str | None) -> int:
     from diagnose.analysis.load.loader import load
     run = load(run_dir)
     if fmt == "nvtxt":

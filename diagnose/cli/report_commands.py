@@ -43,8 +43,8 @@ def parse_steps(text: str | None):
 
 def report_command(run_dir: str, out: str | None = None, steps: str | None = None) -> str:
     from dashboards.report_page import VIEWS, write_report
-    from diagnose.analysis.load.loader import load
     from diagnose.analysis.findings.run_detectors import read_or_analyze
+    from diagnose.analysis.load.loader import load
     window = parse_steps(steps)
     with progress_steps("report", len(VIEWS) + 3) as advance:
         run = load(run_dir)

@@ -198,7 +198,7 @@ def step_metrics(run) -> list:
                          "exposed_comm_frac", "bubble_frac") if c in summary.columns]
     metrics = []
     for row in summary.itertuples(index=False):
-        end = getattr(row, "end_ns")
+        end = row.end_ns
         timestamp = int((wall0 + (end if end == end else 0)) // 1_000_000)
         for name in names:
             value = getattr(row, name)

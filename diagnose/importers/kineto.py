@@ -55,10 +55,15 @@ from diagnose.errors import UserError
 from diagnose.importers import kineto_scan
 from diagnose.importers.gpu_activity import as_int
 from diagnose.importers.kineto_columns import table_and_facts
-from diagnose.importers.kineto_io import (_display, gc_paused, load_trace, map_files, parse_trace,  # noqa: F401 (load_trace: API)
-                                          read_trace_bytes)
-from diagnose.importers.kineto_scan import (LAUNCH_CATS, NCCL_RANGE_CATS, NCCL_RANGE_PREFIX, PHASE_FIRST, SYNC_CALLS,
-                                           nccl_range)
+from diagnose.importers.kineto_io import _display, gc_paused, load_trace, map_files, parse_trace, read_trace_bytes  # noqa: F401 (load_trace: API)
+from diagnose.importers.kineto_scan import (
+    LAUNCH_CATS,
+    NCCL_RANGE_CATS,
+    NCCL_RANGE_PREFIX,
+    PHASE_FIRST,
+    SYNC_CALLS,
+    nccl_range,
+)
 from diagnose.importers.run_writer import RunDirWriter, append_rank_events, clock_meta
 
 _STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")

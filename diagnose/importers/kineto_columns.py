@@ -24,10 +24,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from collectors.schema import COMMUNICATION, EVENT_COLUMNS, EVENT_FIELDS, EVENT_SCHEMA, arrow_array, event_row
-from diagnose.importers.gpu_activity import (DTYPE_BYTES, as_int, collective_op, kernel_class, launching_ranges,
-                                             p2p_pair, ranks_string)
+from diagnose.importers.gpu_activity import (
+    DTYPE_BYTES,
+    as_int,
+    collective_op,
+    kernel_class,
+    launching_ranges,
+    p2p_pair,
+    ranks_string,
+)
 from diagnose.importers.kineto_scan import STREAM_WAIT, peer_rank
-from diagnose.importers.kineto_structure import SOURCE as STRUCTURE_SOURCE, device_structure
+from diagnose.importers.kineto_structure import SOURCE as STRUCTURE_SOURCE
+from diagnose.importers.kineto_structure import device_structure
 from diagnose.importers.process_groups import process_groups
 from diagnose.importers.run_writer import assign_steps
 

@@ -29,7 +29,9 @@ except ImportError:  # optional speed-up
     orjson = None
 
 try:
-    from deflate import DeflateError, crc32 as _libdeflate_crc32, gzip_decompress as _libdeflate_gunzip
+    from deflate import DeflateError
+    from deflate import crc32 as _libdeflate_crc32
+    from deflate import gzip_decompress as _libdeflate_gunzip
 except ImportError:  # optional speed-up
     _libdeflate_gunzip, DeflateError = None, zlib.error
 

@@ -284,7 +284,7 @@ class LiveMonitor:
                 self.heartbeat[rank] = [total, now, False]
         if len(self.heartbeat) < 2:
             return
-        for rank, (total, changed_at, alerted) in self.heartbeat.items():
+        for rank, (_total, changed_at, alerted) in self.heartbeat.items():
             if alerted:
                 continue
             base = self.baselines[rank]["step"]

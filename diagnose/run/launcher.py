@@ -13,8 +13,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import collectors
 from collectors.instrument.flight_recorder_dump import enabled as fr_enabled
@@ -22,8 +22,8 @@ from collectors.part_writer import merge_row_parts
 from diagnose import rundir
 from diagnose.errors import UserError
 from diagnose.live.child import start as start_live
-from diagnose.run.profiling_tools import after_job, before_job
 from diagnose.run.flight_recorder_env import collect_user_dumps, flight_recorder_env
+from diagnose.run.profiling_tools import after_job, before_job
 from diagnose.run.progress_line import ProgressLine
 from diagnose.run.rank_liveness import RankLiveness
 from diagnose.run.watchdog import HANG_FLOOR_S, HangWatchdog, kill_rank_processes

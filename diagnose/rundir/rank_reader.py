@@ -10,8 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from collectors.part_writer import files_to_read, read_part, row_part_table
-from collectors.schema import (EVENT_FIELDS, EVENT_PART_GLOBS, SAMPLE_FIELDS, SAMPLE_PART_GLOBS,
-                               SCHEMA_VERSION)
+from collectors.schema import EVENT_FIELDS, EVENT_PART_GLOBS, SAMPLE_FIELDS, SAMPLE_PART_GLOBS, SCHEMA_VERSION
 from diagnose.rundir import storage
 
 _EVENT_DEFAULTS = {"step": -1, "microbatch": -1, "stage": -1, "group": "", "group_ranks": "",

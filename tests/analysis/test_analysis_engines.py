@@ -11,12 +11,11 @@ import threading
 import distributed
 import pandas as pd
 import pytest
+from pandas.testing import assert_frame_equal
 
 import diagnose
-from pandas.testing import assert_frame_equal
 from tests.support.jobs import fixture_path, load_run, run_diagnose
 from tests.support.synthetic_run import write_synthetic_run
-
 
 TABLES = ("steps", "breakdown", "collectives", "arrivals")
 
@@ -270,6 +269,7 @@ def test_a_run_at_a_memory_url_is_analyzed_as_at_its_local_path(synthetic_64, in
     """An fsspec URL (memory://, in this process): the same findings and tables,
     written back at the URL."""
     import fsspec
+
     from diagnose.analysis.findings.run_detectors import write_analysis
     fs = fsspec.filesystem("memory")
     fs.put(synthetic_64, "/url-run64", recursive=True)

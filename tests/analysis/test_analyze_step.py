@@ -32,7 +32,7 @@ def test_findings_only_read_and_analyze_is_the_step_that_runs_the_detectors(stra
     with monkeypatch.context() as m:
         _no_detectors(m)
         with pytest.raises(NotAnalyzed, match="diagnose.analyze") as raised:
-            run.findings
+            _ = run.findings
     assert isinstance(raised.value, UserError)  # the CLI prints it as one line, exit 2
     findings = diagnose.analyze(run)
     assert [f["ranks"] for f in findings if f["kind"] == "straggler"] == [[2]]  # the scenario slows rank 2
@@ -62,4 +62,4 @@ def test_an_unreadable_findings_file_is_one_line_not_a_silent_analysis(straggler
     (straggler_copy / "analysis" / "findings.json").write_text("{not json")
     _no_detectors(monkeypatch)
     with pytest.raises(NotAnalyzed, match="is not JSON"):
-        load_run(straggler_copy).findings
+        _ = load_run(straggler_copy).findings

@@ -39,7 +39,7 @@ def test_the_finding_names_the_stall_and_the_slow_disk(saving_run):
     (f,) = [f for f in findings if f["kind"] == "checkpoint_stall"]
     m = f["metrics"]
     assert f["severity"] in ("warning", "critical") and m["slowest_rank"] == 1 and m["apis"] == "torch.save"
-    assert f"rank 1's take" in f["title"] and "check rank 1's disk" in f["recommendation"].lower()
+    assert "rank 1's take" in f["title"] and "check rank 1's disk" in f["recommendation"].lower()
     assert "async_save" in f["recommendation"]
     # the impact is the slowest saver's blocked time per steady step
     run = load_run(saving_run)

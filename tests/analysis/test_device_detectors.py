@@ -9,8 +9,7 @@ from dashboards.report_page import render
 from diagnose.analysis.findings.run_detectors import detect
 from diagnose.importers.kineto import import_kineto
 from diagnose.importers.run_writer import RunDirWriter, clock_meta
-from tests.support import async_stream_model
-from tests.support import kineto_perturb
+from tests.support import async_stream_model, kineto_perturb
 from tests.support.jobs import load_run
 
 WORLD, STEPS = 2, 8

@@ -114,6 +114,7 @@ def test_real_nccl_traces_are_given_back_by_the_replay(tmp_path, trace):
     communication overlapped, no wait records): the graph, with the waits it
     infers, replays every steady step as recorded within the 5% gate."""
     import glob
+
     from tests.support.jobs import DATA
     paths = sorted(glob.glob(str(DATA / "kineto" / "hta" / trace / "*.json.gz")))
     assert len(paths) >= 1

@@ -6,8 +6,7 @@ import textwrap
 import types
 
 from collectors.instrument import rank_environment
-from diagnose.analysis.detectors import finding_kinds
-from diagnose.analysis.detectors import env_mismatch
+from diagnose.analysis.detectors import env_mismatch, finding_kinds
 from tests.support.jobs import PYTHON, REPO, job_env, load_run, run_diagnose, torchrun
 
 # The training script of the acceptance test. Differences are planted where the

@@ -9,8 +9,7 @@ import pytest
 
 from diagnose.analysis.findings.run_detectors import detect
 from diagnose.importers.kineto import import_kineto
-from tests.support import async_stream_model
-from tests.support import kineto_perturb
+from tests.support import async_stream_model, kineto_perturb
 from tests.support.jobs import load_run
 
 WORLD = 8

@@ -14,6 +14,7 @@ from tests.support.synthetic_run import write_synthetic_run
 def _planted_length(step, microbatch, dp_rank):
     """The varlen scenario's length factor for a micro-batch, drawn as its trainer did."""
     import torch
+
     from reference_trainer.faults import Faults, parse_fault
     from reference_trainer.scenarios import SCENARIOS
     argv = SCENARIOS["varlen"].argv
@@ -88,6 +89,7 @@ def test_a_clean_run_has_neither(tmp_path):
 
 def test_varlen_fault_draws_lengths_per_microbatch_and_replica():
     import torch
+
     from reference_trainer.faults import Faults, parse_fault
     spec = parse_fault("varlen:spread=3")
     assert spec.params == {"spread": 3.0, "seed": 0, "tail": 0.0}

@@ -148,6 +148,7 @@ def test_a_persistently_slow_rank_is_a_straggler_not_a_workload_imbalance(tmp_pa
 
 def test_varlen_fault_draws_a_long_tail_the_same_on_a_replicas_ranks():
     import torch
+
     from reference_trainer.faults import Faults, parse_fault
     spec = parse_fault("varlen:spread=6.5,tail=0.1")
     with pytest.raises(ValueError):

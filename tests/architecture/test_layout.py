@@ -179,7 +179,8 @@ NOT_PYTHON_PACKAGES = ("data", "scripts", "__pycache__")  # fixtures; jobs the t
 
 def test_tests_sit_in_package_folders_and_helpers_in_support():
     """docs/testing.md, "Layout": no test or helper beside the folders, every test
-    module in a package folder under a name of its own, helpers only in support/."""
+    module in a package folder under a name of its own, helpers only in support/
+    (a folder's conftest.py aside)."""
     tests = REPO / "tests"
     assert sorted(p.name for p in tests.glob("*.py")) == ["__init__.py", "conftest.py"]
     folders = sorted(p.name for p in tests.iterdir() if p.is_dir() and p.name not in NOT_PYTHON_PACKAGES)
@@ -188,7 +189,8 @@ def test_tests_sit_in_package_folders_and_helpers_in_support():
     for folder in folders:
         modules = sorted(p.name for p in (tests / folder).glob("*.py"))
         assert "__init__.py" in modules, folder
-        for module in set(modules) - {"__init__.py"}:
+        # a folder's conftest.py shares its fixtures (pytest finds them by name)
+        for module in set(modules) - {"__init__.py", "conftest.py"}:
             assert module.startswith("test_") == (folder != "support"), f"tests/{folder}/{module}"
             by_name[module].append(folder)
     assert {n: f for n, f in by_name.items() if len(f) > 1} == {}

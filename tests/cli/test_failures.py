@@ -10,7 +10,6 @@ import pytest
 import diagnose
 from tests.support.jobs import DIAGNOSE, REPO, job_env, run_diagnose, torchrun
 
-
 # Not shorter: with 6 s, on a box busy with the suite's other worker, 1 run in 5 dumped
 # while rank 0 (stage 0, waiting for rank 1's gradients) still had a bucket all-reduce
 # in flight, and the finding named ranks 0 and 1; 15 s lets every rank settle first

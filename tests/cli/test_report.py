@@ -138,16 +138,16 @@ def test_trace_strings_show_as_text_never_markup(ddp_run, tmp_path, browser):
         # in the plotly timeline: the range's label and its hover text are text nodes too
         assert page.evaluate(f"""Array.from(document.querySelectorAll('#fig-timeline text'))
             .some(t => t.textContent === {json.dumps(XSS)})""")
-        hover = page.evaluate(f"""(() => {{
+        hover = page.evaluate("""(() => {
             const gd = document.getElementById('fig-timeline');
-            for (let c = 0; c < gd.data.length; c++) {{
+            for (let c = 0; c < gd.data.length; c++) {
               const texts = gd.data[c].hovertext || [];
               for (let p = 0; p < texts.length; p++) if (String(texts[p]).includes('script'))
-                {{ Plotly.Fx.hover(gd, [{{curveNumber: c, pointNumber: p}}]); break; }}
-            }}
+                { Plotly.Fx.hover(gd, [{curveNumber: c, pointNumber: p}]); break; }
+            }
             const layer = gd.querySelector('.hoverlayer');
-            return {{text: layer.textContent, scripts: layer.querySelectorAll('script').length}};
-        }})()""")
+            return {text: layer.textContent, scripts: layer.querySelectorAll('script').length};
+        })()""")
         assert XSS in hover["text"] and hover["scripts"] == 0
         # the what-if view's bar for the finding is labelled with its callsite, as text
         assert page.evaluate(f"""Array.from(document.querySelectorAll('#fig-whatif text'))

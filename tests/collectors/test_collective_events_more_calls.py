@@ -1,6 +1,6 @@
 """Issue 44, device rows beyond c10d's own calls (O5) and across Works that die
 unwaited (W2), on the fake GPU and stand-ins of tests/collectors/test_collective_events.py."""
-from tests.collectors.test_collective_events import MS, FakeGPU, Tensor, _device_rows, _queue, traced  # noqa: F401
+from tests.collectors.test_collective_events import MS, FakeGPU, Tensor, _device_rows, _queue
 
 
 def test_functional_collectives_get_device_rows_as_c10d_calls_do(traced, monkeypatch):

@@ -62,7 +62,7 @@ def _job(backend):
     """Both ranks: one collective; then one that rank 1 makes unseen (compiled
     there); three more; two coalesced in one batch; one more."""
     ranks = [_rank(backend) for _ in range(2)]
-    for r, (pg, rec, all_reduce, coalescing_manager) in enumerate(ranks):
+    for r, (pg, _rec, all_reduce, coalescing_manager) in enumerate(ranks):
         all_reduce(None)
         if r == 0:
             all_reduce(None)
@@ -152,7 +152,7 @@ def test_the_backend_is_the_one_for_the_tensors_device():
         pg = NCCLGroup()
         tracker = collectives.Tracker(Recorder(None), SimpleNamespace(
             get_backend=lambda group, b=backend: b, get_process_group_ranks=lambda group: [0, 1],
-            distributed_c10d=SimpleNamespace(_get_default_group=lambda: pg)))
+            distributed_c10d=SimpleNamespace(_get_default_group=lambda pg=pg: pg)))
         assert {name: tracker.group_info(None, t)[3] for name, t in (("cpu", cpu), ("cuda", cuda))} == expected, backend
         assert tracker.group_info(None, [cpu])[3] == expected["cpu"]
     # "undefined" (a group made without a backend string): its config names them

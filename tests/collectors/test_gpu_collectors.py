@@ -160,8 +160,8 @@ def test_sync_debug_warnings_become_sync_events_with_callsite():
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = show
-        warnings.warn("called a synchronizing CUDA operation", UserWarning)
-        warnings.warn("something else", UserWarning)
+        warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+        warnings.warn("something else", UserWarning, stacklevel=1)
     (row,) = rec.events
     assert row[0] == "sync" and row[14] == "sync_debug"
     assert row[13].startswith(__file__ + ":")

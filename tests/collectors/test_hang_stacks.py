@@ -15,8 +15,8 @@ import time
 import pytest
 
 from diagnose.analysis.tables.stuck_frames import describe, sentence
-from diagnose.rundir.fault_stacks_reader import read_rank_stacks
 from diagnose.run.stack_signal import markers, signal_marked_ranks
+from diagnose.rundir.fault_stacks_reader import read_rank_stacks
 from tests.support.jobs import REPO
 
 PRELUDE = """

@@ -97,7 +97,7 @@ def test_activation_checkpointing_is_hardware_flops_not_model_flops():
     x = torch.randn(16, 32, requires_grad=True)
     plain = _counted(lambda: block(x).sum().backward())
     for reentrant in (False, True):
-        checkpointed = _counted(lambda: checkpoint(block, x, use_reentrant=reentrant).sum().backward())
+        checkpointed = _counted(lambda reentrant=reentrant: checkpoint(block, x, use_reentrant=reentrant).sum().backward())
         assert checkpointed["model_flops"] == plain["model_flops"], reentrant
         assert checkpointed["by_phase"]["recompute"] > 0
         assert checkpointed["hardware_flops"] == plain["model_flops"] + checkpointed["by_phase"]["recompute"]
@@ -230,7 +230,7 @@ def test_the_ddp_job_counts_its_step_and_reports_it(ddp_run):
     summary = mfu.summarize(run)
     line = summary["lines"][0]
     assert line.startswith("MFU: no percentage (a CPU run has no peak") and "TFLOP/s of model FLOPs" in line
-    assert f"MFU: no percentage" in (ddp_run / "report.html").read_text()
+    assert "MFU: no percentage" in (ddp_run / "report.html").read_text()
     from diagnose.exporters import mlflow_run  # what log_run logs, without importing MLflow here
     tracked = mlflow_run.summary_metrics(run, [])
     assert tracked["mfu/achieved_tflops_per_rank"] == pytest.approx(summary["achieved_tflops_per_rank"])

@@ -225,7 +225,7 @@ def test_failing_collector_does_not_stop_the_job_and_is_recorded(tmp_path):
 def test_misuse_is_one_line_and_exit_2(args, message):
     proc = run_diagnose(args, check=False)
     assert proc.returncode == 2, proc.stderr
-    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0].lower(), proc.stderr
 
 

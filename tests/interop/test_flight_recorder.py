@@ -211,10 +211,9 @@ def test_backend_watchdog_aborts_are_victims_not_causes(message, victim):
 def test_a_job_its_nccl_watchdog_ended_is_a_hang_named_by_the_dumps(tmp_path):
     """No diagnose watchdog report: the backend's timeout ended the job first, every
     rank raised its watchdog's abort, and the backend dumped on timeout."""
+    from diagnose.analysis.findings.run_detectors import detect
     from tests.support.jobs import load_run
     from tests.support.synthetic_run import write_synthetic_run
-
-    from diagnose.analysis.findings.run_detectors import detect
     out = write_synthetic_run(str(tmp_path / "run"), ranks=4, steps=8)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     manifest.update(exit_status=1, hang=None)

@@ -135,6 +135,7 @@ def test_rows_are_in_start_order_each_collective_right_after_its_kernel():
     the rows come in start order, a collective row follows its NCCL kernel (same
     start), and string columns read back as plain strings."""
     import pyarrow as pa
+
     from diagnose.importers import kineto
     from diagnose.importers.kineto_columns import Strings
     files = HTA["hta/nccl_parser_config"]["files"]
@@ -209,6 +210,7 @@ def test_a_gzip_of_several_members_is_read_whole(tmp_path):
     """libdeflate decodes one gzip member; a file of several (gzip'ed in pieces,
     bgzip) must still import all of its events, through zlib."""
     import gzip
+
     from diagnose.importers import kineto
     from diagnose.importers.kineto_io import read_trace_bytes
     source = KINETO / "hta" / "trace_filter" / "sampled_rank-0.json.gz"
@@ -226,6 +228,7 @@ def _scan_both(text: bytes, gpu_only: bool = False):
     """(native_scan's result, the msgspec scan's), GPU args reduced to the keys
     the importer reads from them; None where a path hands over."""
     import msgspec
+
     from diagnose.importers import kineto, kineto_scan
 
     def comparable(result):
@@ -254,6 +257,7 @@ def test_the_native_scan_gives_the_msgspec_rows_or_hands_over():
     the msgspec scan's rows (pids in the same order), or hands the text over
     (None) where it only validates what it does not handle."""
     import shutil
+
     from diagnose.importers import kineto_scan
     from diagnose.importers.kineto_io import read_trace_bytes
     if kineto_scan._kineto_c is None:

@@ -87,11 +87,11 @@ def test_step_time_and_data_wait_departures_alert_once(tmp_path):
         clock.t += 0.3
         mon.tick(snapshot(steps, {0: s, 1: s}, clock, waits))
     text = stream.getvalue()
-    lines = [l for l in text.splitlines() if "ALERT" in l]
-    assert sum("ALERT rank 1:" in l and "step 16 took" in l for l in lines) == 1, text
-    assert sum("ALERT rank 0:" in l and "data wait" in l for l in lines) == 1, text
+    lines = [line for line in text.splitlines() if "ALERT" in line]
+    assert sum("ALERT rank 1:" in line and "step 16 took" in line for line in lines) == 1, text
+    assert sum("ALERT rank 0:" in line and "data wait" in line for line in lines) == 1, text
     assert len(lines) == 2, text
-    records = [json.loads(l) for l in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
     assert [(r["rank"], r["kind"]) for r in records] == [(1, "step_time"), (0, "data_wait")]
 
 
@@ -206,7 +206,7 @@ def test_a_rank_that_stops_recording_while_others_go_on_is_reported(tmp_path):
             totals[r] += 10
         clock.t += 0.25
         mon.tick(snapshot(steps, totals, clock))
-    alerts = [l for l in stream.getvalue().splitlines() if "ALERT" in l]
+    alerts = [line for line in stream.getvalue().splitlines() if "ALERT" in line]
     assert len(alerts) == 1 and "diagnose: ALERT rank 1:" in alerts[0], alerts
     assert "recorded nothing" in alerts[0]
 
@@ -218,7 +218,7 @@ def test_the_monitor_never_raises(tmp_path):
                 {0: None}, {0: {"events_total": object()}}):
         mon.tick(bad)
     mon.close(0)
-    warnings = [l for l in stream.getvalue().splitlines() if "warning" in l]
+    warnings = [line for line in stream.getvalue().splitlines() if "warning" in line]
     assert len(warnings) <= 1
 
 

@@ -8,10 +8,10 @@ arrival lags, via live.json), not the lowest index among ranks tied on steps."""
 import io
 import json
 import os
-import time
 import pty
 import select
 import subprocess
+import time
 
 import diagnose
 from diagnose.live.rank_gauges import LIVE_STATE

@@ -6,7 +6,7 @@ import torch.distributed as dist
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-for step in range(4):
+for _step in range(4):
     send, recv = torch.full((3,), float(rank)), torch.empty(3)
     ops = [dist.P2POp(dist.isend, send, (rank + 1) % world), dist.P2POp(dist.irecv, recv, (rank - 1) % world)]
     for work in dist.batch_isend_irecv(ops):

@@ -31,8 +31,8 @@ model = torch.nn.Linear(32, 32)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 device_s = args.device_ms / 1000 * (args.factor if rank == args.slow_rank else 1.0)
 x = torch.randn(8, 32)
-for step in range(args.steps):
-    for micro in range(args.microbatches):
+for _step in range(args.steps):
+    for _micro in range(args.microbatches):
         model(x).square().mean().backward()
         time.sleep(device_s)
         send, recv = torch.full((256,), float(rank)), torch.empty(256)

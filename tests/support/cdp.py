@@ -188,7 +188,7 @@ class Page:
             self.ws.settimeout(max(0.05, deadline - time.monotonic()))
             try:
                 message = json.loads(self.ws.recv())
-            except (socket.timeout, TimeoutError):
+            except TimeoutError:
                 return
             if "method" in message:
                 self._on_event(message)

@@ -49,8 +49,17 @@ consecutive ranks).
 """
 import numpy as np
 
-from tests.support.stream_sim_faults import (COMPUTE_STREAM, DP_STREAM, NCCL_STREAMS, P2P_STREAM, HostCalls, bucketed,
-                               drop_waits, interleaved, ring_schedule)
+from tests.support.stream_sim_faults import (
+    COMPUTE_STREAM,
+    DP_STREAM,
+    NCCL_STREAMS,
+    P2P_STREAM,
+    HostCalls,
+    bucketed,
+    drop_waits,
+    interleaved,
+    ring_schedule,
+)
 
 T0_US = 1_700_000_000_000_000.0
 LAUNCH_US = 8.0

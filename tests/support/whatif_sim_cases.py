@@ -18,8 +18,8 @@ kernels are the faulty job's but for the fault (jitter included).
 Run as a script, it prints each case's faulty and fixed step and truth.
 """
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

@@ -13,7 +13,8 @@ import time
 import pytest
 import torch
 
-from reference_trainer import device_slowdown, faults as faults_module
+from reference_trainer import device_slowdown
+from reference_trainer import faults as faults_module
 from reference_trainer.faults import Faults, parse_fault
 from reference_trainer.train import LossLog
 
@@ -146,6 +147,7 @@ def test_no_device_sync_in_the_trainer_step():
     device values are the hidden_sync fault's, which is its point)."""
     import ast
     import pathlib
+
     import reference_trainer
     offenders = []
     for path in pathlib.Path(reference_trainer.__file__).parent.glob("*.py"):

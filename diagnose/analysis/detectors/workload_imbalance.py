@@ -87,8 +87,8 @@ def microbatch_phases(ctx) -> tuple[pd.DataFrame, bool]:
         # an imported GPU trace without phases: the passes its kernels show, on
         # the device's clock (kineto_structure; never the host-gap rows, whose
         # two phases are cut from one host interval and cannot move apart)
-        device = ((events["kind"].isin(["forward", "backward"]) & (events["detail"] == DEVICE_SOURCE)
-                   & (events["microbatch"] >= 0) & events["step"].isin(ctx.steady)))
+        device = (events["kind"].isin(["forward", "backward"]) & (events["detail"] == DEVICE_SOURCE)
+                   & (events["microbatch"] >= 0) & events["step"].isin(ctx.steady))
         on_device = bool(device.any())
     rows = events.loc[device if on_device else host, [*_KEYS, "name", "start_ns", "end_ns", "queued_ns"]]
     # (device spans and rows without the reading have queued_ns -1: nothing to take off)

@@ -4,7 +4,6 @@
 all findings replayed together, so that their shares add up
 (diagnose/analysis/findings/step_waterfall.py).
 """
-import numpy as np
 
 from diagnose.analysis.detectors import finding_kinds
 from diagnose.analysis.findings.step_waterfall import step_waterfall

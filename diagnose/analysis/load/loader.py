@@ -17,7 +17,6 @@ import pandas as pd
 import pyarrow as pa
 
 from diagnose import rundir
-from diagnose.rundir import storage
 from diagnose.analysis.load import clock_align, event_budget
 from diagnose.analysis.load.rank_pass import in_rank_order, ranks_per_task
 from diagnose.analysis.load.rank_pass_engines import InProcess
@@ -26,6 +25,7 @@ from diagnose.analysis.tables.breakdown import step_breakdown
 from diagnose.analysis.tables.mfu import without_counted_step
 from diagnose.analysis.tables.step_tables import steady_state_steps, steps_table, window_shift
 from diagnose.errors import UserError
+from diagnose.rundir import storage
 
 
 def _per_run(method):

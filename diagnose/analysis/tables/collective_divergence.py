@@ -180,7 +180,7 @@ def diverge(dumps: dict[int, dict], world_size: int | None = None, blocked_in=No
     candidates = {(rank, name, why) for name, items in absent.items() for rank, why in items}
     roots = {c for c in candidates if c[0] not in blocked}
     cycle = not roles and not roots and bool(candidates)
-    for rank, name, why in (candidates if cycle else roots):
+    for rank, name, _why in (candidates if cycle else roots):
         roles[rank].setdefault(name, ("missing", waited[name]))
     reasons = {(rank, name): why for rank, name, why in candidates}
     culprits = {}

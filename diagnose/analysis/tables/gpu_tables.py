@@ -167,7 +167,7 @@ def temporal_breakdown(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFra
         busy = covered_ns(s, e)
         comp = (k["kind"] == COMPUTE).to_numpy()
         compute = covered_ns(s[comp], e[comp])
-        frac = (lambda x: x / span) if span > 0 else (lambda x: float("nan"))
+        frac = (lambda x, span=span: x / span) if span > 0 else (lambda x: float("nan"))
         rows.append({"rank": int(rank), "idle_frac": frac(span - busy), "compute_frac": frac(compute),
                      "non_compute_frac": frac(busy - compute), "span_ms": span / 1e6,
                      "idle_ms": (span - busy) / 1e6, "compute_ms": compute / 1e6,
@@ -324,7 +324,7 @@ def device_step_breakdown(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.Data
         a, b = st["start_ns"].to_numpy(np.int64), st["end_ns"].to_numpy(np.int64)
         comp = k["kind"] == COMPUTE
 
-        def covered(rows):  # ns of the union of `rows` inside each step window
+        def covered(rows, a=a, b=b):  # ns of the union of `rows` inside each step window
             if rows.empty:
                 return np.zeros(len(a), np.int64)
             before = _busy_before(rows)

@@ -26,7 +26,8 @@ so instead of a number.
 """
 import re
 
-from collectors.instrument.flop_count import ENV as FLOPS_ENV, META_KEY
+from collectors.instrument.flop_count import ENV as FLOPS_ENV
+from collectors.instrument.flop_count import META_KEY
 from diagnose.analysis.tables import gpu_peaks
 
 # compute kernels no torch FLOP formula sees, by name: the flash-attn package's
