@@ -26,10 +26,10 @@ REL_TOL = 1e-5
 LAUNCHES = {
     # name: (dp, tp, pp, trainer args)
     "base": (1, 1, 1, ["--microbatches", "4", "--steps", "30"]),
-    "dp2_zero1": (2, 1, 1, ["--microbatches", "2", "--zero1"]),
-    "tp2": (1, 2, 1, ["--microbatches", "4", "--num-workers", "2"]),
+    # pp alone and each other parallelism with it (tp x pp, dp x pp with ZeRO-1): a dp-only
+    # or tp-only launch adds no code path (pp=1 is the base run's), at ~9 s a launch
     "pp2_afab": (1, 1, 2, ["--microbatches", "4", "--schedule", "afab"]),
-    "tp2_pp2_1f1b": (1, 2, 2, ["--microbatches", "4", "--schedule", "1f1b"]),
+    "tp2_pp2_1f1b": (1, 2, 2, ["--microbatches", "4", "--schedule", "1f1b", "--num-workers", "2"]),
     "dp2_pp2_1f1b_zero1": (2, 1, 2, ["--microbatches", "2", "--schedule", "1f1b", "--zero1"]),
     # faults that must not change the math, with an uneven split of layers over stages
     "dp2_pp2_faults": (2, 1, 2, [
@@ -168,7 +168,7 @@ def test_scenarios_cover_design_and_parse():
 def test_losses_match_across_layouts_schedules_and_zero1(launched):
     base = launched("base").losses[:STEPS]
     assert len(base) == STEPS
-    names = ["dp2_zero1", "tp2", "pp2_afab", "tp2_pp2_1f1b", "dp2_pp2_1f1b_zero1"]
+    names = ["pp2_afab", "tp2_pp2_1f1b", "dp2_pp2_1f1b_zero1"]
     for name in names:
         losses = launched(name).losses
         assert len(losses) == STEPS, name
@@ -176,7 +176,7 @@ def test_losses_match_across_layouts_schedules_and_zero1(launched):
             assert abs(a - b) <= REL_TOL * abs(a), f"{name} step {step}: {b} vs {a}"
     # every layout, both schedules, ZeRO-1 on and off are represented
     layouts = {LAUNCHES[n][:3] for n in ["base", *names]}
-    assert layouts == {(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (1, 2, 2), (2, 1, 2)}
+    assert layouts == {(1, 1, 1), (1, 1, 2), (1, 2, 2), (2, 1, 2)}
     flags = [set(LAUNCHES[n][3]) for n in names if LAUNCHES[n][2] > 1]
     assert any("afab" in f for f in flags) and any("1f1b" in f for f in flags)
     assert any("--zero1" in f for f in flags) and any("--zero1" not in f for f in flags)
