@@ -4,8 +4,9 @@ after the poll took only each stream's head, side by side in one process.
 
     .venv/bin/python -m bench.event_poll [--before 36e4045] [--pending 100000]
 
-"before": collectors/instrument/{cuda_events,collective_events}.py at that
-commit, loaded from git; "after": the working tree. Events are fakes with
+"before": collectors/instrument/collective_events.py and CudaEventTimer's file
+(cuda_event_timer.py; cuda_events.py before it had its own) at that commit,
+loaded from git; "after": the working tree. Events are fakes with
 torch.cuda.Event's methods (a Python call each, cheaper than a real
 cudaEventQuery, so the query-bound figures are lower bounds). Measured:
 - one poll pass while `--pending` pairs wait and 1% of them have completed;
@@ -65,12 +66,21 @@ class Work:
 ROW = event_row("collective", "all_reduce", 0, 0, 0, group="pg", group_ranks="0,1", seq=0, nbytes=4096)
 
 
+def source(rev: str | None, path: str) -> str | None:
+    """The file at `rev` (None: the working tree), or None where it does not exist."""
+    if rev is None:
+        return (REPO / path).read_text() if (REPO / path).exists() else None
+    out = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, capture_output=True, text=True)
+    return out.stdout if out.returncode == 0 else None
+
+
 def load(rev: str | None) -> types.SimpleNamespace:
+    """.timer: CudaEventTimer's module (cuda_event_timer.py, cuda_events.py before
+    the split); .collective_events."""
     mods = {}
-    for name in ("cuda_events", "collective_events"):
-        path = f"collectors/instrument/{name}.py"
-        src = (REPO / path).read_text() if rev is None else subprocess.run(
-            ["git", "show", f"{rev}:{path}"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    for name, files in (("timer", ("cuda_event_timer", "cuda_events")), ("collective_events", ("collective_events",))):
+        path, src = next((p, text) for p in (f"collectors/instrument/{f}.py" for f in files)
+                         if (text := source(rev, p)) is not None)
         spec = importlib.util.spec_from_loader(f"bench_{name}_{rev or 'now'}", loader=None)
         mod = importlib.util.module_from_spec(spec)
         exec(compile(src, path, "exec"), mod.__dict__)
@@ -80,8 +90,8 @@ def load(rev: str | None) -> types.SimpleNamespace:
 
 def build(mods, pending: int):
     """`pending` pairs waiting: pending // 2 async calls (a call and its stall each)."""
-    mods.cuda_events.MAX_PENDING = 10 * pending   # the measured calls add to the backlog, not dropped
-    timer = mods.cuda_events.CudaEventTimer(Event, side_stream="side")
+    mods.timer.MAX_PENDING = 10 * pending   # the measured calls add to the backlog, not dropped
+    timer = mods.timer.CudaEventTimer(Event, side_stream="side")
     timer.set_anchor()
     Clock.done_until = Event.recorded
     events = mods.collective_events.CollectiveEvents(timer, ready=lambda: True, capturing=lambda: False)

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from bench.overhead import PY, jobs
+from bench.overhead_jobs import PY, jobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

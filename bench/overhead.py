@@ -23,8 +23,8 @@ weight for the launcher (its share is taken from both twins alike: 0.2-0.3% of
 a core, so the figure is low by about a tenth of a point) and at the lowest
 weight for the live monitor (diagnose.live.child.yield_to_the_job).
 
-Jobs, sized to ~50-90 ms steps as twins on this 2-core box: the reference trainer
-(`--dp 2 --microbatches 2`), samples/ddp_mlp.py (`--dim 256 --hidden 768
+Jobs (bench/overhead_jobs.py), sized to ~50-90 ms steps as twins on this
+2-core box: the reference trainer (`--dp 2 --microbatches 2`), samples/ddp_mlp.py (`--dim 256 --hidden 768
 --batch-size 40`) and samples/titan_style.py (`--tp 2 --dim 256 --layers 4 --seq
 64`: FSDP2 over one rank, DTensor TP over both, its all-reduces functional
 collectives, which the other two do not issue). Modes: plain (the A/A control), `diagnose run --no-analyze`,
@@ -54,7 +54,6 @@ is within 3% and its mean overhead is >= 10x below the profiler's.
 import argparse
 import collections
 import glob
-import json
 import math
 import os
 import shutil
@@ -65,80 +64,10 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PY = sys.executable
+from bench.overhead_jobs import PY, ROOT, jobs, start, stop
+
 MODES = ("plain", "diagnose", "collectors", "profiler")
 T_95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
-
-
-def torchrun(pin: bool) -> list:
-    """2 local ranks; with `pin`, local rank i runs on core i (modulo the cores)."""
-    launcher = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    if not pin:
-        return launcher
-    return launcher + ["--no-python", "bash", "-c",
-                       f'exec taskset -c $((LOCAL_RANK % {os.cpu_count()})) "$0" "$@"', PY]
-
-
-def jobs(steps: int, pin: bool) -> dict:
-    """job -> (command for a log path, reader of that log: [(step_s, end_unix_s)])."""
-    run = torchrun(pin)
-    return {
-        "reference": (lambda log: run + ["-m", "reference_trainer", "--dp", "2", "--microbatches", "2",
-                                         "--steps", str(steps), "--log-jsonl", log], _jsonl_steps),
-        "ddp_mlp": (lambda log: run + ["samples/ddp_mlp.py", "--steps", str(steps), "--dim", "256",
-                                       "--hidden", "768", "--batch-size", "40", "--log-step-times", log],
-                    _line_steps),
-        # DTensor TP over both ranks: every block's all-reduce is a functional collective
-        "titan_style": (lambda log: run + ["samples/titan_style.py", "--tp", "2", "--steps", str(steps),
-                                           "--dim", "256", "--layers", "4", "--seq", "64",
-                                           "--log-step-times", log], _line_steps),
-    }
-
-
-def _jsonl_steps(path):
-    with open(path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return [(row["step_time_s"], row["end_unix_s"]) for row in rows]
-
-
-def _line_steps(path):
-    with open(path, encoding="utf-8") as f:
-        return [tuple(map(float, line.split())) for line in f if line.strip()]
-
-
-def start(command: list, mode: str, work: str) -> tuple:
-    """Start one job in one mode, in a session of its own; (process, run dir or None)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    run_dir = None
-    if mode == "diagnose":
-        run_dir = tempfile.mkdtemp(prefix="run-", dir=work)
-        command = [PY, "-m", "diagnose", "run", "--out", run_dir, "--force", "--no-analyze", "--", *command]
-    elif mode == "collectors":  # the ranks' side alone: what `diagnose run` puts in the job, no launcher
-        run_dir = tempfile.mkdtemp(prefix="run-", dir=work)
-        env.update(DIAGNOSE_RUN_DIR=run_dir, PYTHONPATH=os.pathsep.join(
-            [os.path.join(ROOT, "collectors", "bootstrap"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    elif mode == "profiler":
-        site = os.path.join(ROOT, "bench", "profiler_site")
-        env["PYTHONPATH"] = os.pathsep.join([site, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    return proc, run_dir
-
-
-def stop(procs) -> None:
-    """SIGTERM first: torchrun passes it on to its ranks, which run in sessions
-    of their own, so a SIGKILL to the launcher's group alone would leave them
-    running (they did, when this bench was interrupted)."""
-    running = [p for p in procs if p.poll() is None]
-    for proc in running:
-        os.killpg(proc.pid, signal.SIGTERM)
-    for proc in running:
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def duet(job: tuple, mode: str, work: str, tested_first: bool, warmup: int) -> tuple:

@@ -43,14 +43,14 @@ from collectors.schema import EventRow, new_row
 
 
 class CollectiveEvents:
-    """What collectives.Tracker calls around each collective when CUDA is in use.
+    """What collective_tracker.Tracker calls around each collective when CUDA is in use.
     Every event of a call is recorded on the current stream of its tensor's
     device (not the current device's: a rank may drive several GPUs). A call's
     host row comes as Tracker.issued returns it: an EventRow for async work, the
     plain tuple written for a synchronous call."""
 
     def __init__(self, timer, ready, capturing, nccl_timing=False, stream_of=lambda tensor: None):
-        self.timer = timer            # cuda_events.CudaEventTimer
+        self.timer = timer            # cuda_event_timer.CudaEventTimer
         self.ready = ready            # () -> bool: CUDA usable, the poller running
         self.capturing = capturing    # () -> bool: a CUDA graph is being captured (graph_capture.py)
         self.nccl_timing = nccl_timing  # TORCH_NCCL_ENABLE_TIMING: Work._get_duration() answers

@@ -24,6 +24,7 @@ from collectors.after_import import after_import
 from collectors.callsite import user_callsite
 from collectors.clock import now_ns
 from collectors.instrument import collectives
+from collectors.instrument.collective_tracker import MAX_PENDING_WORKS
 
 # funcol function -> the c10d op name its rows carry
 OPS = {"all_reduce": "all_reduce", "broadcast": "broadcast",
@@ -66,7 +67,7 @@ class _Waits:
     def file(self, key):
         if key is None:
             return None
-        if len(self.tokens) > collectives.MAX_PENDING_WORKS:
+        if len(self.tokens) > MAX_PENDING_WORKS:
             self.tokens.clear()  # never waited: forget rather than grow
         token = self.tokens[key] = object()
         return token

@@ -19,7 +19,7 @@ its last steps, with a floor, after warm-up, confirmed on two steps in a row):
 - data wait: the time its DataLoader made it wait in the step.
 - step time: when nobody's compute explains it (or events cannot be read).
 - heartbeat: a rank that stopped recording while the others go on, or whose
-  recorder stopped writing progress.json (process frozen or gone).
+  recorder stopped writing progress.json (process frozen or gone): heartbeat.py.
 - gpu_util, network: node health (node_health.py; it streams system metrics too).
 
 What it knows of each rank now (rank_gauges.py) is served as Prometheus metrics
@@ -40,6 +40,7 @@ import numpy as np
 from diagnose import rundir
 from diagnose.live.baseline import CONFIRM, WINDOW, rank_baselines
 from diagnose.live.compute_reader import ComputeReader
+from diagnose.live.heartbeat import HeartbeatWatch
 from diagnose.live.mlflow_stream import MlflowStreamer
 from diagnose.live.node_health import NodeHealth
 from diagnose.live.rank_gauges import RankGauges
@@ -77,10 +78,9 @@ class LiveMonitor:
         self.pending_compute_alerts: dict = {}    # rank -> (step, value, median, limit, step_ms, t, polls)
         self.jobwide_noted_step = -10**9          # last step of a job-wide slowdown noted
         self.pending_step_alerts: dict = {}       # rank -> (step, value, median, limit, t, event polls)
-        self.heartbeat: dict = {}                 # rank -> [events_total, changed_at, alerted]
-        self.stale_alerted: set = set()
         self.reader = ComputeReader(run_dir, warn=self._warn) if read_events else None
         self.gauges = RankGauges(run_dir, now=now, wall_ns=wall_ns, warn=self._warn)
+        self.heartbeats = HeartbeatWatch(run_dir, self.baselines, self.last_step, self._alert, wall_ns)
         self.last_event_poll = 0.0
         self.watch_until = 0.0  # poll at DEPARTING_POLL_S until then (a step WATCH_RATIO x its median)
         self.event_polls = 0
@@ -170,7 +170,7 @@ class LiveMonitor:
         self._resolve_step_alerts(now, len(progress), final)
         self._stream_steps(len(progress), final)
         if not final:
-            self._heartbeat(progress, now)
+            self.heartbeats.tick(progress, now)
             self.health.tick(progress)
             self.gauges.update(progress, self.reader, self.health.where)
 
@@ -274,53 +274,6 @@ class LiveMonitor:
             self._alert(rank, "step_time", step, step_ms, median, limit,
                         f"step {step} took {step_ms:.0f} ms, usually {median:.0f} ms (alert above "
                         f"{limit:.0f} ms){cause}")
-
-    def _heartbeat(self, progress, now) -> None:
-        wall = self.wall_ns()
-        for rank, snap in progress.items():
-            total = snap.get("events_total")
-            state = self.heartbeat.get(rank)
-            if state is None or total != state[0]:
-                self.heartbeat[rank] = [total, now, False]
-        if len(self.heartbeat) < 2:
-            return
-        for rank, (_total, changed_at, alerted) in self.heartbeat.items():
-            if alerted:
-                continue
-            base = self.baselines[rank]["step"]
-            typical_s = (float(np.median(base.values)) / 1000) if base.values else 1.0
-            stall_s = max(10.0, 5 * typical_s)
-            others = [s[1] for r, s in self.heartbeat.items() if r != rank]
-            lead_s = max(2.0, 2 * typical_s)
-            if now - changed_at >= stall_s and max(others) - changed_at >= lead_s:
-                self.heartbeat[rank][2] = True
-                if self._rank_finished(rank):
-                    continue  # it ended its script earlier than the others: not stuck
-                self._alert(rank, "stalled", self.last_step.get(rank, -1) + 1, (now - changed_at) * 1000,
-                            typical_s * 1000, stall_s * 1000,
-                            f"recorded nothing for {now - changed_at:.0f} s (in step "
-                            f"{self.last_step.get(rank, -1) + 1}) while the other ranks went on "
-                            f"for {max(others) - changed_at:.0f} s more: it is stuck")
-        fresh = {r: (wall - int(s.get("wall_ns") or 0)) / 1e9 for r, s in progress.items()}
-        for rank, age in fresh.items():
-            if age < 15.0 or rank in self.stale_alerted:
-                continue
-            if not any(a < 5.0 for r, a in fresh.items() if r != rank):
-                continue  # nobody writes: the whole job (or machine) paused or ended
-            if self._rank_finished(rank):
-                continue
-            self.stale_alerted.add(rank)
-            self._alert(rank, "heartbeat", self.last_step.get(rank, -1) + 1, age * 1000, 500.0,
-                        15000.0, f"its recorder has not written for {age:.0f} s while the others "
-                        "do: the process is frozen, stopped or gone")
-
-    def _rank_finished(self, rank) -> bool:
-        path = os.path.join(self.run_dir, rundir.TRACES, f"rank-{rank:05d}", "meta.json")
-        try:
-            with open(path, encoding="utf-8") as f:
-                return "end_wall_ns" in json.load(f)
-        except (OSError, ValueError):
-            return False
 
     def _stream_steps(self, n_ranks, final) -> None:
         """Per-step metrics across ranks, once every rank reported the step (or a

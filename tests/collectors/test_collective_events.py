@@ -11,7 +11,8 @@ import pytest
 
 from collectors.instrument import collectives
 from collectors.instrument.collective_events import CollectiveEvents
-from collectors.instrument.cuda_events import REANCHOR_S, CudaEventTimer
+from collectors.instrument.collective_tracker import Tracker
+from collectors.instrument.cuda_event_timer import REANCHOR_S, CudaEventTimer
 from collectors.recorder import Recorder
 from collectors.schema import event_row
 from diagnose.analysis.findings.run_detectors import detect
@@ -93,7 +94,7 @@ def traced(monkeypatch):
     anchors = []
     rec = Recorder(None)
     rec.max_buffered = 10_000
-    tracker = collectives.Tracker(rec, dist=None)
+    tracker = Tracker(rec, dist=None)
     groups = {"dp": ("pg", "0", "0,1", False), "gloo": ("pg2", "1", "0,1", True)}
     monkeypatch.setattr(tracker, "group_info", lambda group, tensor=None: groups[group or "dp"])
     timer = CudaEventTimer(lambda: Event(enable_timing=True), side_stream="side", clock=lambda: host[0],

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 from collectors.instrument import collectives
 from collectors.instrument.coalescing import wrap_coalescing_manager
+from collectors.instrument.collective_tracker import Tracker
 from collectors.recorder import Recorder
 
 
@@ -38,7 +39,7 @@ def _rank(backend="nccl"):
     dist = SimpleNamespace(get_backend=lambda group: backend, get_process_group_ranks=lambda group: [0, 1],
                            distributed_c10d=SimpleNamespace(_get_default_group=lambda: pg))
     rec = Recorder(None)
-    tracker = collectives.Tracker(rec, dist)
+    tracker = Tracker(rec, dist)
 
     def all_reduce(tensor, op=None, group=None, async_op=False):
         if not pg.coalescing:  # inside the manager the call is only queued
@@ -100,7 +101,7 @@ def test_a_collective_on_another_thread_hides_nothing_on_this_one():
     blocking call were one per process: the main thread's calls went unrecorded)."""
     import threading
     pg, rec, _, _ = _rank("gloo")
-    tracker = collectives.Tracker(rec, SimpleNamespace(
+    tracker = Tracker(rec, SimpleNamespace(
         get_backend=lambda group: "gloo", get_process_group_ranks=lambda group: [0, 1],
         distributed_c10d=SimpleNamespace(_get_default_group=lambda: pg)))
     entered, release = threading.Event(), threading.Event()
@@ -130,7 +131,7 @@ def test_a_work_dropped_unwaited_leaves_no_rows_for_the_next_at_its_address():
     class Work:  # takes weakrefs, as torch's Work does
         pass
     _, rec, _, _ = _rank("gloo")
-    tracker = collectives.Tracker(rec, None)
+    tracker = Tracker(rec, None)
     dropped = Work()
     tracker.watch(dropped, ("collective", "all_reduce"), True)
     del dropped
@@ -150,13 +151,13 @@ def test_the_backend_is_the_one_for_the_tensors_device():
                               ("cuda:nccl,cpu:gloo", {"cpu": True, "cuda": False}),
                               ("cpu:gloo,cuda:gloo", {"cpu": True, "cuda": True})):
         pg = NCCLGroup()
-        tracker = collectives.Tracker(Recorder(None), SimpleNamespace(
+        tracker = Tracker(Recorder(None), SimpleNamespace(
             get_backend=lambda group, b=backend: b, get_process_group_ranks=lambda group: [0, 1],
             distributed_c10d=SimpleNamespace(_get_default_group=lambda pg=pg: pg)))
         assert {name: tracker.group_info(None, t)[3] for name, t in (("cpu", cpu), ("cuda", cuda))} == expected, backend
         assert tracker.group_info(None, [cpu])[3] == expected["cpu"]
     # "undefined" (a group made without a backend string): its config names them
-    tracker = collectives.Tracker(Recorder(None), SimpleNamespace(
+    tracker = Tracker(Recorder(None), SimpleNamespace(
         get_backend=lambda group: "undefined", get_backend_config=lambda group: "cpu:gloo,cuda:nccl",
         get_process_group_ranks=lambda group: [0, 1], distributed_c10d=SimpleNamespace(_get_default_group=lambda: pg)))
     assert (tracker.group_info(None, cpu)[3], tracker.group_info(None, cuda)[3]) == (True, False)

@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 from collectors.instrument import net_sampler, nvml_sampler, sync_debug
-from collectors.instrument.cuda_events import CudaEventTimer
+from collectors.instrument.cuda_event_timer import CudaEventTimer
 from collectors.instrument.nvml_sampler import NvmlSampler
 from collectors.instrument.torch_profiler import Window
 from collectors.profiler_window import parse_window

@@ -12,7 +12,8 @@ import pytest
 
 from collectors.instrument import collectives
 from collectors.instrument.collective_events import CollectiveEvents
-from collectors.instrument.cuda_events import CudaEventTimer
+from collectors.instrument.collective_tracker import Tracker
+from collectors.instrument.cuda_event_timer import CudaEventTimer
 from collectors.recorder import Recorder
 
 MS = 1_000_000
@@ -73,7 +74,7 @@ def two_gpus(monkeypatch):
     host = [10_000 * MS]
     rec = Recorder(None)
     rec.max_buffered = 1000
-    tracker = collectives.Tracker(rec, dist=None)
+    tracker = Tracker(rec, dist=None)
     monkeypatch.setattr(tracker, "group_info", lambda group, tensor=None: ("pg", "0", "0,1", False))
     timer = CudaEventTimer(Event, clock=lambda: host[0],
                            device_of=lambda stream: CURRENT[0] if stream is None else stream.device_index,

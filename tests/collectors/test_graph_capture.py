@@ -11,7 +11,8 @@ import time
 
 from collectors.instrument import collectives
 from collectors.instrument.collective_events import CollectiveEvents
-from collectors.instrument.cuda_events import CudaEventTimer
+from collectors.instrument.collective_tracker import Tracker
+from collectors.instrument.cuda_event_timer import CudaEventTimer
 from collectors.instrument.graph_capture import GATE, wrap_graph_class
 from collectors.recorder import Recorder
 from collectors.schema import event_row
@@ -94,7 +95,7 @@ def test_no_event_is_recorded_or_asked_inside_a_capture():
     wrap_graph_class(Graph)
     rec = Recorder(None)
     rec.max_buffered = 1000
-    tracker = collectives.Tracker(rec, dist=None)
+    tracker = Tracker(rec, dist=None)
     tracker.group_info = lambda group, tensor=None: ("pg", "0", "0,1", False)
     timer = CudaEventTimer(Event, side_stream="side")
     tracker.device = CollectiveEvents(timer, ready=lambda: True, capturing=lambda: GATE.active > 0)
