@@ -116,3 +116,31 @@ def _optional_outputs():
     except ImportError:
         pass
     return steps
+
+
+def finish(run_dir: str, status: int, analyze: bool, outputs: bool = True) -> int:
+    """What `diagnose run` and `diagnose demo` print once the job is over: the
+    analysis (unless told not to), the run directory and its outputs; returns status."""
+    from diagnose.cli.console import print_findings, print_step_figures
+    from diagnose.rundir import solo_ranks
+    # the job is over: no process writes into a folder renamed now
+    for note in solo_ranks.name_solo_ranks(run_dir):
+        print(f"diagnose: {note}")
+    if not rundir.rank_dirs(run_dir):  # nothing to analyze: never "findings: none"
+        print(f"diagnose: no rank was recorded: {solo_ranks.why_no_rank(run_dir)}")
+        analyze = False
+    if analyze:
+        run, findings = analyze_run([run_dir], outputs=outputs)
+        print_findings(findings)
+        print_step_figures(run.step_figures)
+        print_mfu(run)
+    print(f"diagnose: run directory {run_dir}")
+    if analyze:
+        for name in ("analysis/findings.json", "trace.json.gz", "report.html"):
+            if os.path.exists(os.path.join(run_dir, name)):
+                print(f"diagnose:   {name}")
+    if os.path.exists(os.path.join(run_dir, "mlflow_run_id")):
+        print(f"diagnose:   tracked in MLflow: diagnose ui --runs-root {os.path.dirname(run_dir)}")
+    if status:
+        print(f"diagnose: the job exited with status {status}")
+    return status

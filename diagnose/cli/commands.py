@@ -1,4 +1,6 @@
-"""The `diagnose` command line (typer). Misuse is one line on stderr and exit 2."""
+"""The `diagnose` command line (typer). Misuse is one line on stderr and exit 2.
+Option values are checked in option_checks.py; what `run` and `demo` print
+at the end is after_run.finish."""
 import json
 import os
 import sys
@@ -24,33 +26,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 PEAK_HELP = ("the GPU's peak TFLOP/s MFU divides by (default: a table of common GPUs by name and precision; "
              "a CPU run has none) (DIAGNOSE_PEAK_TFLOPS)")
-
-
-def _finish(run_dir: str, status: int, analyze: bool, outputs: bool = True) -> int:
-    from diagnose.cli.after_run import analyze_run, print_mfu
-    from diagnose.cli.console import print_findings, print_step_figures
-    from diagnose.rundir import solo_ranks
-    # the job is over: no process writes into a folder renamed now
-    for note in solo_ranks.name_solo_ranks(run_dir):
-        print(f"diagnose: {note}")
-    if not rundir.rank_dirs(run_dir):  # nothing to analyze: never "findings: none"
-        print(f"diagnose: no rank was recorded: {solo_ranks.why_no_rank(run_dir)}")
-        analyze = False
-    if analyze:
-        run, findings = analyze_run([run_dir], outputs=outputs)
-        print_findings(findings)
-        print_step_figures(run.step_figures)
-        print_mfu(run)
-    print(f"diagnose: run directory {run_dir}")
-    if analyze:
-        for name in ("analysis/findings.json", "trace.json.gz", "report.html"):
-            if os.path.exists(os.path.join(run_dir, name)):
-                print(f"diagnose:   {name}")
-    if os.path.exists(os.path.join(run_dir, "mlflow_run_id")):
-        print(f"diagnose:   tracked in MLflow: diagnose ui --runs-root {os.path.dirname(run_dir)}")
-    if status:
-        print(f"diagnose: the job exited with status {status}")
-    return status
 
 
 @app.command(context_settings=PASSTHROUGH)
@@ -90,26 +65,15 @@ def run(ctx: typer.Context,
             raise UserError("--metrics-port must be 0 (any free port) to 65535")
         if client_missing():  # before the job starts, not a warning lost in its output
             raise UserError(client_missing())
-    from diagnose.cli.after_run import analyze_during_hang
+    from diagnose.cli.after_run import analyze_during_hang, finish
+    from diagnose.cli.option_checks import hang_timeout_option, steps_option
     run_dir, status = launch(RunOptions(command=command, out_dir=out, name=name, force=force,
-                                        hang_timeout_s=_hang_timeout_option(hang_timeout),
+                                        hang_timeout_s=hang_timeout_option(hang_timeout),
                                         hang_floor_s=hang_floor, kill_on_hang=kill_on_hang,
                                         on_hang=analyze_during_hang, nsys=nsys,
-                                        torch_profiler=_steps_option(torch_profiler),
+                                        torch_profiler=steps_option(torch_profiler),
                                         metrics_port=metrics_port))
-    return _finish(run_dir, status, not no_analyze, outputs=not no_outputs)
-
-
-def _hang_timeout_option(text: str) -> float | None:
-    if text.strip().lower() == "auto":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise UserError(f"--hang-timeout {text!r}: give auto or a number of seconds") from None
-    if value < 0:
-        raise UserError("--hang-timeout must be >= 0 (0: no hang watchdog)")
-    return value
+    return finish(run_dir, status, not no_analyze, outputs=not no_outputs)
 
 
 @app.command()
@@ -177,8 +141,8 @@ def export(run_dir: str = typer.Argument(..., help="run directory"),
            out: str | None = typer.Option(None, "--out", help="output path")):
     """Export a run's merged trace (chrome: Perfetto / chrome://tracing; nvtxt:
     Nsight's ImportNvtxt, one file per rank; nsys-rep: Nsight Systems report)."""
-    _local("export", run_dir)
-    from diagnose import rundir
+    from diagnose.cli.option_checks import require_local
+    require_local("export", run_dir)
     from diagnose.analysis.load.loader import load
     if format in ("nvtxt", "nsys-rep"):
         from diagnose.cli.interop_commands import export_interop
@@ -196,7 +160,8 @@ def export(run_dir: str = typer.Argument(..., help="run directory"),
 def merge(runs: list[str] = typer.Argument(..., help="run directories, one per node"),
           out: str = typer.Option(..., "--out", help="the merged run directory")):
     """Merge per-node run directories of one multi-node job into one run."""
-    _local("merge", *runs)
+    from diagnose.cli.option_checks import require_local
+    require_local("merge", *runs)
     from diagnose.rundir.node_merge import merge_runs
     merged = merge_runs(runs, out)
     print(f"diagnose: merged {len(runs)} run directories into {merged}")
@@ -214,12 +179,12 @@ def demo(scenario: str = typer.Option("showcase", "--scenario", help="scenario n
     from diagnose.run.launcher import RunOptions, launch
     command = demo_command(scenario)
     print(f"diagnose: demo scenario {scenario!r}: {' '.join(command)}")
-    from diagnose.cli.after_run import analyze_during_hang
+    from diagnose.cli.after_run import analyze_during_hang, finish
     # the demo ends its hung job (the trainer's hung rank waits forever)
     run_dir, status = launch(RunOptions(command=command, out_dir=out, name=f"demo-{scenario}",
                                         hang_timeout_s=hang_timeout, kill_on_hang=True,
                                         on_hang=analyze_during_hang))
-    return _finish(run_dir, status, True, outputs=not no_outputs)
+    return finish(run_dir, status, True, outputs=not no_outputs)
 
 
 @app.command()
@@ -227,7 +192,8 @@ def report(run_dir: str = typer.Argument(..., help="run directory"),
            out: str | None = typer.Option(None, "--out", help="output path (default <run>/report.html)"),
            steps: str | None = typer.Option(None, "--steps", help="timeline steps FIRST-LAST (default: a few steady steps)")):
     """(Re)write a run's self-contained HTML report."""
-    _local("report", run_dir)
+    from diagnose.cli.option_checks import require_local
+    require_local("report", run_dir)
     from diagnose.cli.report_commands import report_command
     print(report_command(run_dir, out, steps))
     return 0
@@ -245,7 +211,8 @@ def compare(run_a: str = typer.Argument(..., help="run directory A (before)"),
     """Compare runs: step time, breakdown per phase, findings gained and lost; across
     world sizes or layouts (or three runs and more), scaling efficiency and what grew.
     With --fail-on, a CI gate: one line per verdict, exit 3 on a regression."""
-    _local("compare", run_a, run_b, *(more or []))
+    from diagnose.cli.option_checks import require_local
+    require_local("compare", run_a, run_b, *(more or []))
     from diagnose.analysis.compare.regression_gate import parse_fail_on
     from diagnose.cli.compare_command import compare_command
     try:
@@ -257,32 +224,12 @@ def compare(run_a: str = typer.Argument(..., help="run directory A (before)"),
     return compare_command(run_a, run_b, html, as_json, more, checks)
 
 
-def _local(command: str, *run_dirs: str) -> None:
-    """Only `diagnose analyze` reads a run at a URL (docs/large-runs.md)."""
-    from diagnose.rundir.storage import is_url
-    for run_dir in run_dirs:
-        if is_url(run_dir):
-            raise UserError(f"{run_dir}: diagnose {command} needs a local run directory "
-                            "(a run at a URL is analyzed by `diagnose analyze`)")
-
-
 @app.command()
 def ui(port: int = typer.Option(5000, "--port", help="port on 127.0.0.1"),
        runs_root: str = typer.Option("runs", "--runs-root", help="directory holding the run directories (and mlflow.db)")):
     """Start the MLflow UI on 127.0.0.1 over the runs' tracking store."""
     from diagnose.cli.report_commands import ui_command
     return ui_command(runs_root, port)
-
-
-def _steps_option(spec):
-    if spec is None:
-        return None
-    from collectors.profiler_window import parse_window
-    try:
-        first, last = parse_window(spec)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    return f"{first}-{last}"
 
 
 from diagnose.cli.interop_commands import import_app  # noqa: E402  (`diagnose import kineto|nsys`)

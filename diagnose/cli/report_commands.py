@@ -66,8 +66,8 @@ def report_command(run_dir: str, out: str | None = None, steps: str | None = Non
 
 def ui_command(runs_root: str, port: int, host: str = "127.0.0.1") -> int:
     """Replace this process with the MLflow UI over the tracking store of runs_root."""
-    from diagnose.exporters.mlflow_run import experiment_link
-    from diagnose.exporters.mlflow_run import ui_command as build
+    from diagnose.exporters.mlflow_store import experiment_link
+    from diagnose.exporters.mlflow_store import ui_command as build
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     if uri.startswith(("http://", "https://", "databricks")):
         print(f"diagnose: runs are tracked on {uri}; open that server's UI")

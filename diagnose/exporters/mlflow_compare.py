@@ -12,7 +12,7 @@ import tempfile
 import time
 
 from diagnose import rundir
-from diagnose.exporters import mlflow_run as tracking
+from diagnose.exporters import mlflow_store as tracking
 
 
 def _started(run_dir: str) -> int:

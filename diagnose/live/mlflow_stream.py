@@ -35,7 +35,7 @@ class MlflowStreamer:
 
     def _main(self) -> None:
         try:
-            from diagnose.exporters import mlflow_run as tracking
+            from diagnose.exporters import mlflow_store as tracking
             self.client = tracking.client_for(self.run_dir)
             self.run_id = tracking.ensure_run(self.client, self.run_dir, self.manifest)
             tracking.log_params_once(self.client, self.run_id,

@@ -87,7 +87,7 @@ class LiveMonitor:
         self.streamer = None
         self.manifest = manifest
         if track is None:
-            from diagnose.exporters.mlflow_run import enabled
+            from diagnose.exporters.mlflow_store import enabled
             track = enabled()
         self.track = track  # the MLflow run is created at the first tick, before the first step
         self.health = NodeHealth(run_dir, lambda key, value, step: self.streamer is not None and

@@ -42,9 +42,9 @@ def test_analyze_prints_writes_and_tracks_gpu_hours(tmp_path):
                    f"(${hours * 2.5:,.2f}/day at $2.50/GPU-hour)"
     report = (tmp_path / "run" / "report.html").read_text()
     assert f'<p class="worth">{lead}</p>' in report and "<th>GPU-h/day</th>" in report
-    from diagnose.exporters import mlflow_run
-    client = mlflow_run.client_for(out)
-    (run,) = client.search_runs([mlflow_run.experiment_id(client, out)])
+    from diagnose.exporters import mlflow_store
+    client = mlflow_store.client_for(out)
+    (run,) = client.search_runs([mlflow_store.experiment_id(client, out)])
     assert run.data.metrics["finding/straggler_gpu_hours_per_day"] == pytest.approx(hours)
     assert run.data.metrics["finding/fp32_math_gpu_hours_per_day"] == 0.0
 

@@ -4,7 +4,7 @@ in one runs root, each with a straggler on rank 5, logged in turn."""
 import json
 
 from diagnose.analysis.findings.run_detectors import detect
-from diagnose.exporters import mlflow_run, repeat_offenders
+from diagnose.exporters import mlflow_run, mlflow_store, repeat_offenders
 from tests.support.jobs import load_run
 from tests.support.synthetic_run import write_synthetic_run
 
@@ -28,7 +28,7 @@ def _logged(root, name, start_s, slow_host, slow_uuid):
     findings = detect(run)
     assert [f["ranks"] for f in findings if f["kind"] == "straggler"] == [[5]]
     run_id = mlflow_run.log_run(run, findings)
-    return mlflow_run.client_for(out).get_run(run_id).data.tags
+    return mlflow_store.client_for(out).get_run(run_id).data.tags
 
 
 def test_the_straggler_machine_is_named_on_its_third_run_and_not_before(tmp_path, monkeypatch):

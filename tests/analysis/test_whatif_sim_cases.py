@@ -14,6 +14,7 @@ from diagnose.importers.kineto import import_kineto
 from tests.support import kineto_perturb
 from tests.support import megatron_stream_model as model
 from tests.support import stream_sim_faults as faults
+from tests.support import stream_sim_queues as queues
 from tests.support import whatif_sim_cases as cases
 
 CASES = cases.CASES
@@ -78,7 +79,7 @@ def test_a_slow_replica_at_stage_0_costs_about_half_the_step():
     assert 0.4 < truth / _mean_ms("replica_slow_stage0", "faulty") < 0.6
     # where: stage 0's healthy replicas (ranks 1-3) wait that long in the all-reduce
     for trace in _sim("replica_slow_stage0").traces[1:4]:
-        reduces = [k["dur"] for k in _kernels(trace) if k["name"] == model.ALL_REDUCE_KERNEL]
+        reduces = [k["dur"] for k in _kernels(trace) if k["name"] == queues.ALL_REDUCE_KERNEL]
         assert min(reduces[1:]) > 0.8 * 1000 * truth
 
 
@@ -103,7 +104,7 @@ def test_the_fixed_job_is_the_faulty_one_without_the_fault(name):
         assert [(k["name"], k["tid"]) for k in ka] == [(k["name"], k["tid"]) for k in kb]
         for p, q in zip(ka, kb):  # same draws: compute kernels differ by the fault's factor only
             if p["tid"] == faults.COMPUTE_STREAM:
-                x = rank_factor.get(r, 1.0) * (stage_factor.get(r // settings["dp"], 1.0) if p["name"] == model.GEMM
+                x = rank_factor.get(r, 1.0) * (stage_factor.get(r // settings["dp"], 1.0) if p["name"] == queues.GEMM
                                                else 1.0)
                 assert p["dur"] == pytest.approx(x * q["dur"], abs=0.5)  # (times are 0.25 us apart at 1.7e15)
         syncs = [[e for e in t["traceEvents"] if e["name"] == "cudaStreamSynchronize"] for t in (a, b)]
@@ -167,9 +168,9 @@ def test_a_host_bound_rank_starves_its_device():
     plain = model.simulate(1, 2, 4, steps=3)
     trace = slow.traces[1]
     launch_ts = {e["args"]["correlation"]: e["ts"] for e in trace["traceEvents"] if e["name"] == "cudaLaunchKernel"}
-    forwards = [k for k in _kernels(trace) if k["name"] == model.GEMM and k["dur"] == 750.0]
+    forwards = [k for k in _kernels(trace) if k["name"] == queues.GEMM and k["dur"] == 750.0]
     assert forwards and all(k["ts"] == launch_ts[k["args"]["correlation"]] for k in forwards)
-    reduces = [k["dur"] for k in _kernels(slow.traces[0]) if k["name"] == model.ALL_REDUCE_KERNEL]
+    reduces = [k["dur"] for k in _kernels(slow.traces[0]) if k["name"] == queues.ALL_REDUCE_KERNEL]
     assert min(reduces) > 10 * 1000.0
     assert np.diff(np.max(slow.step_end_us, axis=0)).mean() > np.diff(np.max(plain.step_end_us, axis=0)).mean()
 
@@ -200,11 +201,11 @@ def test_ddp_buckets_overlap_the_last_backward():
     for trace in sim.traces:
         assert _unexplained_starts(trace) == 0
         launched = sorted(_kernels(trace), key=lambda k: k["args"]["correlation"])
-        steps = np.split(launched, [i + 1 for i, k in enumerate(launched) if k["name"] == model.ADAM][:-1])
+        steps = np.split(launched, [i + 1 for i, k in enumerate(launched) if k["name"] == queues.ADAM][:-1])
         ends = []
         for step in steps:
             names = [k["name"] for k in step]
-            at = [i for i, n in enumerate(names) if n == model.ALL_REDUCE_KERNEL]
+            at = [i for i, n in enumerate(names) if n == queues.ALL_REDUCE_KERNEL]
             first = len(step) - 1 - 8 - 4  # the last backward's 8 kernels, 4 buckets, then the optimizer
             assert at == [first + 2, first + 5, first + 8, first + 11]
             for i in at:
@@ -220,4 +221,4 @@ def test_ddp_buckets_overlap_the_last_backward():
         bucket_ends.append(ends)
     assert np.ptp(np.array(bucket_ends), axis=0).max() < 1e-6  # every rank's n-th bucket ends together
     plain = model.simulate(1, 4, 4, steps=3, jitter_sigma=0.02, record_waits=True)
-    assert [[k["name"] for k in _kernels(t)].count(model.ALL_REDUCE_KERNEL) for t in plain.traces] == [3] * 4
+    assert [[k["name"] for k in _kernels(t)].count(queues.ALL_REDUCE_KERNEL) for t in plain.traces] == [3] * 4

@@ -202,7 +202,7 @@ def test_compare_shows_straggler_gained_and_step_time_change(ddp_run, straggler_
     # logged to the later run (the straggler run): its baseline named, the comparison as artifacts
     from mlflow.tracking import MlflowClient
 
-    from diagnose.exporters.mlflow_run import tracking_uri
+    from diagnose.exporters.mlflow_store import tracking_uri
     client = MlflowClient(tracking_uri=tracking_uri(str(straggler_run["dir"])))
     later = client.get_run((straggler_run["dir"] / "mlflow_run_id").read_text().strip())
     assert later.data.tags["diagnose.compare.baseline"] == str(ddp_run), later.data.tags
@@ -287,7 +287,7 @@ def test_bubble_frac_has_one_definition_in_the_report_metrics_and_summary(tmp_pa
     report's pipeline view) or over the steady steps (summary/bubble_frac)."""
     from dashboards.fig_pipeline import per_stage
     from diagnose.analysis.tables.step_tables import bubbles, pipeline_blocks, steady, step_summary
-    from diagnose.exporters.mlflow_run import summary_metrics
+    from diagnose.exporters.mlflow_metrics import summary_metrics
     run = diagnose.load(write_synthetic_run(str(tmp_path / "pp"), ranks=4, steps=12, pp=2))
     blocks = pipeline_blocks(run.events())
     table = bubbles(blocks)

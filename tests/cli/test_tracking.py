@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 import diagnose
 from diagnose.analysis.detectors import finding_kinds
 from diagnose.exporters import mlflow_run as tracking
+from diagnose.exporters import mlflow_store
 from tests.support.jobs import ARTIFACTS, DIAGNOSE, REPO, job_env
 
 
@@ -91,10 +92,10 @@ def test_analysing_again_updates_the_same_mlflow_run(ddp_run, monkeypatch):
 
 def test_tracking_uri_honours_the_environment(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert tracking.tracking_uri(str(tmp_path / "runs" / "r1")) == \
+    assert mlflow_store.tracking_uri(str(tmp_path / "runs" / "r1")) == \
         f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
-    assert tracking.tracking_uri(str(tmp_path / "runs" / "r1")) == "http://127.0.0.1:1"
+    assert mlflow_store.tracking_uri(str(tmp_path / "runs" / "r1")) == "http://127.0.0.1:1"
     monkeypatch.setenv("DIAGNOSE_TRACKING", "off")
     assert tracking.log_run(object(), []) is None
 

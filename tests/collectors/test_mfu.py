@@ -231,7 +231,7 @@ def test_the_ddp_job_counts_its_step_and_reports_it(ddp_run):
     line = summary["lines"][0]
     assert line.startswith("MFU: no percentage (a CPU run has no peak") and "TFLOP/s of model FLOPs" in line
     assert "MFU: no percentage" in (ddp_run / "report.html").read_text()
-    from diagnose.exporters import mlflow_run  # what log_run logs, without importing MLflow here
-    tracked = mlflow_run.summary_metrics(run, [])
+    from diagnose.exporters import mlflow_metrics  # what log_run logs, without importing MLflow here
+    tracked = mlflow_metrics.summary_metrics(run, [])
     assert tracked["mfu/achieved_tflops_per_rank"] == pytest.approx(summary["achieved_tflops_per_rank"])
     assert "mfu/mfu" not in tracked  # no peak, no percentage

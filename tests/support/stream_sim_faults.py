@@ -122,7 +122,7 @@ def ring_schedule(microbatches: int) -> list:
 
 
 class HostCalls:
-    """The host calls above, for _Model (tests/support/megatron_stream_model.py): it
+    """The host calls above, for StreamQueues (tests/support/stream_sim_queues.py): it
     provides rank, t, corr, latest (per rank: stream -> its last launched op),
     waited, blocked, events, cpu() and buckets (simulate's, 0 without dp)."""
 
