@@ -48,13 +48,12 @@ time, which is how ranks from separate reports are put on one clock.
 Ranks: a file whose name says `rank<N>` (what `diagnose run --nsys` writes) and
 holds one process is rank N; otherwise the processes with GPU kernels (else
 with NVTX ranges) get the next free ranks, ordered by GPU then pid.
+
+The export's tables are read in diagnose.importers.nsys_export; here they become rows.
 """
 import bisect
-import json
 import os
-import pathlib
 import re
-import sqlite3
 from collections import namedtuple
 
 import numpy as np
@@ -64,287 +63,172 @@ from diagnose.errors import UserError
 from diagnose.importers.gpu_activity import collective_op, kernel_class, launching_ranges, nccl_call_op, p2p_pair
 from diagnose.importers.kineto_io import gc_paused
 from diagnose.importers.kineto_scan import STREAM_WAIT
+from diagnose.importers.nsys_export import (
+    NVTX_RANGE_TYPES,
+    Export,
+    decode_global_id,
+    display_name,
+    pid_of,
+    range_payload,
+)
 from diagnose.importers.run_writer import RunDirWriter, assign_steps, clock_meta
 
-NVTX_RANGE_TYPES = (59, 60)      # NvtxPushPopRange, NvtxStartEndRange
-NVTX_CATEGORY, NVTX_DOMAIN = 33, 75
 _SYNC_CALLS = {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
                "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize"}
-_MEMCPY_NAMES = {1: "HtoD", 2: "DtoH", 8: "DtoD", 9: "HtoH", 10: "PtoP"}
 _STEP_RE = re.compile(r"^(?:ProfilerStep\s*#\s*|(?:train[_ ])?step[ _:#-]*)(\d+)$", re.IGNORECASE)
 _DATA_RE = re.compile(r"^(data_wait|data|enumerate\(DataLoader\)#.*__next__)$")
 _RANK_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _NCCL_API_RE = re.compile(r"^nccl[A-Z]\w*$")  # NCCL's own NVTX ranges: ncclAllReduce, ncclGroupEnd
 _PHASES = {"forward": "forward", "backward": "backward", "optimizer": "optimizer"}
-_STREAM_WAIT_EVENT = 2  # CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT (the export's ENUM_CUPTI_SYNC_TYPE)
-MASK24 = 0xFFFFFF
-# the columns of a GPU activity (kernel, memcpy, memset) read first, as a GpuActivity's
-_ACTIVITY = ["start", "end", "deviceId", "streamId", "correlationId", "globalPid"]
-# rows read by name: a column added to a query moves no reader (SQLite's names where read from it)
-NvtxRange = namedtuple("NvtxRange", "start end eventType text textId globalTid category domainId jsonText")
-StreamWait = namedtuple("StreamWait", "start end streamId correlationId globalPid contextId eventId syncType")
-GpuActivity = namedtuple("GpuActivity", "start end device stream corr gpid name bytes")  # corr: correlationId
 NcclCall = namedtuple("NcclCall", "start end thread op group bytes peer own")  # own: NCCL's own range
 
 
-def decode_global_id(gid: int) -> tuple[int, int]:
-    """Nsight's serialized globalTid/globalPid -> (pid, tid)."""
-    return (gid >> 24) & MASK24, gid & MASK24
-
-
-def _display(path: str) -> str:
-    return os.fsencode(path).decode("utf-8", "replace")
-
-
-def open_export(path: str) -> sqlite3.Connection:
-    name = _display(path)
-    if not os.path.isfile(path):
-        raise UserError(f"{name}: no such file")
-    try:
-        con = sqlite3.connect(pathlib.Path(os.path.abspath(path)).as_uri() + "?mode=ro", uri=True)
-        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    except sqlite3.DatabaseError:
-        raise UserError(f"{name}: not an SQLite database (export a report with "
-                        "`nsys export --type sqlite`)") from None
-    if not tables & {"CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS"}:
-        con.close()
-        raise UserError(f"{name}: an SQLite file without Nsight Systems kernel or NVTX tables")
-    return con
-
-
-def _columns(con, table) -> set:
-    return {r[1] for r in con.execute(f'PRAGMA table_info("{table}")')}
-
-
-def _select(con, table, wanted) -> list:
-    """Rows of the wanted columns (a namedtuple type: its fields, rows of it); absent columns None."""
-    have = _columns(con, table)
-    if not have:
-        return []
-    columns = getattr(wanted, "_fields", wanted)
-    exprs = [f'"{c}"' if c in have else "NULL" for c in columns]
-    rows = con.execute(f'SELECT {", ".join(exprs)} FROM "{table}"')
-    return rows.fetchall() if columns is wanted else [new_row(wanted, row) for row in rows]
-
-
-class Export:
-    """One SQLite export, read into per-process lists."""
-
-    def __init__(self, path: str):
-        self.path = path
-        con = open_export(path)
-        try:
-            self.strings = dict(con.execute("SELECT id, value FROM StringIds")) \
-                if _columns(con, "StringIds") else {}
-            start = _select(con, "TARGET_INFO_SESSION_START_TIME", ["utcEpochNs"])
-            self.session_start_ns = int(start[0][0]) if start and start[0][0] is not None else 0
-            self.gpu = _select(con, "CUPTI_ACTIVITY_KIND_KERNEL", _ACTIVITY + ["demangledName", "shortName"])
-            memcpy = _select(con, "CUPTI_ACTIVITY_KIND_MEMCPY", _ACTIVITY + ["bytes", "copyKind"])
-            memset = _select(con, "CUPTI_ACTIVITY_KIND_MEMSET", _ACTIVITY + ["bytes"])
-            self.waits = [w for w in _select(con, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", StreamWait)
-                          if w.syncType == _STREAM_WAIT_EVENT]
-            events = _select(con, "CUPTI_ACTIVITY_KIND_CUDA_EVENT",
-                             ["globalPid", "contextId", "eventId", "correlationId", "streamId"])
-            self.runtime = _select(con, "CUPTI_ACTIVITY_KIND_RUNTIME",
-                                   ["start", "end", "globalTid", "correlationId", "nameId"])
-            self.nvtx = _select(con, "NVTX_EVENTS", NvtxRange)
-        except sqlite3.DatabaseError as exc:
-            raise UserError(f"{_display(path)}: unreadable Nsight export ({exc})") from None
-        finally:
-            con.close()
-        self.gpu = [new_row(GpuActivity, (s, e, d, st, c, gp, self._str(dn) or self._str(sn), 0))
-                    for s, e, d, st, c, gp, dn, sn in self.gpu]
-        self.gpu += [new_row(GpuActivity, (s, e, d, st, c, gp, f"Memcpy {_MEMCPY_NAMES.get(k, 'copy')}", b or 0))
-                     for s, e, d, st, c, gp, b, k in memcpy]
-        self.gpu += [new_row(GpuActivity, (s, e, d, st, c, gp, "Memset", b or 0)) for s, e, d, st, c, gp, b in memset]
-        self.domains = {r.domainId: self._text(r) for r in self.nvtx if r.eventType == NVTX_DOMAIN}
-        self.categories = {(r.domainId, r.category): self._text(r) for r in self.nvtx if r.eventType == NVTX_CATEGORY}
-        # cudaEventRecord's activities: (pid, context, event) -> [(correlation, stream recorded on)]
-        # in call order (an event is recorded again and again: eventId is the handle, not the record)
-        self.records = {}
-        for gpid, context, event, corr, stream in events:
-            if corr is not None:
-                self.records.setdefault((_pid_of(gpid), context, event), []).append((corr, stream))
-        for recorded in self.records.values():
-            recorded.sort()
-
-    def _str(self, string_id) -> str:
-        return self.strings.get(string_id, "") if string_id is not None else ""
-
-    def _text(self, row: NvtxRange) -> str:
-        return row.text if row.text is not None else self._str(row.textId)
-
-    def processes(self) -> list[int]:
-        """pids that are ranks: with GPU work, else with NVTX ranges; by (GPU, pid)."""
-        with_gpu = {}
-        for g in self.gpu:
-            if g.gpid is not None:
-                pid = decode_global_id(g.gpid)[0]
-                with_gpu[pid] = min(with_gpu.get(pid, 1 << 30), g.device if g.device is not None else 0)
-        if with_gpu:
-            return sorted(with_gpu, key=lambda p: (with_gpu[p], p))
-        pids = {decode_global_id(r.globalTid)[0] for r in self.nvtx
-                if r.eventType in NVTX_RANGE_TYPES and r.globalTid is not None}
-        if not pids and self.gpu:
-            return [0]  # an older export without globalPid: the whole file is one process
-        return sorted(pids)
-
-    def rows_for(self, pid: int, single: bool, world: str = "", rank: int = -1) -> list:
-        def mine(gid):
-            return single or (gid is not None and decode_global_id(gid)[0] == pid)
-        # calls: the NcclCall of each NCCL call's range
-        cpu, calls = [], []
-        launches = {}  # correlation -> (start, thread)
-        for s, e, gtid, corr, name_id in self.runtime:
-            if not mine(gtid) or s is None:
+def _rows_for(export, pid: int, single: bool, world: str = "", rank: int = -1) -> list:
+    """The rows of one process (every process of the export if single), by start."""
+    def mine(gid):
+        return single or (gid is not None and decode_global_id(gid)[0] == pid)
+    # calls: the NcclCall of each NCCL call's range
+    cpu, calls = [], []
+    launches = {}  # correlation -> (start, thread)
+    for s, e, gtid, corr, name_id in export.runtime:
+        if not mine(gtid) or s is None:
+            continue
+        if corr is not None:
+            launches[corr] = (s, gtid)
+        name = re.sub(r"_v\d+$", "", export.string(name_id))
+        if name in _SYNC_CALLS and e is not None:
+            cpu.append(("sync", name, s, e, "cuda"))
+    for row in export.nvtx:
+        if row.eventType in NVTX_RANGE_TYPES and row.end is not None and mine(row.globalTid):
+            call = _nccl_call(export, row)
+            if call is not None:
+                calls.append(call)
                 continue
-            if corr is not None:
-                launches[corr] = (s, gtid)
-            name = re.sub(r"_v\d+$", "", self._str(name_id))
-            if name in _SYNC_CALLS and e is not None:
-                cpu.append(("sync", name, s, e, "cuda"))
-        for row in self.nvtx:
-            if row.eventType in NVTX_RANGE_TYPES and row.end is not None and mine(row.globalTid):
-                call = self._nccl_call(row)
-                if call is not None:
-                    calls.append(call)
-                    continue
-                kind, name = self._nvtx_kind(row)
-                cpu.append((kind, name, row.start, row.end, "nvtx"))
-        steps = _steps(cpu)
-        cpu = [c for c in cpu if c[0] != "step"]
-        numbers = np.array(sorted(steps), dtype=np.int64)
-        starts = np.array([steps[n][0] for n in numbers], dtype=np.int64)
-        rows = [event_row("step", "step", steps[n][0], steps[n][1], int(n)) for n in numbers]
-        step_of = assign_steps(starts, numbers, np.array([c[2] for c in cpu], dtype=np.int64))
-        for (kind, name, s, e, detail), st in zip(cpu, step_of.tolist()):
-            rows.append(event_row(kind, name, s, e, st, detail=detail))
-        rows.extend(self._gpu_rows(pid, single, launches, calls, starts, numbers, world, rank))
-        rows.extend(self._wait_rows(pid, single, launches, starts, numbers))
-        rows.sort(key=lambda r: r.start_ns)
-        return rows
-
-    def _wait_rows(self, pid, single, launches, step_starts, step_numbers) -> list:
-        """The process's cudaStreamWaitEvent calls as "stream_wait" rows, their
-        step the one their call ran in, as a kernel's is its launch's."""
-        waits = [w for w in self.waits if single or _pid_of(w.globalPid) == pid]
-        calls = np.array([launches[w.correlationId][0] if w.correlationId in launches else w.start for w in waits],
-                         dtype=np.int64)
-        rows = []
-        for (s, e, stream, corr, gpid, context, event, _), st in zip(waits, assign_steps(step_starts, step_numbers,
-                                                                                           calls).tolist()):
-            corr = -1 if corr is None else corr
-            recorded = self.records.get((_pid_of(gpid), context, event), ())
-            at = bisect.bisect_left(recorded, (corr,))  # the last record before the wait call
-            record, peer = recorded[at - 1] if at else (-1, -1)
-            rows.append(event_row("stream_wait", STREAM_WAIT, s, e, st, group=str(stream), seq=corr,
-                                  peer=-1 if peer is None else peer, nbytes=record, detail="nsys"))
-        return rows
-
-    def _nvtx_kind(self, row) -> tuple[str, str]:
-        text = (self._text(row) or "").strip()
-        domain = self.domains.get(row.domainId, "")
-        category = self.categories.get((row.domainId, row.category), "")
-        if domain == "diagnose" and category in KINDS:
-            if category == "collective" and text == "wait":
-                return "wait", text
-            return category, text
-        m = _STEP_RE.match(text)
-        if m:
-            return "step", m.group(1)
-        if _DATA_RE.match(text):
-            return "data", "data_wait"
-        kind = _PHASES.get(text.strip("# ").lower())
-        if kind:
-            return kind, kind
-        return "phase", text
-
-    def _nccl_call(self, row):
-        """The NcclCall (group or "", peer or -1) if the NVTX range is an NCCL
-        call's: NCCL's, or PyTorch's nccl:<op> around it."""
-        text = (self._text(row) or "").strip()
-        own = self.domains.get(row.domainId, "") == "NCCL" or bool(_NCCL_API_RE.match(text))
-        if not own and not text.startswith("nccl:"):
-            return None
-        op = nccl_call_op(text if own else text.split(",")[0])
-        if op is None:
-            return None
-        payload = _payload(row.jsonText)
-        comm = payload.get("NCCL communicator ID")
-        group = f"nccl:{comm}" if isinstance(comm, (int, str)) and not isinstance(comm, bool) and comm != "" else ""
-        nbytes = payload.get("Message size [bytes]")
-        peer = payload.get("Peer rank") if op in ("send", "recv") else None
-        return NcclCall(row.start, row.end, row.globalTid, op, group, nbytes if _count(nbytes) and nbytes > 0 else 0,
-                        peer if _count(peer) else -1, own)
-
-    def _gpu_rows(self, pid, single, launches, calls, step_starts, step_numbers, world: str, rank: int) -> list:
-        gpu = [g for g in self.gpu if single or (g.gpid is not None and decode_global_id(g.gpid)[0] == pid)]
-        gpu.sort(key=lambda g: g.start)
-        streams = list(dict.fromkeys(g.stream for g in gpu if kernel_class(g.name) == COMMUNICATION))
-        launch = np.array([launches[g.corr][0] if g.corr in launches else g.start for g in gpu], dtype=np.int64)
-        step_of = assign_steps(step_starts, step_numbers, launch).tolist()
-        nccl = [i for i, g in enumerate(gpu) if kernel_class(g.name) == COMMUNICATION]
-        # NCCL's innermost range around the launch, and PyTorch's around that:
-        # ncclGroupEnd launches a group's kernel and names no op, PyTorch's range does
-        own, torch = [c for c in calls if c.own], [c for c in calls if not c.own]
-        nccl_launches = [launches.get(gpu[i].corr) for i in nccl]
-        call_of = dict(zip(nccl, zip(launching_ranges(nccl_launches, [(c.start, c.end, c.thread) for c in own]),
-                                     launching_ranges(nccl_launches, [(c.start, c.end, c.thread) for c in torch]))))
-        rows, seqs, last_call = [], {}, {}  # last_call: stream -> (call, its done row's index)
-        for i, ((s, e, _, stream, corr, _, name, nbytes), st) in enumerate(zip(gpu, step_of)):
-            cls = MEMORY if name.startswith(("Memcpy", "Memset")) else kernel_class(name)
-            launched = corr if corr in launches else -1
-            # queued_ns: launch to start (~0: the GPU waited for the host), as Kineto imports keep it
-            rows.append(new_row(EventRow, ("kernel", name, s, e, st, -1, -1, str(stream), "", launched, -1, int(nbytes),
-                                           False, "", cls, max(s - int(launch[i]), 0) if launched >= 0 else -1)))
-            if cls != COMMUNICATION:
-                continue
-            c = call_of[i]  # (NCCL's range, PyTorch's range), -1: none
-            previous = last_call.get(stream)
-            if max(c) >= 0 and previous is not None and previous[0] == c:  # another kernel of the same call
-                done = rows[previous[1]]
-                rows[previous[1]] = done._replace(start_ns=e, end_ns=e)
-                continue
-            call = own[c[0]] if c[0] >= 0 else NcclCall(0, 0, 0, "nccl", "", 0, -1, True)
-            op, group, sent, peer = call.op, call.group, call.bytes, call.peer
-            if op == "nccl" and c[1] >= 0:  # a range that names no collective (ncclGroupEnd): PyTorch's does
-                op = torch[c[1]].op
-            if op == "nccl":  # nor PyTorch's: the kernel says more
-                op = collective_op(None, name)
-            kind, members, detail = "collective", world, "gpu:order"
-            if peer >= 0 and rank >= 0:  # a send/recv to a known peer: matched as the pair's n-th message
-                (group, members), kind, detail = p2p_pair(op, rank, peer), "p2p", "gpu"
-            else:
-                peer = -1
-            group = group or f"nccl:comm{streams.index(stream)}"
-            seq = seqs.get(group, 0)
-            seqs[group] = seq + 1
-            rows.append(event_row(kind, op, s, s, st, group=group, group_ranks=members, seq=seq, peer=peer,
-                                  nbytes=sent, async_op=True, detail=detail))
-            rows.append(event_row("done", op, e, e, st, group=group, group_ranks=members, seq=seq, peer=peer,
-                                  async_op=True, detail=detail))
-            last_call[stream] = (c, len(rows) - 1)
-        return rows
+            kind, name = _nvtx_kind(export, row)
+            cpu.append((kind, name, row.start, row.end, "nvtx"))
+    steps = _steps(cpu)
+    cpu = [c for c in cpu if c[0] != "step"]
+    numbers = np.array(sorted(steps), dtype=np.int64)
+    starts = np.array([steps[n][0] for n in numbers], dtype=np.int64)
+    rows = [event_row("step", "step", steps[n][0], steps[n][1], int(n)) for n in numbers]
+    step_of = assign_steps(starts, numbers, np.array([c[2] for c in cpu], dtype=np.int64))
+    for (kind, name, s, e, detail), st in zip(cpu, step_of.tolist()):
+        rows.append(event_row(kind, name, s, e, st, detail=detail))
+    rows.extend(_gpu_rows(export, pid, single, launches, calls, starts, numbers, world, rank))
+    rows.extend(_wait_rows(export, pid, single, launches, starts, numbers))
+    rows.sort(key=lambda r: r.start_ns)
+    return rows
 
 
-def _pid_of(gpid):
-    return None if gpid is None else decode_global_id(gpid)[0]
+def _wait_rows(export, pid, single, launches, step_starts, step_numbers) -> list:
+    """The process's cudaStreamWaitEvent calls as "stream_wait" rows, their
+    step the one their call ran in, as a kernel's is its launch's."""
+    waits = [w for w in export.waits if single or pid_of(w.globalPid) == pid]
+    calls = np.array([launches[w.correlationId][0] if w.correlationId in launches else w.start for w in waits],
+                     dtype=np.int64)
+    rows = []
+    for (s, e, stream, corr, gpid, context, event, _), st in zip(waits, assign_steps(step_starts, step_numbers,
+                                                                                       calls).tolist()):
+        corr = -1 if corr is None else corr
+        recorded = export.records.get((pid_of(gpid), context, event), ())
+        at = bisect.bisect_left(recorded, (corr,))  # the last record before the wait call
+        record, peer = recorded[at - 1] if at else (-1, -1)
+        rows.append(event_row("stream_wait", STREAM_WAIT, s, e, st, group=str(stream), seq=corr,
+                              peer=-1 if peer is None else peer, nbytes=record, detail="nsys"))
+    return rows
+
+
+def _nvtx_kind(export, row) -> tuple[str, str]:
+    text = (export.text(row) or "").strip()
+    domain = export.domains.get(row.domainId, "")
+    category = export.categories.get((row.domainId, row.category), "")
+    if domain == "diagnose" and category in KINDS:
+        if category == "collective" and text == "wait":
+            return "wait", text
+        return category, text
+    m = _STEP_RE.match(text)
+    if m:
+        return "step", m.group(1)
+    if _DATA_RE.match(text):
+        return "data", "data_wait"
+    kind = _PHASES.get(text.strip("# ").lower())
+    if kind:
+        return kind, kind
+    return "phase", text
+
+
+def _nccl_call(export, row):
+    """The NcclCall (group or "", peer or -1) if the NVTX range is an NCCL
+    call's: NCCL's, or PyTorch's nccl:<op> around it."""
+    text = (export.text(row) or "").strip()
+    own = export.domains.get(row.domainId, "") == "NCCL" or bool(_NCCL_API_RE.match(text))
+    if not own and not text.startswith("nccl:"):
+        return None
+    op = nccl_call_op(text if own else text.split(",")[0])
+    if op is None:
+        return None
+    payload = range_payload(row.jsonText)
+    comm = payload.get("NCCL communicator ID")
+    group = f"nccl:{comm}" if isinstance(comm, (int, str)) and not isinstance(comm, bool) and comm != "" else ""
+    nbytes = payload.get("Message size [bytes]")
+    peer = payload.get("Peer rank") if op in ("send", "recv") else None
+    return NcclCall(row.start, row.end, row.globalTid, op, group, nbytes if _count(nbytes) and nbytes > 0 else 0,
+                    peer if _count(peer) else -1, own)
+
+
+def _gpu_rows(export, pid, single, launches, calls, step_starts, step_numbers, world: str, rank: int) -> list:
+    gpu = [g for g in export.gpu if single or (g.gpid is not None and decode_global_id(g.gpid)[0] == pid)]
+    gpu.sort(key=lambda g: g.start)
+    streams = list(dict.fromkeys(g.stream for g in gpu if kernel_class(g.name) == COMMUNICATION))
+    launch = np.array([launches[g.corr][0] if g.corr in launches else g.start for g in gpu], dtype=np.int64)
+    step_of = assign_steps(step_starts, step_numbers, launch).tolist()
+    nccl = [i for i, g in enumerate(gpu) if kernel_class(g.name) == COMMUNICATION]
+    # NCCL's innermost range around the launch, and PyTorch's around that:
+    # ncclGroupEnd launches a group's kernel and names no op, PyTorch's range does
+    own, torch = [c for c in calls if c.own], [c for c in calls if not c.own]
+    nccl_launches = [launches.get(gpu[i].corr) for i in nccl]
+    call_of = dict(zip(nccl, zip(launching_ranges(nccl_launches, [(c.start, c.end, c.thread) for c in own]),
+                                 launching_ranges(nccl_launches, [(c.start, c.end, c.thread) for c in torch]))))
+    rows, seqs, last_call = [], {}, {}  # last_call: stream -> (call, its done row's index)
+    for i, ((s, e, _, stream, corr, _, name, nbytes), st) in enumerate(zip(gpu, step_of)):
+        cls = MEMORY if name.startswith(("Memcpy", "Memset")) else kernel_class(name)
+        launched = corr if corr in launches else -1
+        # queued_ns: launch to start (~0: the GPU waited for the host), as Kineto imports keep it
+        rows.append(new_row(EventRow, ("kernel", name, s, e, st, -1, -1, str(stream), "", launched, -1, int(nbytes),
+                                       False, "", cls, max(s - int(launch[i]), 0) if launched >= 0 else -1)))
+        if cls != COMMUNICATION:
+            continue
+        c = call_of[i]  # (NCCL's range, PyTorch's range), -1: none
+        previous = last_call.get(stream)
+        if max(c) >= 0 and previous is not None and previous[0] == c:  # another kernel of the same call
+            done = rows[previous[1]]
+            rows[previous[1]] = done._replace(start_ns=e, end_ns=e)
+            continue
+        call = own[c[0]] if c[0] >= 0 else NcclCall(0, 0, 0, "nccl", "", 0, -1, True)
+        op, group, sent, peer = call.op, call.group, call.bytes, call.peer
+        if op == "nccl" and c[1] >= 0:  # a range that names no collective (ncclGroupEnd): PyTorch's does
+            op = torch[c[1]].op
+        if op == "nccl":  # nor PyTorch's: the kernel says more
+            op = collective_op(None, name)
+        kind, members, detail = "collective", world, "gpu:order"
+        if peer >= 0 and rank >= 0:  # a send/recv to a known peer: matched as the pair's n-th message
+            (group, members), kind, detail = p2p_pair(op, rank, peer), "p2p", "gpu"
+        else:
+            peer = -1
+        group = group or f"nccl:comm{streams.index(stream)}"
+        seq = seqs.get(group, 0)
+        seqs[group] = seq + 1
+        rows.append(event_row(kind, op, s, s, st, group=group, group_ranks=members, seq=seq, peer=peer,
+                              nbytes=sent, async_op=True, detail=detail))
+        rows.append(event_row("done", op, e, e, st, group=group, group_ranks=members, seq=seq, peer=peer,
+                              async_op=True, detail=detail))
+        last_call[stream] = (c, len(rows) - 1)
+    return rows
 
 
 def _count(value) -> bool:
     """Whether a payload value is a non-negative integer (JSON true is not)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _payload(json_text) -> dict:
-    """An NVTX range's payload as nsys exports it (jsonText), {} if none or unreadable."""
-    if not isinstance(json_text, str) or not json_text.startswith("{"):
-        return {}
-    try:
-        payload = json.loads(json_text)
-    except ValueError:
-        return {}
-    return payload if isinstance(payload, dict) else {}
 
 
 def _steps(cpu: list) -> dict:
@@ -372,7 +256,7 @@ def import_nsys(paths: list, out_dir: str) -> tuple[str, dict]:
     for export in exports:
         pids = export.processes()
         if not pids:
-            raise UserError(f"{_display(export.path)}: no process with GPU kernels or NVTX ranges")
+            raise UserError(f"{display_name(export.path)}: no process with GPU kernels or NVTX ranges")
         m = _RANK_RE.search(os.path.basename(export.path))
         if m and len(pids) == 1 and int(m.group(1)) not in taken:
             taken.add(int(m.group(1)))
@@ -390,7 +274,7 @@ def import_nsys(paths: list, out_dir: str) -> tuple[str, dict]:
     writer = RunDirWriter(out_dir, "nsys", paths)
     world = ",".join(str(r) for r in sorted(r for r, _, _, _ in ranks))
     for rank, export, pid, single in sorted(ranks, key=lambda x: x[0]):
-        rows = export.rows_for(pid, single, world, rank)
+        rows = _rows_for(export, pid, single, world, rank)
         writer.write_rank(rank, rows, {
             "world_size": len(ranks), "pid": pid, "host": "",
             "clock": clock_meta(wall_anchor_ns=export.session_start_ns),

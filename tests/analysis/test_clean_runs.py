@@ -6,6 +6,7 @@ findings over repeated clean launches."""
 import json
 
 from diagnose.analysis.detectors import straggler
+from diagnose.analysis.detectors.straggler_waits import waiting_caused
 from diagnose.analysis.findings.run_detectors import Context
 from tests.support.jobs import fixture_path, load_run
 
@@ -21,7 +22,7 @@ def test_a_clean_ddp_run_whose_jitter_was_once_a_straggler_has_none():
     busy time was the median step minus the median waits, taken from different steps."""
     run = load_run(fixture_path("runs", "ddp-clean-jitter"))
     ctx = Context(run)
-    caused = straggler.waiting_caused(ctx)
+    caused = waiting_caused(ctx)
     assert (caused.idxmax() == 0).mean() == 0.8   # the premise: rank 0 is last in most steps
     assert straggler.detect(ctx) == []
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from diagnose.analysis.findings.run_detectors import detect
-from diagnose.importers.nsys import decode_global_id, import_nsys
+from diagnose.importers.nsys import import_nsys
+from diagnose.importers.nsys_export import decode_global_id
 from tests.support.jobs import fixture_path, load_run
 
 REAL = fixture_path("nsys", "tc_report1.sqlite")

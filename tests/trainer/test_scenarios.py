@@ -111,10 +111,11 @@ def check_neighbours_not_named(run, monkeypatch):
     once passed the busy gate (1.41x) and was named instead. With the gate open to
     all of them, the rank named is still the one with the most excess work."""
     from diagnose.analysis.detectors import straggler
+    from diagnose.analysis.detectors.straggler_waits import waiting_caused
     from diagnose.analysis.findings.run_detectors import Context
     monkeypatch.setattr(straggler, "BUSY_RATIO", 0.0)
     ctx = Context(run)
-    caused = straggler.waiting_caused(ctx).mean(axis=1)
+    caused = waiting_caused(ctx).mean(axis=1)
     found = straggler.detect(ctx)
     assert [f.ranks for f in found] == [[5]], (caused.round(1).to_dict(), [f.title for f in found])
 

@@ -16,7 +16,7 @@ On device traces (collectives seen on the device, kernels recorded: imported
 Kineto / Nsight; judged on the steady steps the kernels cover) a
 host sync costs what the device loses, not what the host waits: the device
 idle from the sync's start until the host gives it work again
-(gpu_tables.device_idle_behind_syncs), as far as the sync caused it: at most
+(device_idle.device_idle_behind_syncs), as far as the sync caused it: at most
 the time it made the host wait. A sync with work still queued behind it costs
 nothing, nor does one that finds the device already idle; one that drains the
 queue costs the host's time to launch again, every time. Signal: per callsite (or sync call where the trace has no
@@ -35,7 +35,7 @@ import pandas as pd
 from diagnose.analysis.detectors.accumulation_sync import REDUCTIONS
 from diagnose.analysis.detectors.finding_record import Finding
 from diagnose.analysis.tables.device_collectives import timed_on_device
-from diagnose.analysis.tables.gpu_tables import device_idle_behind_syncs
+from diagnose.analysis.tables.device_idle import device_idle_behind_syncs
 from diagnose.analysis.tables.matching import as_str
 from diagnose.analysis.tables.per_rank import started_inside
 

@@ -10,7 +10,7 @@ signature of loading on the training thread.
 
 On device traces (collectives seen on the device, kernels recorded; the
 steady steps the kernels cover) the wait that counts is the
-part of it during which no kernel runs (gpu_tables.device_data_wait): a host
+part of it during which no kernel runs (device_idle.device_data_wait): a host
 that waits for its input while the device still works through the queue it
 was given loses nothing, and a GPU is never "stalled" by a host that is ahead
 of it. Same threshold and pattern rule, on that device idle.

@@ -3,7 +3,7 @@ Loading only: `diagnose.analyze(run)` (run_detectors.py) runs the detectors.
 
 Times in every table are ns since the run's first event, on rank 0's clock
 (`Run.wall_t0_ns` converts back to wall time). Derived tables are computed on
-first use and cached.
+first use and cached (derived_tables.py).
 
 A run over the event budget (diagnose/analysis/load/event_budget.py) is analyzed
 over its last steps only: the per-rank pass drops the earlier steps' events on
@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from diagnose import rundir
 from diagnose.analysis.load import clock_align, event_budget
+from diagnose.analysis.load.derived_tables import DerivedTables, per_run
 from diagnose.analysis.load.rank_pass import in_rank_order, ranks_per_task
 from diagnose.analysis.load.rank_pass_engines import InProcess
 from diagnose.analysis.tables import device_collectives, pipeline_topology, trace_windows
@@ -28,22 +29,9 @@ from diagnose.errors import UserError
 from diagnose.rundir import storage
 
 
-def _per_run(method):
-    """A derived table computed on first use and kept by its run, and freed with it:
-    functools.lru_cache on a method keeps every run it saw alive in a cache of its
-    class (16,384 ranks analyzed in 4 windows, one after the other: 13 GB at the
-    peak instead of one window's ~5.7 GB)."""
-    key = f"_table_{method.__name__}"
+class Run(DerivedTables):
+    """One loaded run: its aligned tables (the derived ones: DerivedTables), windows and metadata."""
 
-    @functools.wraps(method)
-    def cached(self):
-        if key not in self.__dict__:
-            self.__dict__[key] = method(self)
-        return self.__dict__[key]
-    return cached
-
-
-class Run:
     def __init__(self, run_dirs, warn=None, on_rank=None, engine=None, max_events=None, window=None):
         """on_rank(done, total): called as each rank's parts are read (a progress bar).
         engine: where the per-rank pass runs (diagnose/analysis/load/rank_pass_engines.py; default
@@ -217,16 +205,6 @@ class Run:
         window of a run over the event budget (in_window keeps the analyzed ones)."""
         return self._steps
 
-    @_per_run
-    def collectives(self) -> pd.DataFrame:
-        from diagnose.analysis.tables.matching import collectives_table
-        return collectives_table(self._events)
-
-    @_per_run
-    def arrivals(self) -> pd.DataFrame:
-        from diagnose.analysis.tables.matching import arrivals_table
-        return arrivals_table(self.collectives())
-
     def breakdown(self) -> pd.DataFrame:
         """Where each rank's step time went (diagnose/analysis/tables/breakdown.py), per
         (rank, step), made by the per-rank pass: every step, as steps()."""
@@ -240,7 +218,7 @@ class Run:
         step = frame["step"]
         return frame[(step >= self.window["from_step"]) & (step <= self.window["last_step"])]
 
-    @_per_run
+    @per_run
     def steady_steps(self) -> list[int]:
         # less the step each rank counted FLOPs in (several times slower: diagnose/analysis/tables/mfu.py)
         return without_counted_step(steady_state_steps(self.in_window(self.steps()),
@@ -285,63 +263,6 @@ class Run:
         except DumpError as exc:  # e.g. two dumps of one rank in one format
             self.warn(f"flight recorder: {exc}; no dump is used")
             return {}
-
-    # GPU tables (imported Kineto / Nsight traces): definitions in diagnose/analysis/tables/gpu_tables.py
-    @_per_run
-    def kernels(self) -> pd.DataFrame:
-        from diagnose.analysis.tables.gpu_tables import kernels_table
-        return kernels_table(self._events)
-
-    @_per_run
-    def temporal_breakdown(self) -> pd.DataFrame:
-        from diagnose.analysis.tables.gpu_tables import temporal_breakdown
-        return temporal_breakdown(self.kernels(), self.in_window(self.steps()))
-
-    @_per_run
-    def device_compute(self) -> pd.DataFrame:
-        from diagnose.analysis.tables.gpu_tables import device_compute
-        return device_compute(self.kernels())
-
-    @_per_run
-    def device_compute_spans(self) -> pd.DataFrame:
-        from diagnose.analysis.tables.gpu_tables import device_compute_spans
-        return device_compute_spans(self._events)
-
-    @_per_run
-    def device_exposed_comm(self) -> pd.DataFrame:
-        from diagnose.analysis.tables.gpu_tables import device_exposed_comm
-        return device_exposed_comm(self.kernels())
-
-    @_per_run
-    def comm_comp_overlap(self) -> pd.DataFrame:
-        from diagnose.analysis.tables.gpu_tables import comm_comp_overlap
-        return comm_comp_overlap(self.kernels(), self.in_window(self.steps()))
-
-    @_per_run
-    def device_idle_behind_syncs(self) -> pd.DataFrame:
-        from diagnose.analysis.tables.gpu_tables import device_idle_behind_syncs
-        return device_idle_behind_syncs(self._events, self.kernels())
-
-    @_per_run
-    def device_step_breakdown(self) -> pd.DataFrame:
-        from diagnose.analysis.tables.gpu_tables import device_step_breakdown
-        return device_step_breakdown(self.kernels(), self.in_window(self.steps()))
-
-    @_per_run
-    def fsdp_unit_comm(self) -> pd.DataFrame:
-        from diagnose.analysis.tables.fsdp_units import fsdp_unit_comm
-        return fsdp_unit_comm(self.collectives(), self.steady_steps())
-
-    @_per_run
-    def device_data_wait(self) -> pd.DataFrame:
-        from diagnose.analysis.tables.gpu_tables import device_data_wait
-        return device_data_wait(self._events, self.kernels())
-
-    @_per_run
-    def input_wait(self) -> pd.DataFrame:
-        from diagnose.analysis.tables.gpu_tables import input_wait
-        return input_wait(self.in_window(self.breakdown()), self.in_window(self.steps()), self.kernels(),
-                          self.device_data_wait())
 
     @property
     def findings(self) -> list[dict]:
