@@ -7,7 +7,7 @@ import time
 
 from collectors.daemon_thread import start_daemon
 
-FLUSH_INTERVAL_S = 5.0  # one batch into the SQLAlchemy store costs ~15 ms of CPU (py-spy)
+FLUSH_INTERVAL_S = 5.0  # batched: a write into the SQLAlchemy store is the live child's largest CPU cost after its polls (bench/results/2026-12-01-live-child.md)
 
 
 class MlflowStreamer:
