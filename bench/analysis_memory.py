@@ -9,6 +9,7 @@ The peak over the whole analysis is what `bench/scale.py` reports; this says
 which table holds it, per event of the run, so that the two-level design
 (per-rank compact tables, a cross-rank pass over them) targets the right ones.
 """
+
 import sys
 import time
 
@@ -32,9 +33,11 @@ def main() -> int:
     if len(sys.argv) != 2:
         raise SystemExit(__doc__.strip().splitlines()[3].strip())
     from diagnose.cli.allocator import keep_freed_memory  # as the CLI runs the analysis
+
     keep_freed_memory()
     import diagnose
     from diagnose.analysis.findings.run_detectors import detect
+
     t0 = time.perf_counter()
     run = diagnose.load(sys.argv[1], warn=lambda m: None)
     events = len(run.events())
@@ -42,9 +45,12 @@ def main() -> int:
 
     def line(name, size_mb):
         rss, peak = rss_mb()
-        print(f"{name:22s} table {size_mb:8.0f} MB ({size_mb * 2**20 / max(events, 1):6.1f} B/event)  "
-              f"rss {rss:8.0f} MB  peak {peak:8.0f} MB ({peak * 2**20 / max(events, 1):6.1f} B/event)  "
-              f"t={time.perf_counter() - t0:6.1f} s", flush=True)
+        print(
+            f"{name:22s} table {size_mb:8.0f} MB ({size_mb * 2**20 / max(events, 1):6.1f} B/event)  "
+            f"rss {rss:8.0f} MB  peak {peak:8.0f} MB ({peak * 2**20 / max(events, 1):6.1f} B/event)  "
+            f"t={time.perf_counter() - t0:6.1f} s",
+            flush=True,
+        )
 
     print(f"{len(run.ranks)} ranks, {events:,} events")
     line(*rows[0])

@@ -13,6 +13,7 @@ on 2 cores). Then, interleaved `--repeat` times, each in its own process:
 
 and prints the medians (wall time from process start to exit, imports included).
 """
+
 import argparse
 import os
 import shutil
@@ -23,15 +24,28 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAINER = ["-m", "reference_trainer", "--dp", "2", "--pp", "2", "--tp", "2", "--microbatches", "4",
-           "--steps", "100"]
+TRAINER = ["-m", "reference_trainer", "--dp", "2", "--pp", "2", "--tp", "2", "--microbatches", "4", "--steps", "100"]
 TARGET_S = 5.0
 
 
 def record(out: str) -> None:
-    command = [sys.executable, "-m", "diagnose", "run", "--out", out, "--no-analyze", "--",
-               sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8",
-               *TRAINER]
+    command = [
+        sys.executable,
+        "-m",
+        "diagnose",
+        "run",
+        "--out",
+        out,
+        "--no-analyze",
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "8",
+        *TRAINER,
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     if proc.returncode:
@@ -41,8 +55,13 @@ def record(out: str) -> None:
 
 def analyze_s(run_dir: str, extra=()) -> float:
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "diagnose", "analyze", run_dir, "--quiet", *extra],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "diagnose", "analyze", run_dir, "--quiet", *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     wall = time.perf_counter() - t0
     if proc.returncode:
         raise SystemExit(f"analyze failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
@@ -62,6 +81,7 @@ def main() -> int:
         record(run_dir)
     try:
         import diagnose
+
         run = diagnose.load(run_dir, warn=lambda m: None)
         print(f"{len(run.ranks)} ranks x {run.steps()['step'].nunique()} steps, {len(run.events()):,} events")
         full, core = [], []
@@ -71,8 +91,10 @@ def main() -> int:
         print(f"full `diagnose analyze`: {' '.join(f'{x:.2f}' for x in full)} s")
         print(f"core (--no-outputs):     {' '.join(f'{x:.2f}' for x in core)} s")
         median = statistics.median(full)
-        print(f"analyze_8x100: events={len(run.events())} analyze_s={median:.2f} "
-              f"core_s={statistics.median(core):.2f} target_s={TARGET_S:.0f}")
+        print(
+            f"analyze_8x100: events={len(run.events())} analyze_s={median:.2f} "
+            f"core_s={statistics.median(core):.2f} target_s={TARGET_S:.0f}"
+        )
         return 0 if median < TARGET_S else 1
     finally:
         if work:

@@ -21,6 +21,7 @@ HTA is not a dependency of diagnose: install it in a throwaway venv first
 (bench/hta_reference.py says how). Target (issue 8): >= 10x faster than HTA on
 the 8-rank files, with lower peak memory.
 """
+
 import argparse
 import compileall
 import gzip
@@ -69,6 +70,7 @@ print(json.dumps({str(int(r["rank"])): {
 def replicate(source: str, ranks: int, out_dir: str) -> None:
     """`ranks` copies of one trace, rank i's distributedInfo saying rank i."""
     from diagnose.importers.kineto import load_trace
+
     trace = load_trace(source)
     info = dict(trace.get("distributedInfo") or {})
     os.makedirs(out_dir, exist_ok=True)
@@ -81,8 +83,10 @@ def replicate(source: str, ranks: int, out_dir: str) -> None:
 def compare(trace_dir: str, hta_python: str, repeat: int, timeout: float) -> dict:
     files = [os.path.join(trace_dir, n) for n in sorted(os.listdir(trace_dir))]
     env = dict(os.environ, PYTHONPATH=ROOT)
-    commands = {"diagnose": ([sys.executable, "-c", DIAGNOSE, *files], dict(cwd=ROOT, env=env)),
-                "hta": ([hta_python, "-c", HTA, trace_dir], dict(cwd=trace_dir))}
+    commands = {
+        "diagnose": ([sys.executable, "-c", DIAGNOSE, *files], dict(cwd=ROOT, env=env)),
+        "hta": ([hta_python, "-c", HTA, trace_dir], dict(cwd=trace_dir)),
+    }
     timed, sampled = {tool: [] for tool in commands}, {}
     for _ in range(repeat):  # timed without the memory sampler (measure.py says why)
         for tool, (command, where) in commands.items():
@@ -93,13 +97,16 @@ def compare(trace_dir: str, hta_python: str, repeat: int, timeout: float) -> dic
     for tool, measured in timed.items():
         ok = [m for m in measured if m["returncode"] == 0 and not m["timed_out"]]
         memory_ok = sampled[tool]["returncode"] == 0 and not sampled[tool]["timed_out"]
-        result[tool] = {"wall_s": statistics.median(m["wall_s"] for m in ok) if ok else float("nan"),
-                        "peak_mb": sampled[tool]["peak_mb"] if memory_ok else float("nan"),
-                        "table": json.loads(ok[-1]["stdout"].strip().splitlines()[-1]) if ok else None,
-                        "error": None if ok else _error(measured[-1])}
+        result[tool] = {
+            "wall_s": statistics.median(m["wall_s"] for m in ok) if ok else float("nan"),
+            "peak_mb": sampled[tool]["peak_mb"] if memory_ok else float("nan"),
+            "table": json.loads(ok[-1]["stdout"].strip().splitlines()[-1]) if ok else None,
+            "error": None if ok else _error(measured[-1]),
+        }
     a, b = result["diagnose"]["table"], result["hta"]["table"]
-    result["max_frac_diff"] = (max(abs(a[r][k] - b[r][k]) for r in b if r in a for k in FRACS)
-                               if a and b and set(a) & set(b) else float("nan"))
+    result["max_frac_diff"] = (
+        max(abs(a[r][k] - b[r][k]) for r in b if r in a for k in FRACS) if a and b and set(a) & set(b) else float("nan")
+    )
     return result
 
 
@@ -142,17 +149,22 @@ def main() -> int:
             target = os.path.join(work, f"replicated_{n}")
             replicate(args.source, n, target)
             sets.append((f"{os.path.basename(args.source)} x {n} ranks", target, args.repeat if n <= 8 else 1))
-        print(f"{'set':58s} {'files':>5s} {'MB':>6s} {'diagnose s':>10s} {'HTA s':>8s} {'speedup':>8s} "
-              f"{'diag MB':>8s} {'HTA MB':>8s} {'mem x':>6s} {'max|dfrac|':>10s}")
+        print(
+            f"{'set':58s} {'files':>5s} {'MB':>6s} {'diagnose s':>10s} {'HTA s':>8s} {'speedup':>8s} "
+            f"{'diag MB':>8s} {'HTA MB':>8s} {'mem x':>6s} {'max|dfrac|':>10s}"
+        )
         for name, target, repeat in sets:
             size = sum(os.path.getsize(os.path.join(target, f)) for f in os.listdir(target)) / 2**20
             r = compare(target, args.hta_python, repeat, args.timeout)
             d, h = r["diagnose"], r["hta"]
             note = f"  HTA: {h['error']}" if h["error"] else ""
             note += f"  diagnose: {d['error']}" if d["error"] else ""
-            print(f"{name[:58]:58s} {len(os.listdir(target)):5d} {size:6.1f} {d['wall_s']:10.2f} {h['wall_s']:8.2f} "
-                  f"{h['wall_s'] / d['wall_s']:7.1f}x {d['peak_mb']:8.0f} {h['peak_mb']:8.0f} "
-                  f"{h['peak_mb'] / d['peak_mb']:5.1f}x {r['max_frac_diff']:10.4f}{note}", flush=True)
+            print(
+                f"{name[:58]:58s} {len(os.listdir(target)):5d} {size:6.1f} {d['wall_s']:10.2f} {h['wall_s']:8.2f} "
+                f"{h['wall_s'] / d['wall_s']:7.1f}x {d['peak_mb']:8.0f} {h['peak_mb']:8.0f} "
+                f"{h['peak_mb'] / d['peak_mb']:5.1f}x {r['max_frac_diff']:10.4f}{note}",
+                flush=True,
+            )
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -11,6 +11,7 @@ other kind above info is a true property of the job, explained in
 docs/testing.md with the figure that makes it true. Writes
 bench/results/<date>-clean-silence.md.
 """
+
 import argparse
 import collections
 import json
@@ -24,15 +25,27 @@ from bench.campaign import QUIET_ENV, write
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 JOBS = {
-    "ddp_mlp x4": [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-                   "samples/ddp_mlp.py", "--steps", "30"],
-    "trainer clean": None,   # `diagnose demo --scenario clean`
+    "ddp_mlp x4": [
+        PY,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        "samples/ddp_mlp.py",
+        "--steps",
+        "30",
+    ],
+    "trainer clean": None,  # `diagnose demo --scenario clean`
 }
 
 
 def launch(job: str, out: Path) -> list:
-    command = ([PY, "-m", "diagnose", "demo", "--scenario", "clean", "--out", str(out)] if JOBS[job] is None
-               else [PY, "-m", "diagnose", "run", "--out", str(out), "--", *JOBS[job]])
+    command = (
+        [PY, "-m", "diagnose", "demo", "--scenario", "clean", "--out", str(out)]
+        if JOBS[job] is None
+        else [PY, "-m", "diagnose", "run", "--out", str(out), "--", *JOBS[job]]
+    )
     proc = subprocess.run(command, cwd=REPO, env=QUIET_ENV, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise SystemExit(f"{job}: exited {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
@@ -56,13 +69,16 @@ def main() -> None:
                 details.append(f"- {job}, run {i + 1}: {f['kind']} [{f['severity']}] {f['title']}")
             print(f"{job} run {i + 1}: {', '.join(f['kind'] for f in serious) or 'silent'}", flush=True)
         rows.append((job, args.runs, silent, counts))
-    body = ["| job | runs | silent (nothing above info) | runs with a straggler above info | other kinds above info (runs) |",
-            "|---|---|---|---|---|"]
+    body = [
+        "| job | runs | silent (nothing above info) | runs with a straggler above info | other kinds above info (runs) |",
+        "|---|---|---|---|---|",
+    ]
     for job, n, silent, counts in rows:
         others = ", ".join(f"{k} ({v})" for k, v in sorted(counts.items()) if k != "straggler") or "-"
         body.append(f"| {job} | {n} | {silent} | {counts.get('straggler', 0)} | {others} |")
     body += ["", "Findings above info:", ""] + (details or ["- none"])
     write(REPO, "clean-silence", "Clean runs are silent", f"python -m bench.clean_silence --runs {args.runs}", body)
+
 
 if __name__ == "__main__":
     main()

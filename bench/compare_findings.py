@@ -15,6 +15,7 @@ command), so one script serves both sides of a move. Compared per finding: kind,
 severity, ranks, stage, callsite and impact (exactly: same input, same code path).
 Exit status 1 when anything differs.
 """
+
 import argparse
 import json
 import os
@@ -25,10 +26,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIAGNOSE = [sys.executable, "-m", "diagnose"]
 KEYS = ("kind", "severity", "ranks", "stage", "callsite", "impact_ms_per_step")
 FIXTURES = {  # run name -> (importer, fixture paths under tests/data)
-    "import-kineto-nccl": ("kineto", ["kineto/hta/trace_filter/sampled_rank-0.json.gz",
-                                      "kineto/hta/trace_filter/sampled_rank-1.json.gz"]),
-    "import-kineto-resnet": ("kineto", ["kineto/tb_plugin_resnet50/resnet50_num_workers_4/"
-                                        "worker0.pt.trace.json.gz"]),
+    "import-kineto-nccl": (
+        "kineto",
+        ["kineto/hta/trace_filter/sampled_rank-0.json.gz", "kineto/hta/trace_filter/sampled_rank-1.json.gz"],
+    ),
+    "import-kineto-resnet": ("kineto", ["kineto/tb_plugin_resnet50/resnet50_num_workers_4/worker0.pt.trace.json.gz"]),
     "import-nsys": ("nsys", ["nsys/tc_report1.sqlite"]),
 }
 
@@ -36,8 +38,7 @@ FIXTURES = {  # run name -> (importer, fixture paths under tests/data)
 def _diagnose(*args, check=True):
     proc = subprocess.run([*DIAGNOSE, *args], cwd=REPO, capture_output=True, text=True)
     if check and proc.returncode != 0:
-        sys.exit(f"compare_findings: `diagnose {' '.join(args)}` exited {proc.returncode}:\n"
-                 f"{proc.stderr[-2000:]}")
+        sys.exit(f"compare_findings: `diagnose {' '.join(args)}` exited {proc.returncode}:\n{proc.stderr[-2000:]}")
     return proc
 
 
@@ -57,19 +58,22 @@ def _make_runs(root: str, scenarios: list[str], import_fixtures: bool) -> None:
         for name, (importer, paths) in FIXTURES.items():
             out = os.path.join(root, name)
             if not os.path.isdir(out):
-                _diagnose("import", importer, *[os.path.join(REPO, "tests", "data", p) for p in paths],
-                          "--out", out)
+                _diagnose("import", importer, *[os.path.join(REPO, "tests", "data", p) for p in paths], "--out", out)
 
 
 def record(args) -> int:
     if args.scenarios:
         from reference_trainer.scenarios import SCENARIOS
+
         names = list(SCENARIOS) if args.scenarios == ["all"] else args.scenarios
         _make_runs(args.runs_root, names, args.import_fixtures)
     elif args.import_fixtures:
         _make_runs(args.runs_root, [], True)
-    runs = sorted(os.path.join(args.runs_root, d) for d in os.listdir(args.runs_root)
-                  if os.path.isfile(os.path.join(args.runs_root, d, "manifest.json")))
+    runs = sorted(
+        os.path.join(args.runs_root, d)
+        for d in os.listdir(args.runs_root)
+        if os.path.isfile(os.path.join(args.runs_root, d, "manifest.json"))
+    )
     saved = {os.path.abspath(run): findings_of(run) for run in runs}
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(saved, f, indent=1, sort_keys=True)
@@ -100,8 +104,9 @@ def main() -> int:
     rec.add_argument("--runs-root", required=True)
     rec.add_argument("--out", required=True)
     rec.add_argument("--scenarios", nargs="*", help="run these demo scenarios first ('all': every one)")
-    rec.add_argument("--import-fixtures", action="store_true",
-                     help="import the Kineto and Nsight fixtures of tests/data first")
+    rec.add_argument(
+        "--import-fixtures", action="store_true", help="import the Kineto and Nsight fixtures of tests/data first"
+    )
     chk = sub.add_parser("check", help="analyze the saved runs again and compare")
     chk.add_argument("saved")
     args = parser.parse_args()

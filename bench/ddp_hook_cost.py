@@ -15,6 +15,7 @@ optimizer) over `builtin`, per part.
 
     .venv/bin/python -m bench.ddp_hook_cost [--steps 200]
 """
+
 import argparse
 import os
 import subprocess
@@ -88,9 +89,24 @@ def main() -> int:
         with open(script, "w", encoding="utf-8") as f:
             f.write(RANK_CODE)
         for r in range(args.repeat):
-            out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                  "--nproc-per-node", "2", script, str(args.steps), os.path.join(work, f"run{r}")],
-                                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--standalone",
+                    "--nproc-per-node",
+                    "2",
+                    script,
+                    str(args.steps),
+                    os.path.join(work, f"run{r}"),
+                ],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
             if out.returncode:
                 print(out.stdout[-1500:], out.stderr[-1500:])
                 return 1

@@ -18,6 +18,7 @@ throwaway venv (python3 -m venv /tmp/engines-venv && /tmp/engines-venv/bin/pip
 install duckdb polars pyarrow). Used to choose the engine (issue 8): see
 bench/results/2026-11-29-scale-1024.md.
 """
+
 import argparse
 import os
 import sys
@@ -84,13 +85,17 @@ print(table.height, table["wait_ms"].sum())
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("run")
-    p.add_argument("--engines-python", default="/tmp/engines-venv/bin/python",
-                   help="a Python with duckdb and polars installed")
+    p.add_argument(
+        "--engines-python", default="/tmp/engines-venv/bin/python", help="a Python with duckdb and polars installed"
+    )
     args = p.parse_args()
     env = dict(os.environ, PYTHONPATH=ROOT)
     print(f"{'engine':8s} {'rows':>10s} {'wall s':>8s} {'peak MB':>8s}")
-    for engine, python, code in (("pandas", sys.executable, PANDAS), ("duckdb", args.engines_python, DUCKDB),
-                                 ("polars", args.engines_python, POLARS)):
+    for engine, python, code in (
+        ("pandas", sys.executable, PANDAS),
+        ("duckdb", args.engines_python, DUCKDB),
+        ("polars", args.engines_python, POLARS),
+    ):
         if not os.path.exists(python):
             print(f"{engine:8s} skipped: {python} not found")
             continue

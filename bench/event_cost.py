@@ -17,6 +17,7 @@ the flushes' share of the GIL is included.
 
     .venv/bin/python -m bench.event_cost
 """
+
 import contextlib
 import os
 import statistics
@@ -65,6 +66,7 @@ def measure() -> dict:
     def with_phase():
         with collectors.phase("forward", microbatch=0, stage=0):
             pass
+
     out["phase_us"] = paired(lambda: contextlib.nullcontext().__enter__(), with_phase)
 
     # forward: install once, then switch Module.__call__ per batch
@@ -76,6 +78,7 @@ def measure() -> dict:
 
     def use(recorded):
         torch.nn.Module.__call__ = recorded_call if recorded else plain_call
+
     with torch.no_grad():
         out["forward_us"] = paired(lambda: model(x), lambda: model(x), calls=500, setup=use)
     use(False)

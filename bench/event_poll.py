@@ -15,6 +15,7 @@ cudaEventQuery, so the query-bound figures are lower bounds). Measured:
 - events recorded per async collective.
 Writes bench/results/<date>-event-poll.md.
 """
+
 import argparse
 import datetime
 import gc
@@ -43,7 +44,7 @@ class Event:
 
     def record(self, stream=None):
         Event.recorded += 1
-        self.n, self.side = Event.recorded, stream == "side"   # the idle side stream runs it at once
+        self.n, self.side = Event.recorded, stream == "side"  # the idle side stream runs it at once
 
     def query(self):
         return self.side or self.n <= Clock.done_until
@@ -79,8 +80,9 @@ def load(rev: str | None) -> types.SimpleNamespace:
     the split); .collective_events."""
     mods = {}
     for name, files in (("timer", ("cuda_event_timer", "cuda_events")), ("collective_events", ("collective_events",))):
-        path, src = next((p, text) for p in (f"collectors/instrument/{f}.py" for f in files)
-                         if (text := source(rev, p)) is not None)
+        path, src = next(
+            (p, text) for p in (f"collectors/instrument/{f}.py" for f in files) if (text := source(rev, p)) is not None
+        )
         spec = importlib.util.spec_from_loader(f"bench_{name}_{rev or 'now'}", loader=None)
         mod = importlib.util.module_from_spec(spec)
         exec(compile(src, path, "exec"), mod.__dict__)
@@ -90,7 +92,7 @@ def load(rev: str | None) -> types.SimpleNamespace:
 
 def build(mods, pending: int):
     """`pending` pairs waiting: pending // 2 async calls (a call and its stall each)."""
-    mods.timer.MAX_PENDING = 10 * pending   # the measured calls add to the backlog, not dropped
+    mods.timer.MAX_PENDING = 10 * pending  # the measured calls add to the backlog, not dropped
     timer = mods.timer.CudaEventTimer(Event, side_stream="side")
     timer.set_anchor()
     Clock.done_until = Event.recorded
@@ -119,7 +121,7 @@ def per_call_us(mods, pending: int, calls: int = 5_000) -> tuple[float, float]:
 
     def poller():
         while not stop.wait(0.25):
-            timer.poll()   # nothing more runs on the device: the backlog stays
+            timer.poll()  # nothing more runs on the device: the backlog stays
 
     thread = threading.Thread(target=poller)
     thread.start()
@@ -148,7 +150,7 @@ def main():
         # alike; a collection first: a backlog's pending closures hold reference cycles
         # (closure -> CollectiveEvents -> timer -> pending), and whichever side ran
         # second would otherwise pay the first side's garbage in its timed loop
-        for name in (("before", "after") if repeat % 2 == 0 else ("after", "before")):
+        for name in ("before", "after") if repeat % 2 == 0 else ("after", "before"):
             mods = sides[name]
             gc.collect()
             res[name]["poll"].append(poll_pass_s(mods, args.pending))
@@ -156,17 +158,25 @@ def main():
             us, ev = per_call_us(mods, args.pending)
             res[name]["call"].append(us)
             res[name]["events"] = ev
-    lines = [f"# {datetime.date.today()} CUDA-event poll with {args.pending:,} pending pairs (issue 44, O1)", "",
-             f"`python -m bench.event_poll --before {args.before} --pending {args.pending}`; fake events "
-             "(torch.cuda.Event's methods, a Python call each); median of "
-             f"{args.repeats} alternated repeats.", "",
-             "| | before | after | after/before |", "|---|---|---|---|"]
-    for key, label, fmt in (("poll", "one poll pass, 1% of the backlog done (ms)", 1e3),
-                            ("call", "training thread per async collective, poller running (us)", 1.0)):
+    lines = [
+        f"# {datetime.date.today()} CUDA-event poll with {args.pending:,} pending pairs (issue 44, O1)",
+        "",
+        f"`python -m bench.event_poll --before {args.before} --pending {args.pending}`; fake events "
+        "(torch.cuda.Event's methods, a Python call each); median of "
+        f"{args.repeats} alternated repeats.",
+        "",
+        "| | before | after | after/before |",
+        "|---|---|---|---|",
+    ]
+    for key, label, fmt in (
+        ("poll", "one poll pass, 1% of the backlog done (ms)", 1e3),
+        ("call", "training thread per async collective, poller running (us)", 1.0),
+    ):
         b, a = statistics.median(res["before"][key]) * fmt, statistics.median(res["after"][key]) * fmt
         lines.append(f"| {label} | {b:.2f} | {a:.2f} | {a / b:.3f} |")
-    lines.append(f"| events recorded per async collective | {res['before']['events']:.0f} | "
-                 f"{res['after']['events']:.0f} | |")
+    lines.append(
+        f"| events recorded per async collective | {res['before']['events']:.0f} | {res['after']['events']:.0f} | |"
+    )
     text = "\n".join(lines) + "\n"
     print(text)
     out = REPO / "bench" / "results" / f"{datetime.date.today()}-event-poll.md"

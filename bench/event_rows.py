@@ -15,6 +15,7 @@ the working tree. Measured:
 bench/event_cost.py gives the absolute per-event figures; this one, the
 difference that run-to-run noise on a shared box hides there.
 """
+
 import argparse
 import importlib.util
 import os
@@ -32,8 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def load(rev: str, name: str):
     path = f"collectors/instrument/{name}.py"
-    src = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, capture_output=True, text=True,
-                         check=True).stdout
+    src = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, capture_output=True, text=True, check=True).stdout
     mod = importlib.util.module_from_spec(importlib.util.spec_from_loader(f"before_{name}", loader=None))
     exec(compile(src, path, "exec"), mod.__dict__)
     return mod
@@ -63,16 +63,23 @@ def tracker_cases(mod) -> dict:
     def issued_async_waited():
         tracker.issued("collective", "all_reduce", "0", "0,1", 5, -1, 4096, "x.py:1", 10, 20, work, True)
         tracker.waited(work, 30, 40, "x.py:2", False)
-    return {"Tracker.issued, sync (ns)": lambda: tracker.issued(
-                "collective", "all_reduce", "0", "0,1", 5, -1, 4096, "x.py:1", 10, 20, None, False),
-            "Tracker.issued + waited, async (ns)": issued_async_waited}
+
+    return {
+        "Tracker.issued, sync (ns)": lambda: tracker.issued(
+            "collective", "all_reduce", "0", "0,1", 5, -1, 4096, "x.py:1", 10, 20, None, False
+        ),
+        "Tracker.issued + waited, async (ns)": issued_async_waited,
+    }
 
 
 def device_cases(mod) -> dict:
     from collectors.schema import event_row
+
     row = event_row("collective", "all_reduce", 1, 2, 3, group="0", group_ranks="0,1", seq=5, nbytes=4096)
-    return {"device_rows (ns)": lambda: mod.device_rows(row, 10, 20, "gpu:wait"),
-            "stall_row (ns)": lambda: mod.stall_row(row, 10, 20, "x.py:2")}
+    return {
+        "device_rows (ns)": lambda: mod.device_rows(row, 10, 20, "gpu:wait"),
+        "stall_row (ns)": lambda: mod.stall_row(row, 10, 20, "x.py:2"),
+    }
 
 
 def min_ns(sides: dict, repeats: int = 30, number: int = 5000) -> dict:
@@ -92,6 +99,7 @@ def all_reduce_deltas_us(before_mod, after_mod, runs: int, batches: int = 80, ca
     import torch.distributed as dist
 
     from collectors.recorder import start_recorder
+
     rec = start_recorder(tempfile.mkdtemp(prefix="diagnose-eventrows-"))
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     c10d = sys.modules["torch.distributed.distributed_c10d"]
@@ -105,7 +113,7 @@ def all_reduce_deltas_us(before_mod, after_mod, runs: int, batches: int = 80, ca
     for _ in range(runs):
         per = {"before": [], "after": []}
         for b in range(batches):
-            for side in (("before", "after") if b % 2 == 0 else ("after", "before")):
+            for side in ("before", "after") if b % 2 == 0 else ("after", "before"):
                 fn = wrapped[side]
                 t0 = time.perf_counter_ns()
                 for _ in range(calls):
@@ -121,8 +129,11 @@ def orjson_us_per_row() -> dict:
     import orjson
 
     from collectors.schema import EVENT_COLUMNS, event_row
-    rows = [event_row("collective", "all_reduce", i, i + 5, 3, group="0", group_ranks="0,1", seq=i, nbytes=4096)
-            for i in range(5000)]
+
+    rows = [
+        event_row("collective", "all_reduce", i, i + 5, 3, group="0", group_ranks="0,1", seq=i, nbytes=4096)
+        for i in range(5000)
+    ]
     plain = [tuple(r) for r in rows]
     out = {}
     for name, part in (("plain tuples", plain), ("EventRows (default=tuple)", rows)):
@@ -137,18 +148,27 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5, help="all_reduce comparisons (each 80 batches)")
     args = ap.parse_args()
     from collectors.instrument import collective_events, collectives
-    before = {"collectives": load(args.before, "collectives"), "collective_events": load(args.before,
-                                                                                         "collective_events")}
-    best = min_ns({"before": {**tracker_cases(before["collectives"]), **device_cases(before["collective_events"])},
-                   "after": {**tracker_cases(collectives), **device_cases(collective_events)}})
+
+    before = {
+        "collectives": load(args.before, "collectives"),
+        "collective_events": load(args.before, "collective_events"),
+    }
+    best = min_ns(
+        {
+            "before": {**tracker_cases(before["collectives"]), **device_cases(before["collective_events"])},
+            "after": {**tracker_cases(collectives), **device_cases(collective_events)},
+        }
+    )
     print(f"before = {args.before}, after = the working tree\n")
     print("| | before | after | after - before |\n|---|---|---|---|")
     for name in dict.fromkeys(name for _, name in best):
         b, a = best["before", name], best["after", name]
         print(f"| {name} | {b:.0f} | {a:.0f} | {a - b:+.0f} |")
     deltas = all_reduce_deltas_us(before["collectives"], collectives, args.runs)
-    print(f"\npatched all_reduce, after - before per call (us), {args.runs} runs: "
-          f"{', '.join(f'{d:+.2f}' for d in deltas)}; median {statistics.median(deltas):+.2f}")
+    print(
+        f"\npatched all_reduce, after - before per call (us), {args.runs} runs: "
+        f"{', '.join(f'{d:+.2f}' for d in deltas)}; median {statistics.median(deltas):+.2f}"
+    )
     print("orjson per row (us): " + ", ".join(f"{k} {v:.3f}" for k, v in orjson_us_per_row().items()))
 
 

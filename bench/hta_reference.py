@@ -13,6 +13,7 @@ Each trace set (the files of one directory that are Kineto traces) is copied to
 its own temporary directory, because HTA reads every file of the directory it
 is given. A set HTA cannot analyse is recorded with its error.
 """
+
 import glob
 import gzip
 import json
@@ -40,9 +41,11 @@ def main(root):
     logging.disable(logging.WARNING)
     import hta
     from hta.trace_analysis import TraceAnalysis
+
     out = {"hta_version": getattr(hta, "__version__", None) or _version(), "sets": {}}
-    for directory in sorted({os.path.dirname(p) for p in glob.glob(os.path.join(root, "**", "*.json*"),
-                                                                    recursive=True)}):
+    for directory in sorted(
+        {os.path.dirname(p) for p in glob.glob(os.path.join(root, "**", "*.json*"), recursive=True)}
+    ):
         files = kineto_files(directory)
         if not files:
             continue
@@ -53,22 +56,28 @@ def main(root):
             try:
                 analyzer = TraceAnalysis(trace_dir=tmp)
                 table = analyzer.get_temporal_breakdown(visualize=False)
-                rows = {str(int(r["rank"])): {
-                    "idle_frac": float(r["idle_time(us)"] / r["kernel_time(us)"]),
-                    "compute_frac": float(r["compute_time(us)"] / r["kernel_time(us)"]),
-                    "non_compute_frac": float(r["non_compute_time(us)"] / r["kernel_time(us)"]),
-                    "kernel_time_us": float(r["kernel_time(us)"]),
-                } for _, r in table.iterrows()}
+                rows = {
+                    str(int(r["rank"])): {
+                        "idle_frac": float(r["idle_time(us)"] / r["kernel_time(us)"]),
+                        "compute_frac": float(r["compute_time(us)"] / r["kernel_time(us)"]),
+                        "non_compute_frac": float(r["non_compute_time(us)"] / r["kernel_time(us)"]),
+                        "kernel_time_us": float(r["kernel_time(us)"]),
+                    }
+                    for _, r in table.iterrows()
+                }
                 out["sets"][name] = {"files": [os.path.basename(p) for p in files], "ranks": rows}
             except Exception as exc:
-                out["sets"][name] = {"files": [os.path.basename(p) for p in files],
-                                     "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                out["sets"][name] = {
+                    "files": [os.path.basename(p) for p in files],
+                    "error": f"{type(exc).__name__}: {str(exc)[:200]}",
+                }
     json.dump(out, sys.stdout, indent=1, sort_keys=True)
     print()
 
 
 def _version():
     from importlib.metadata import version
+
     return version("HolisticTraceAnalysis")
 
 

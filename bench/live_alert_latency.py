@@ -16,6 +16,7 @@ The last line is machine-readable:
     alert_latency: rounds=N median_s=M max_s=X named=True|False early=K
 Goal (issue 25): every round's first alert within 3 s, naming the rank, none before.
 """
+
 import argparse
 import json
 import os
@@ -33,11 +34,33 @@ def one_round(work: str, args, index: int) -> dict:
     out = os.path.join(work, f"run{index}")
     steps_log = os.path.join(work, f"steps{index}.txt")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    cmd = [sys.executable, "-m", "diagnose", "run", "--out", out, "--no-analyze", "--",
-           sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks),
-           os.path.join(ROOT, "samples", "ddp_mlp.py"), "--steps", str(args.steps),
-           "--slow-rank", str(args.slow_rank), "--slow-ms", str(args.slow_ms),
-           "--slow-from-step", str(args.slow_from), "--log-step-times", steps_log]
+    cmd = [
+        sys.executable,
+        "-m",
+        "diagnose",
+        "run",
+        "--out",
+        out,
+        "--no-analyze",
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(args.ranks),
+        os.path.join(ROOT, "samples", "ddp_mlp.py"),
+        "--steps",
+        str(args.steps),
+        "--slow-rank",
+        str(args.slow_rank),
+        "--slow-ms",
+        str(args.slow_ms),
+        "--slow-from-step",
+        str(args.slow_from),
+        "--log-step-times",
+        steps_log,
+    ]
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise SystemExit(f"round {index}: the job failed ({proc.returncode}): {proc.stderr[-800:]}")
@@ -52,14 +75,19 @@ def one_round(work: str, args, index: int) -> dict:
     early = [a for a in alerts if a["wall_ns"] / 1e9 < begins_s]
     late = [a for a in alerts if a["wall_ns"] / 1e9 >= begins_s]
     first = late[0] if late else None
-    step_ms = statistics.median(b - a for a, b in zip(step_ends_s[5:args.slow_from - 1],
-                                                       step_ends_s[6:args.slow_from])) * 1e3
-    return {"latency_s": (first["wall_ns"] / 1e9 - begins_s) if first else None,
-            "first": first and {k: first[k] for k in ("rank", "kind", "step")},
-            "named": bool(first) and first["rank"] == args.slow_rank,
-            "others": sorted({a["rank"] for a in late if a["rank"] != args.slow_rank}),
-            "early": len(early), "step_ms_before": step_ms,
-            "notes": [line for line in (proc.stdout + proc.stderr).splitlines() if "diagnose: note:" in line]}
+    step_ms = (
+        statistics.median(b - a for a, b in zip(step_ends_s[5 : args.slow_from - 1], step_ends_s[6 : args.slow_from]))
+        * 1e3
+    )
+    return {
+        "latency_s": (first["wall_ns"] / 1e9 - begins_s) if first else None,
+        "first": first and {k: first[k] for k in ("rank", "kind", "step")},
+        "named": bool(first) and first["rank"] == args.slow_rank,
+        "others": sorted({a["rank"] for a in late if a["rank"] != args.slow_rank}),
+        "early": len(early),
+        "step_ms_before": step_ms,
+        "notes": [line for line in (proc.stdout + proc.stderr).splitlines() if "diagnose: note:" in line],
+    }
 
 
 def main() -> int:
@@ -80,9 +108,12 @@ def main() -> int:
             r = one_round(work, args, i)
             results.append(r)
             lat = "none" if r["latency_s"] is None else f"{r['latency_s']:.2f} s"
-            print(f"round {i}: first alert {lat} after the slowdown began: {r['first']}; steps before "
-                  f"{r['step_ms_before']:.0f} ms; alerts before it {r['early']}; other ranks named "
-                  f"{r['others']}", flush=True)
+            print(
+                f"round {i}: first alert {lat} after the slowdown began: {r['first']}; steps before "
+                f"{r['step_ms_before']:.0f} ms; alerts before it {r['early']}; other ranks named "
+                f"{r['others']}",
+                flush=True,
+            )
             for note in r["notes"]:
                 print(f"  {note}")
     finally:
@@ -92,8 +123,10 @@ def main() -> int:
     named = all(r["named"] and not r["others"] for r in results)
     early = sum(r["early"] for r in results)
     worst = max(latencies) if len(latencies) == len(results) else float("inf")
-    print(f"alert_latency: rounds={len(results)} median_s={statistics.median(latencies) if latencies else 'nan'} "
-          f"max_s={worst:.2f} named={named} early={early}")
+    print(
+        f"alert_latency: rounds={len(results)} median_s={statistics.median(latencies) if latencies else 'nan'} "
+        f"max_s={worst:.2f} named={named} early={early}"
+    )
     return 0 if worst <= GOAL_S and named and early == 0 else 1
 
 

@@ -9,6 +9,7 @@ utime+stime is read from /proc until it exits. Figures: the child's CPU seconds
 and its share of one core over the job's wall time (bench/live_cost.py measures
 what that costs the ranks' steps instead).
 """
+
 import argparse
 import os
 import subprocess
@@ -39,9 +40,25 @@ def one(root: str, steps: int) -> tuple[float, float]:
     out = os.path.join(tempfile.mkdtemp(), "run")
     env = dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1")
     env.pop("MLFLOW_TRACKING_URI", None)
-    cmd = [sys.executable, "-m", "diagnose", "run", "--no-analyze", "--out", out, "--", sys.executable, "-m",
-           "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           os.path.join(root, "samples", "ddp_mlp.py"), "--steps", str(steps)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "diagnose",
+        "run",
+        "--no-analyze",
+        "--out",
+        out,
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        os.path.join(root, "samples", "ddp_mlp.py"),
+        "--steps",
+        str(steps),
+    ]
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     cpu = child_cpu_s(out, proc)
@@ -57,8 +74,10 @@ def main():
     for _ in range(args.rounds):
         for root in args.roots:
             wall, cpu = one(os.path.abspath(root), args.steps)
-            print(f"{root}: job {wall:.1f} s, live child {cpu:.2f} s of CPU = {100 * cpu / wall:.1f}% of a core",
-                  flush=True)
+            print(
+                f"{root}: job {wall:.1f} s, live child {cpu:.2f} s of CPU = {100 * cpu / wall:.1f}% of a core",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

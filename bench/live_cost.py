@@ -17,6 +17,7 @@ While stopped, the child falls behind and catches up in its next running
 window (step metrics, one event poll, one bigger MLflow batch), so a running
 window holds at least its share of the child's work: the figure errs high.
 """
+
 import argparse
 import os
 import signal
@@ -49,6 +50,7 @@ def rank0_steps(run_dir: str) -> list:
     import pyarrow.compute as pc
 
     from diagnose.rundir import rank_reader
+
     table = rank_reader.read_events(os.path.join(run_dir, "traces", "rank-00000"), print)
     step_rows = pc.equal(table.column("kind").cast(pa.string()), "step")
     rows = table.filter(step_rows).select(["start_ns", "end_ns"]).to_pydict()
@@ -64,9 +66,15 @@ def main() -> int:
     work = tempfile.mkdtemp(prefix="diagnose-live-cost-")
     run_dir = os.path.join(work, "run")
     command = jobs(args.steps, pin=False)[args.job][0](os.path.join(work, "steps.log"))
-    proc = subprocess.Popen([PY, "-m", "diagnose", "run", "--out", run_dir, "--no-analyze", "--", *command],
-                            cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [PY, "-m", "diagnose", "run", "--out", run_dir, "--no-analyze", "--", *command],
+        cwd=ROOT,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     windows = []  # (start_ns, end_ns, running)
     child = None
     try:
@@ -94,23 +102,35 @@ def main() -> int:
         print(f"job failed ({proc.returncode}): {stderr[-1500:]}")
         return 1
     if len(windows) < 2:
-        print(f"the job ended before two windows ({'no live child seen' if child is None else 'too short'}): "
-              "raise --steps")
+        print(
+            f"the job ended before two windows ({'no live child seen' if child is None else 'too short'}): "
+            "raise --steps"
+        )
         return 1
     steps = rank0_steps(run_dir)
     by_window = [[(e - s) / 1e6 for s, e in steps if w0 <= s and e <= w1] for w0, w1, _ in windows]
     medians = [(statistics.median(ms), running) for ms, (_, _, running) in zip(by_window, windows) if ms]
-    pooled = {state: statistics.median([m for ms, (_, _, r) in zip(by_window, windows) if r == state for m in ms])
-              for state in (True, False)}
+    pooled = {
+        state: statistics.median([m for ms, (_, _, r) in zip(by_window, windows) if r == state for m in ms])
+        for state in (True, False)
+    }
     pairs = [a / b for (a, ra), (b, rb) in zip(medians, medians[1:]) if ra and not rb]
-    print(f"{args.job}: {len(steps)} steps of rank 0, {len(windows)} windows of {args.window_s:.0f} s "
-          f"({sum(len(ms) for ms in by_window)} steps inside them)")
-    print("window medians (ms, R = child running, S = stopped): "
-          + " ".join(f"{m:.1f}{'R' if r else 'S'}" for m, r in medians))
-    print(f"median step: child running {pooled[True]:.2f} ms, stopped {pooled[False]:.2f} ms, "
-          f"ratio {pooled[True] / pooled[False]:.4f}")
-    print(f"adjacent pairs running/stopped: median {statistics.median(pairs):.4f} over {len(pairs)} "
-          f"({' '.join(f'{r:.3f}' for r in pairs)})")
+    print(
+        f"{args.job}: {len(steps)} steps of rank 0, {len(windows)} windows of {args.window_s:.0f} s "
+        f"({sum(len(ms) for ms in by_window)} steps inside them)"
+    )
+    print(
+        "window medians (ms, R = child running, S = stopped): "
+        + " ".join(f"{m:.1f}{'R' if r else 'S'}" for m, r in medians)
+    )
+    print(
+        f"median step: child running {pooled[True]:.2f} ms, stopped {pooled[False]:.2f} ms, "
+        f"ratio {pooled[True] / pooled[False]:.4f}"
+    )
+    print(
+        f"adjacent pairs running/stopped: median {statistics.median(pairs):.4f} over {len(pairs)} "
+        f"({' '.join(f'{r:.3f}' for r in pairs)})"
+    )
     return 0
 
 

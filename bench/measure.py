@@ -9,6 +9,7 @@ Sampling is not free: walking the tree 50 times a second took 0.1-0.3 s of a
 2-core machine's CPU away from a 2 s command. So time a command with
 interval_s=None (no sampling) and take its memory from a separate run.
 """
+
 import os
 import subprocess
 import threading
@@ -41,13 +42,13 @@ def tree_rss_bytes(pid: int) -> int:
     return total
 
 
-def run_measured(command: list, cwd=None, env=None, timeout: float | None = None,
-                 interval_s: float | None = 0.02) -> dict:
+def run_measured(
+    command: list, cwd=None, env=None, timeout: float | None = None, interval_s: float | None = 0.02
+) -> dict:
     """{"wall_s", "peak_mb", "returncode", "stdout", "stderr", "timed_out"};
     interval_s=None: no memory sampling (peak_mb is nan)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = [0]
     done = threading.Event()
 
@@ -72,5 +73,11 @@ def run_measured(command: list, cwd=None, env=None, timeout: float | None = None
     done.set()
     if interval_s is not None:
         sampler.join()
-    return {"wall_s": wall, "peak_mb": peak[0] / 2**20, "returncode": proc.returncode,
-            "stdout": stdout, "stderr": stderr, "timed_out": timed_out}
+    return {
+        "wall_s": wall,
+        "peak_mb": peak[0] / 2**20,
+        "returncode": proc.returncode,
+        "stdout": stdout,
+        "stderr": stderr,
+        "timed_out": timed_out,
+    }

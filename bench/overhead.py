@@ -51,6 +51,7 @@ this noisy machine), and >= 10x lower overhead than torch.profiler; the exit
 status is 0 only when, for every job, the upper end of diagnose's 95% interval
 is within 3% and its mean overhead is >= 10x below the profiler's.
 """
+
 import argparse
 import collections
 import glob
@@ -88,17 +89,19 @@ def duet(job: tuple, mode: str, work: str, tested_first: bool, warmup: int) -> t
         for role, proc in procs.items():
             output, _ = proc.communicate(timeout=900)
             if proc.returncode:
-                raise SystemExit(f"{mode if role == 'tested' else 'plain'} run failed "
-                                 f"({proc.returncode}):\n{output[-3000:]}")
+                raise SystemExit(
+                    f"{mode if role == 'tested' else 'plain'} run failed ({proc.returncode}):\n{output[-3000:]}"
+                )
     finally:  # interrupted or failed: take both jobs (launchers, torchrun, ranks) down
         stop(procs.values())
     steps = {role: read_steps(log) for role, log in logs.items()}
-    begin = max(s[warmup][1] for s in steps.values())   # both past their warm-up...
-    end = min(s[-1][1] for s in steps.values())         # ...and neither finished
+    begin = max(s[warmup][1] for s in steps.values())  # both past their warm-up...
+    end = min(s[-1][1] for s in steps.values())  # ...and neither finished
     window = {role: [d for d, e in s if begin < e <= end] for role, s in steps.items()}
     if min(len(w) for w in window.values()) < 30:
-        raise SystemExit(f"only {min(len(w) for w in window.values())} steps in the common window "
-                         "of a duet: raise --steps")
+        raise SystemExit(
+            f"only {min(len(w) for w in window.values())} steps in the common window of a duet: raise --steps"
+        )
     twin_s = statistics.median(window["twin"])
     return statistics.median(window["tested"]) / twin_s, len(window["tested"]), twin_s, run_dir
 
@@ -106,6 +109,7 @@ def duet(job: tuple, mode: str, work: str, tested_first: bool, warmup: int) -> t
 def trace_size(run_dir: str) -> tuple[int, int, dict]:
     """(bytes of the traces folder, events recorded, events per kind)."""
     import pyarrow.parquet as pq
+
     total = events = 0
     kinds = collections.Counter()
     for folder, _, files in os.walk(os.path.join(run_dir, "traces")):
@@ -118,10 +122,19 @@ def trace_size(run_dir: str) -> tuple[int, int, dict]:
 
 # event kind -> the bench/event_cost.py path that records it (the dearest where
 # several do: collective, p2p, wait and done rows all count as an all_reduce)
-COST_OF_KIND = {"forward": "forward_us", "backward": "forward_us", "collective": "all_reduce_us",
-                "p2p": "all_reduce_us", "wait": "all_reduce_us", "done": "all_reduce_us",
-                "sync": "item_us", "data": "data_us", "phase": "phase_us", "step": "phase_us",
-                "optimizer": "phase_us"}
+COST_OF_KIND = {
+    "forward": "forward_us",
+    "backward": "forward_us",
+    "collective": "all_reduce_us",
+    "p2p": "all_reduce_us",
+    "wait": "all_reduce_us",
+    "done": "all_reduce_us",
+    "sync": "item_us",
+    "data": "data_us",
+    "phase": "phase_us",
+    "step": "phase_us",
+    "optimizer": "phase_us",
+}
 
 
 def hot_path_ms(kinds: dict, rank_steps: int, costs: dict) -> float:
@@ -133,8 +146,7 @@ def hot_path_ms(kinds: dict, rank_steps: int, costs: dict) -> float:
 
 
 def event_costs() -> dict:
-    out = subprocess.run([PY, "-m", "bench.event_cost"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run([PY, "-m", "bench.event_cost"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     costs = {}
     for line in out.stdout.splitlines():
         parts = line.split()
@@ -162,8 +174,12 @@ def main() -> int:
     p.add_argument("--jobs", default="reference,ddp_mlp")
     p.add_argument("--whole-job", action="store_true", help="the 40-step whole-job pairs instead")
     p.add_argument("--pairs", type=int, default=8, help="--whole-job: plain/diagnose pairs")
-    p.add_argument("--tested", default="diagnose", choices=("diagnose", "collectors"),
-                   help="--whole-job: what runs beside plain (collectors: the ranks' side alone)")
+    p.add_argument(
+        "--tested",
+        default="diagnose",
+        choices=("diagnose", "collectors"),
+        help="--whole-job: what runs beside plain (collectors: the ranks' side alone)",
+    )
     args = p.parse_args()
     if args.whole_job:
         return whole_job(args.pairs, args.tested)
@@ -178,18 +194,20 @@ def main() -> int:
     try:
         for r in range(args.rounds):
             for job_name, job in chosen.items():
-                for mode in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:
-                    ratio, n, twin, run_dir = duet(job, mode, work, tested_first=r % 2 == 0,
-                                                   warmup=args.warmup)
+                for mode in MODES[r % len(MODES) :] + MODES[: r % len(MODES)]:
+                    ratio, n, twin, run_dir = duet(job, mode, work, tested_first=r % 2 == 0, warmup=args.warmup)
                     ratios[job_name, mode].append(ratio)
                     twin_s[job_name].append(twin)
                     if run_dir:
                         if mode == "diagnose":
                             sizes[job_name].append(trace_size(run_dir))
                         shutil.rmtree(run_dir, ignore_errors=True)
-                    print(f"round {r + 1}/{args.rounds} {job_name:9s} {mode:10s} vs its plain twin "
-                          f"{ratio:.4f} ({n} steps in the common window, twin's median step "
-                          f"{twin * 1e3:.1f} ms)", flush=True)
+                    print(
+                        f"round {r + 1}/{args.rounds} {job_name:9s} {mode:10s} vs its plain twin "
+                        f"{ratio:.4f} ({n} steps in the common window, twin's median step "
+                        f"{twin * 1e3:.1f} ms)",
+                        flush=True,
+                    )
         costs = event_costs()
         return report(chosen, ratios, twin_s, sizes, costs, args)
     finally:
@@ -205,7 +223,7 @@ def whole_job(pairs: int, tested: str = "diagnose", steps: int = 40) -> int:
     try:
         for i in range(pairs):
             loops = {}
-            for mode in (("plain", tested) if i % 2 == 0 else (tested, "plain")):
+            for mode in ("plain", tested) if i % 2 == 0 else (tested, "plain"):
                 log = os.path.join(work, f"{mode}.log")
                 began = time.time()
                 proc, run_dir = start(command(log), mode, work)
@@ -218,21 +236,30 @@ def whole_job(pairs: int, tested: str = "diagnose", steps: int = 40) -> int:
                 if run_dir:
                     shutil.rmtree(run_dir, ignore_errors=True)
             ratios.append(loops[tested] / loops["plain"])
-            print(f"pair {i + 1}/{pairs}: loop {loops['plain']:.3f} s plain, {loops[tested]:.3f} s {tested}: "
-                  f"{ratios[-1]:.4f}", flush=True)
+            print(
+                f"pair {i + 1}/{pairs}: loop {loops['plain']:.3f} s plain, {loops[tested]:.3f} s {tested}: "
+                f"{ratios[-1]:.4f}",
+                flush=True,
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     median = statistics.median(ratios)
-    print(f"launch to first step, median: {statistics.median(first_step_s['plain']):.2f} s plain, "
-          f"{statistics.median(first_step_s[tested]):.2f} s {tested}")
-    print(f"whole_job: tested={tested} pairs={pairs} steps={steps} median_ratio={median:.4f} "
-          f"ratios={' '.join(f'{r:.4f}' for r in ratios)}")
+    print(
+        f"launch to first step, median: {statistics.median(first_step_s['plain']):.2f} s plain, "
+        f"{statistics.median(first_step_s[tested]):.2f} s {tested}"
+    )
+    print(
+        f"whole_job: tested={tested} pairs={pairs} steps={steps} median_ratio={median:.4f} "
+        f"ratios={' '.join(f'{r:.4f}' for r in ratios)}"
+    )
     return 0 if median <= 1.05 else 1
 
 
 def report(chosen, ratios, twin_s, sizes, costs, args) -> int:
-    print(f"\n{args.rounds} rounds x {args.steps} steps (first {args.warmup} left out), 2 ranks, gloo, "
-          "each mode beside a plain twin")
+    print(
+        f"\n{args.rounds} rounds x {args.steps} steps (first {args.warmup} left out), 2 ranks, gloo, "
+        "each mode beside a plain twin"
+    )
     print(f"{'job':10s} {'mode':10s} {'vs twin':>8s} {'95% CI':>17s}  per-round ratios")
     ok = True
     for job in chosen:
@@ -240,8 +267,10 @@ def report(chosen, ratios, twin_s, sizes, costs, args) -> int:
         for mode in MODES:
             mean, low, high = geometric_mean_ci(ratios[job, mode])
             means[mode] = (mean, high)
-            print(f"{job:10s} {mode:10s} {mean:8.4f} {low:8.4f}-{high:.4f}  "
-                  + " ".join(f"{x:.4f}" for x in ratios[job, mode]))
+            print(
+                f"{job:10s} {mode:10s} {mean:8.4f} {low:8.4f}-{high:.4f}  "
+                + " ".join(f"{x:.4f}" for x in ratios[job, mode])
+            )
         ours, ours_high = means["diagnose"][0] - 1, means["diagnose"][1] - 1
         prof = means["profiler"][0] - 1
         lower = f"{prof / ours:.1f}x lower" if ours > 0 else "diagnose within noise of plain"
@@ -251,19 +280,25 @@ def report(chosen, ratios, twin_s, sizes, costs, args) -> int:
         for size in sizes[job]:
             kinds.update(size[2])
         rank_steps = max(len(sizes[job]), 1) * 2 * args.steps
-        print(f"overhead {job}: diagnose run {ours:+.2%} (95% CI up to {ours_high:+.2%}; collectors alone "
-              f"{means['collectors'][0] - 1:+.2%}; A/A control {means['plain'][0] - 1:+.2%}), "
-              f"torch.profiler {prof:+.2%} ({lower}); trace {total / max(events, 1):.1f} bytes/event "
-              f"({events:,} events, {events / rank_steps:.0f}/rank/step)")
+        print(
+            f"overhead {job}: diagnose run {ours:+.2%} (95% CI up to {ours_high:+.2%}; collectors alone "
+            f"{means['collectors'][0] - 1:+.2%}; A/A control {means['plain'][0] - 1:+.2%}), "
+            f"torch.profiler {prof:+.2%} ({lower}); trace {total / max(events, 1):.1f} bytes/event "
+            f"({events:,} events, {events / rank_steps:.0f}/rank/step)"
+        )
         if costs:
             modelled = hot_path_ms(kinds, rank_steps, costs)
             plain_ms = statistics.median(twin_s[job]) * 1e3
-            print(f"hot path {job}: {modelled:.3f} ms per step modelled from events x cost per event "
-                  f"({modelled / plain_ms:.2%} of the twins' median step, {plain_ms:.1f} ms)")
+            print(
+                f"hot path {job}: {modelled:.3f} ms per step modelled from events x cost per event "
+                f"({modelled / plain_ms:.2%} of the twins' median step, {plain_ms:.1f} ms)"
+            )
         ok &= ours_high <= 0.03 and (ours <= 0 or prof / ours >= 10)
     if costs:
-        print("cost per recorded event (us, recorded minus plain call): "
-              + ", ".join(f"{k.removesuffix('_us')} {v:.2f}" for k, v in costs.items()))
+        print(
+            "cost per recorded event (us, recorded minus plain call): "
+            + ", ".join(f"{k.removesuffix('_us')} {v:.2f}" for k, v in costs.items())
+        )
     return 0 if ok else 1
 
 

@@ -12,6 +12,7 @@ the same job (clean), `slowdown:pct=10`, `slowdown:pct=2`, and faults on the sam
 layout (straggler, slow_input, hidden_sync). Writes
 bench/results/<date>-regression-gate.md.
 """
+
 import argparse
 import subprocess
 import sys
@@ -25,16 +26,29 @@ REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
 CLEAN = SCENARIOS["clean"]
-CANDIDATES = {"clean": (), "slowdown 10%": ("slowdown:pct=10",), "slowdown 2%": ("slowdown:pct=2",),
-              "straggler": ("straggler:rank=2,factor=2",), "slow_input": ("slow_input:ms=10",),
-              "hidden_sync": ("hidden_sync:every=microbatch",)}
+CANDIDATES = {
+    "clean": (),
+    "slowdown 10%": ("slowdown:pct=10",),
+    "slowdown 2%": ("slowdown:pct=2",),
+    "straggler": ("straggler:rank=2,factor=2",),
+    "slow_input": ("slow_input:ms=10",),
+    "hidden_sync": ("hidden_sync:every=microbatch",),
+}
+
+
 def launch(out: Path, faults: tuple) -> None:
     run_trainer(REPO, out, CLEAN.nproc, list(CLEAN.argv) + [a for f in faults for a in ("--fault", f)])
 
 
 def gate(a: Path, b: Path) -> tuple[int, list]:
-    proc = subprocess.run([PY, "-m", "diagnose", "compare", str(a), str(b), "--fail-on", "regression"],
-                          cwd=REPO, env=QUIET_ENV, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [PY, "-m", "diagnose", "compare", str(a), str(b), "--fail-on", "regression"],
+        cwd=REPO,
+        env=QUIET_ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return proc.returncode, [line for line in proc.stdout.splitlines() if line.startswith(("REGRESSION:", "ok:"))]
 
 
@@ -55,12 +69,22 @@ def main() -> None:
                 rows.append((i + 1, name, code, lines))
                 print(f"pair {i + 1} {name}: exit {code}; " + " | ".join(lines), flush=True)
     clean = [r for r in rows if r[1] == "clean"]
-    body = [f"Clean vs clean: {sum(r[2] == 0 for r in clean)} of {len(clean)} pairs pass (exit 0).", "",
-            "| pair | candidate | exit | verdicts |", "|---|---|---|---|"]
+    body = [
+        f"Clean vs clean: {sum(r[2] == 0 for r in clean)} of {len(clean)} pairs pass (exit 0).",
+        "",
+        "| pair | candidate | exit | verdicts |",
+        "|---|---|---|---|",
+    ]
     for i, name, code, lines in rows:
         body.append(f"| {i} | {name} | {code} | {'<br>'.join(line.replace('|', '/') for line in lines)} |")
-    write(REPO, "regression-gate", "CI regression gate on live runs",
-          f"python -m bench.regression_gate --pairs {args.pairs}", body)
+    write(
+        REPO,
+        "regression-gate",
+        "CI regression gate on live runs",
+        f"python -m bench.regression_gate --pairs {args.pairs}",
+        body,
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -3,6 +3,7 @@ steps, DP 2 x PP 4, one slow rank): the report must stay under 10 MB.
 
     .venv/bin/python -m bench.report_size [--ranks 8] [--steps 1000] [--keep DIR]
 """
+
 import argparse
 import os
 import shutil
@@ -27,8 +28,7 @@ def main() -> int:
     out = args.keep or tempfile.mkdtemp(prefix="diagnose-bench-")
     try:
         t = time.perf_counter()
-        write_synthetic_run(out, ranks=args.ranks, steps=args.steps, pp=args.pp, slow_rank=3,
-                            slow_factor=1.3)
+        write_synthetic_run(out, ranks=args.ranks, steps=args.steps, pp=args.pp, slow_rank=3, slow_factor=1.3)
         t_write = time.perf_counter() - t
         t = time.perf_counter()
         run = load(out)
@@ -38,9 +38,11 @@ def main() -> int:
         path = write_report(run, [])
         t_report = time.perf_counter() - t
         size_mb = os.path.getsize(path) / 2**20
-        print(f"{args.ranks} ranks x {args.steps} steps, {events:,} events: report {size_mb:.2f} MB "
-              f"(limit {LIMIT_MB:.0f} MB); synth {t_write:.1f} s, load {t_load:.1f} s, "
-              f"report {t_report:.1f} s")
+        print(
+            f"{args.ranks} ranks x {args.steps} steps, {events:,} events: report {size_mb:.2f} MB "
+            f"(limit {LIMIT_MB:.0f} MB); synth {t_write:.1f} s, load {t_load:.1f} s, "
+            f"report {t_report:.1f} s"
+        )
         return 0 if size_mb < LIMIT_MB else 1
     finally:
         if not args.keep:

@@ -27,6 +27,7 @@ The last line per engine is machine-readable:
     scale: ranks=R events=N engine=E analyze_s=S peak_rss_mb=M straggler_found=B slow_stage_found=B
 Targets (issue 8): 1,024 ranks x 200 steps in under 60 s and 4 GB on 2 cores.
 """
+
 import argparse
 import json
 import os
@@ -40,8 +41,11 @@ from bench.synthetic_3d import write_3d_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-ENGINE_OPTIONS = {"in-process": lambda n: [], "processes": lambda n: ["--processes", str(n)],
-                  "dask": lambda n: ["--dask-workers", str(n)]}
+ENGINE_OPTIONS = {
+    "in-process": lambda n: [],
+    "processes": lambda n: ["--processes", str(n)],
+    "dask": lambda n: ["--dask-workers", str(n)],
+}
 
 
 def layout(ranks: int, tp: int, pp: int) -> tuple[int, int, int]:
@@ -62,8 +66,9 @@ def trace_bytes(run_dir: str) -> int:
 
 def analyze(run_dir: str, extra=()) -> dict:
     """`diagnose analyze` in its own process: wall seconds, peak of its process tree's RSS (MB)."""
-    return run_measured([sys.executable, "-m", "diagnose", "analyze", run_dir, "--quiet", *extra],
-                        cwd=ROOT, interval_s=0.05)
+    return run_measured(
+        [sys.executable, "-m", "diagnose", "analyze", run_dir, "--quiet", *extra], cwd=ROOT, interval_s=0.05
+    )
 
 
 def planted_found(run_dir: str, straggler: int, slow_stage: int | None) -> tuple[bool, bool | None]:
@@ -76,8 +81,11 @@ def planted_found(run_dir: str, straggler: int, slow_stage: int | None) -> tuple
         return False, False
     for finding in findings:
         print(f"  {finding['severity']:8s} {finding['kind']:16s} {finding['title'][:110]}")
-    stage_found = None if slow_stage is None else any(
-        f["kind"] == "stage_imbalance" and f["stage"] == slow_stage for f in findings)
+    stage_found = (
+        None
+        if slow_stage is None
+        else any(f["kind"] == "stage_imbalance" and f["stage"] == slow_stage for f in findings)
+    )
     return any(f["kind"] == "straggler" and f["ranks"] == [straggler] for f in findings), stage_found
 
 
@@ -90,17 +98,30 @@ def main() -> int:
     p.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--straggler", type=int, default=None, help="planted rank (default: ranks * 3 // 10)")
     p.add_argument("--slow-stage", type=int, default=None, help="planted slow stage (default: the last; -1: none)")
-    p.add_argument("--outputs", action="store_true",
-                   help="also write the Chrome trace, report and MLflow run (plain `diagnose analyze`)")
+    p.add_argument(
+        "--outputs",
+        action="store_true",
+        help="also write the Chrome trace, report and MLflow run (plain `diagnose analyze`)",
+    )
     p.add_argument("--keep", default="", help="write the run here and keep it")
     p.add_argument("--engines", default="in-process", help="comma-separated: in-process, processes, dask")
     p.add_argument("--workers", type=int, default=2, help="worker processes of the processes and dask engines")
-    p.add_argument("--max-events", type=int, default=None,
-                   help="the analysis' event budget (default: diagnose analyze's; 0: every step)")
-    p.add_argument("--every-step", action="store_true",
-                   help="a run over the budget is analyzed in windows of steps, one after the other")
-    p.add_argument("--reuse", action="store_true", help="analyze the run --keep holds (written with the same "
-                                                        "options) instead of writing it again")
+    p.add_argument(
+        "--max-events",
+        type=int,
+        default=None,
+        help="the analysis' event budget (default: diagnose analyze's; 0: every step)",
+    )
+    p.add_argument(
+        "--every-step",
+        action="store_true",
+        help="a run over the budget is analyzed in windows of steps, one after the other",
+    )
+    p.add_argument(
+        "--reuse",
+        action="store_true",
+        help="analyze the run --keep holds (written with the same options) instead of writing it again",
+    )
     args = p.parse_args()
     engines = args.engines.split(",")
     if unknown := [e for e in engines if e not in ENGINE_OPTIONS]:
@@ -116,17 +137,29 @@ def main() -> int:
             with open(os.path.join(out, "bench-events.json"), encoding="utf-8") as f:
                 events = json.load(f)["events"]
         else:
-            written = write_3d_run(out, dp=dp, pp=pp, tp=tp, steps=args.steps,
-                                   microbatches=args.microbatches, straggler=straggler, slow_stage=slow_stage)
+            written = write_3d_run(
+                out,
+                dp=dp,
+                pp=pp,
+                tp=tp,
+                steps=args.steps,
+                microbatches=args.microbatches,
+                straggler=straggler,
+                slow_stage=slow_stage,
+            )
             events = written["events"]
             with open(os.path.join(out, "bench-events.json"), "w", encoding="utf-8") as f:
                 json.dump({"events": events}, f)
         size = trace_bytes(out)
-        print(f"{'kept' if args.reuse else 'wrote'} dp {dp} x pp {pp} x tp {tp} = {args.ranks} ranks x "
-              f"{args.steps} steps: {events:,} events in {time.perf_counter() - t0:.1f} s; "
-              f"{size / 2**20:.1f} MiB on disk, {size / events:.1f} bytes/event (incl. meta.json)", flush=True)
+        print(
+            f"{'kept' if args.reuse else 'wrote'} dp {dp} x pp {pp} x tp {tp} = {args.ranks} ranks x "
+            f"{args.steps} steps: {events:,} events in {time.perf_counter() - t0:.1f} s; "
+            f"{size / 2**20:.1f} MiB on disk, {size / events:.1f} bytes/event (incl. meta.json)",
+            flush=True,
+        )
         budget = ([] if args.max_events is None else ["--max-events", str(args.max_events)]) + (
-            ["--every-step"] if args.every_step else [])
+            ["--every-step"] if args.every_step else []
+        )
         ok = True
         for engine in engines:
             extra = ENGINE_OPTIONS[engine](args.workers) + ([] if args.outputs else ["--no-outputs"]) + budget
@@ -139,9 +172,11 @@ def main() -> int:
                     print(f"  {line}")
             found, stage_found = planted_found(out, straggler, slow_stage)
             ok &= found and stage_found is not False and result["returncode"] == 0
-            print(f"scale: ranks={args.ranks} events={events} engine={engine} analyze_s={result['wall_s']:.1f} "
-                  f"peak_rss_mb={result['peak_mb']:.0f} straggler_found={found} slow_stage_found={stage_found}",
-                  flush=True)
+            print(
+                f"scale: ranks={args.ranks} events={events} engine={engine} analyze_s={result['wall_s']:.1f} "
+                f"peak_rss_mb={result['peak_mb']:.0f} straggler_found={found} slow_stage_found={stage_found}",
+                flush=True,
+            )
         return 0 if ok else 1
     finally:
         if not args.keep:

@@ -44,6 +44,7 @@ paced by its slowest rank instead of each step by the slowest sum. With equal
 work on every rank the sync costs only its own latency (6 ms of 320 on dp2,
 under this box's run-to-run noise; the plain `hidden_sync` rows).
 """
+
 import argparse
 import datetime
 import json
@@ -78,8 +79,22 @@ def _without_faults(argv: list) -> list:
 
 
 def _run(argv: list, nproc: int, out: str) -> dict:
-    command = [*DIAGNOSE, "run", "--out", out, "--", sys.executable, "-m", "torch.distributed.run",
-               "--standalone", "--nproc-per-node", str(nproc), "-m", "reference_trainer", *argv]
+    command = [
+        *DIAGNOSE,
+        "run",
+        "--out",
+        out,
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        "reference_trainer",
+        *argv,
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("MLFLOW_TRACKING_URI", None)
     subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, timeout=900)
@@ -102,8 +117,11 @@ def mean_job_step_ms(out: str) -> float:
 
 
 # scenario -> argument rewrites when run as dp2 on this 2-core box
-ONE_RANK_PER_CORE = {"straggler": {"straggler:rank=2,factor=3": "straggler:rank=1,factor=3"},
-                     "slow_input": {}, "hidden_sync": {}}
+ONE_RANK_PER_CORE = {
+    "straggler": {"straggler:rank=2,factor=3": "straggler:rank=1,factor=3"},
+    "slow_input": {},
+    "hidden_sync": {},
+}
 
 
 # (see the docstring) compute that scales with the micro-batch and leaves the cores alone
@@ -137,6 +155,7 @@ def pair_of(name: str, emulate_all: bool = False):
         def predict(finding):
             m = finding["metrics"]
             return schedule_saving_ms(m["bottleneck_busy_ms"], int(m["stages"]), int(m["microbatches"]), 8)
+
         return nproc, faulty, fixed, predict
     fixed = _without_faults(faulty)
     if background:
@@ -161,22 +180,35 @@ def measure(name: str, pairs: int, work: str, emulate_all: bool = False) -> dict
             estimates.append(planted[0]["metrics"].get("estimate_ms_per_step", planted[0]["impact_ms_per_step"]))
     savings = [f - c for f, c in zip(faulty_ms, clean_ms)]
     mean = statistics.mean(savings)
-    half = T95.get(len(savings) - 1, 2.0) * statistics.stdev(savings) / len(savings) ** 0.5 if len(savings) > 1 else float("nan")
+    half = (
+        T95.get(len(savings) - 1, 2.0) * statistics.stdev(savings) / len(savings) ** 0.5
+        if len(savings) > 1
+        else float("nan")
+    )
     pred = statistics.mean(predicted) if predicted else float("nan")
-    return {"scenario": name + (" (emulated device)" if emulate_all or name in EMULATED_DEVICE else ""),
-            "kind": spec.expected_kind, "pairs": pairs, "nproc": nproc,
-            "faulty_step_ms": statistics.mean(faulty_ms), "clean_step_ms": statistics.mean(clean_ms),
-            "measured_saving_ms": mean, "ci95_ms": half, "whatif_saving_ms": pred,
-            "old_estimate_ms": statistics.mean(estimates) if estimates else float("nan"),
-            "error_frac": (pred - mean) / mean if mean else float("nan"),
-            "verdict": verdict(pred, mean, half),
-            "found_in": f"{len(predicted)}/{pairs}", "replay_max_error": max(e or 0.0 for e in fidelity),
-            "impact_source": "/".join(sorted(set(sources))) or "-",
-            "pair_savings_ms": [round(x, 1) for x in savings], "pair_whatif_ms": [round(x, 1) for x in predicted]}
+    return {
+        "scenario": name + (" (emulated device)" if emulate_all or name in EMULATED_DEVICE else ""),
+        "kind": spec.expected_kind,
+        "pairs": pairs,
+        "nproc": nproc,
+        "faulty_step_ms": statistics.mean(faulty_ms),
+        "clean_step_ms": statistics.mean(clean_ms),
+        "measured_saving_ms": mean,
+        "ci95_ms": half,
+        "whatif_saving_ms": pred,
+        "old_estimate_ms": statistics.mean(estimates) if estimates else float("nan"),
+        "error_frac": (pred - mean) / mean if mean else float("nan"),
+        "verdict": verdict(pred, mean, half),
+        "found_in": f"{len(predicted)}/{pairs}",
+        "replay_max_error": max(e or 0.0 for e in fidelity),
+        "impact_source": "/".join(sorted(set(sources))) or "-",
+        "pair_savings_ms": [round(x, 1) for x in savings],
+        "pair_whatif_ms": [round(x, 1) for x in predicted],
+    }
 
 
 def verdict(predicted: float, mean: float, half: float) -> str:
-    """"holds": every saving in the 95% interval is within 25% of the prediction
+    """ "holds": every saving in the 95% interval is within 25% of the prediction
     (prediction / 1.25 <= saving <= prediction / 0.75); "within": the mean is, the
     interval is too wide to say; "misses": the mean is not."""
     if not abs(predicted - mean) <= TARGET_FRAC * abs(mean):
@@ -189,11 +221,17 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--out", help="results file (default bench/results/<date>-whatif-accuracy.md)")
-    parser.add_argument("--scenarios", default="straggler,slow_stage,slow_input,hidden_sync,hidden_sync+varlen,"
-                                                 "pipeline_straggler,blocking_p2p,bubble,accum_sync,varlen,comm_bound")
+    parser.add_argument(
+        "--scenarios",
+        default="straggler,slow_stage,slow_input,hidden_sync,hidden_sync+varlen,"
+        "pipeline_straggler,blocking_p2p,bubble,accum_sync,varlen,comm_bound",
+    )
     parser.add_argument("--keep", help="keep every run dir under this folder")
-    parser.add_argument("--emulate-all", action="store_true",
-                        help="every scenario with the emulated per-rank device, not only the pipelined ones")
+    parser.add_argument(
+        "--emulate-all",
+        action="store_true",
+        help="every scenario with the emulated per-rank device, not only the pipelined ones",
+    )
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -202,23 +240,32 @@ def main():
         for name in args.scenarios.split(","):
             rows.append(measure(name, args.pairs, work, args.emulate_all))
             r = rows[-1]
-            print(f"{r['scenario']:12s} {r['kind']:17s} measured {r['measured_saving_ms']:7.1f} +- {r['ci95_ms']:5.1f} ms  "
-                  f"what-if {r['whatif_saving_ms']:7.1f}  old estimate {r['old_estimate_ms']:7.1f}  "
-                  f"error {r['error_frac']:+.0%} ({r['verdict']}, {r['impact_source']})  found {r['found_in']}  pairs {r['pair_savings_ms']} "
-                  f"what-if {r['pair_whatif_ms']}", flush=True)
+            print(
+                f"{r['scenario']:12s} {r['kind']:17s} measured {r['measured_saving_ms']:7.1f} +- {r['ci95_ms']:5.1f} ms  "
+                f"what-if {r['whatif_saving_ms']:7.1f}  old estimate {r['old_estimate_ms']:7.1f}  "
+                f"error {r['error_frac']:+.0%} ({r['verdict']}, {r['impact_source']})  found {r['found_in']}  pairs {r['pair_savings_ms']} "
+                f"what-if {r['pair_whatif_ms']}",
+                flush=True,
+            )
     date = datetime.date.today().isoformat()
     path = args.out or os.path.join(REPO, "bench", "results", f"{date}-whatif-accuracy.md")
     with open(path, "w") as f:
-        f.write(f"# What-if saving vs measured saving ({date})\n\n`python -m bench.whatif_accuracy --pairs "
-                f"{args.pairs} --scenarios {args.scenarios}{' --emulate-all' if args.emulate_all else ''}` on the 2-core VM (layouts: the module's docstring).\n\n")
-        f.write("| scenario | ranks | finding | faulty step ms | fault-free step ms | measured saving ms (95% CI) "
-                "| impact ms (source) | error | 25% target | detector estimate ms | replay max step error | per pair: measured / impact |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+        f.write(
+            f"# What-if saving vs measured saving ({date})\n\n`python -m bench.whatif_accuracy --pairs "
+            f"{args.pairs} --scenarios {args.scenarios}{' --emulate-all' if args.emulate_all else ''}` on the 2-core VM (layouts: the module's docstring).\n\n"
+        )
+        f.write(
+            "| scenario | ranks | finding | faulty step ms | fault-free step ms | measured saving ms (95% CI) "
+            "| impact ms (source) | error | 25% target | detector estimate ms | replay max step error | per pair: measured / impact |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        )
         for r in rows:
-            f.write(f"| {r['scenario']} | {r['nproc']} | {r['kind']} ({r['found_in']}) | {r['faulty_step_ms']:.1f} | "
-                    f"{r['clean_step_ms']:.1f} | {r['measured_saving_ms']:.1f} (+-{r['ci95_ms']:.1f}) | "
-                    f"{r['whatif_saving_ms']:.1f} ({r['impact_source']}) | {r['error_frac']:+.0%} | {r['verdict']} | {r['old_estimate_ms']:.1f} | "
-                    f"{r['replay_max_error']:.3f} | {r['pair_savings_ms']} / {r['pair_whatif_ms']} |\n")
+            f.write(
+                f"| {r['scenario']} | {r['nproc']} | {r['kind']} ({r['found_in']}) | {r['faulty_step_ms']:.1f} | "
+                f"{r['clean_step_ms']:.1f} | {r['measured_saving_ms']:.1f} (+-{r['ci95_ms']:.1f}) | "
+                f"{r['whatif_saving_ms']:.1f} ({r['impact_source']}) | {r['error_frac']:+.0%} | {r['verdict']} | {r['old_estimate_ms']:.1f} | "
+                f"{r['replay_max_error']:.3f} | {r['pair_savings_ms']} / {r['pair_whatif_ms']} |\n"
+            )
     print(f"wrote {path}")
 
 

@@ -4,6 +4,7 @@ Public API for code that wants explicit ranges: `phase`, `mark`. Everything else
 is installed without code changes by `diagnose run` (see collectors.activate).
 Imports nothing from diagnose/, dashboards/ or reference_trainer/.
 """
+
 from collectors.phase import mark, phase
 from collectors.recorder import get_recorder
 

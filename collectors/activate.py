@@ -4,6 +4,7 @@ install the torch instrumentors the moment `import torch` finishes
 script does: scripts that set CUDA_VISIBLE_DEVICES or thread counts before
 `import torch` keep working.
 """
+
 import importlib
 import os
 
@@ -24,8 +25,9 @@ def install_torch_instrumentors(rec) -> None:
             module.install(rec)
         except Exception as exc:
             rec.record_error(name, exc)
-    rec.meta["instrumentors"] = [n for n in INSTRUMENTORS if n not in disabled
-                                 and not any(e["collector"] == n for e in rec.errors)]
+    rec.meta["instrumentors"] = [
+        n for n in INSTRUMENTORS if n not in disabled and not any(e["collector"] == n for e in rec.errors)
+    ]
     rec.write_meta()
 
 

@@ -4,6 +4,7 @@ the job does: torch before the user's script (which may set CUDA_VISIBLE_DEVICES
 or thread counts first), or a torch.distributed submodule the job never uses
 (FSDP2's costs 0.6 s to import here, the functional collectives' 15 ms).
 """
+
 import importlib.abc
 import importlib.util
 import sys

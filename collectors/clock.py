@@ -4,6 +4,7 @@
 clock. It exists only so tests can prove that alignment removes real skew
 between hosts; it is read once at import.
 """
+
 import os
 import time
 
@@ -23,6 +24,7 @@ def _skew_for_this_rank() -> int:
 SKEW_NS = _skew_for_this_rank()
 
 if SKEW_NS:
+
     def now_ns() -> int:
         return time.monotonic_ns() + SKEW_NS
 else:

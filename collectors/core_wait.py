@@ -12,6 +12,7 @@ Cost: one pread on a file kept open per thread (0.9 us measured here), no
 allocation beyond the small bytes read. -1 where the kernel has no schedstat
 (not Linux, or a kernel without CONFIG_SCHED_INFO).
 """
+
 import os
 import threading
 

@@ -14,6 +14,7 @@ blocks (a collective, a GPU wait) or its time slice ends. Weight is kept, so a
 batch thread holding the GIL is never starved behind the job's other work (an
 idle-priority writer could be, with the training thread waiting on it).
 """
+
 import ctypes
 import ctypes.util
 import os
@@ -22,13 +23,15 @@ import threading
 
 _PR_SET_NAME = 15
 try:
-    _prctl = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).prctl if sys.platform == "linux" else None
+    _prctl = (
+        ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).prctl if sys.platform == "linux" else None
+    )
 except (OSError, AttributeError):
     _prctl = None
 
 
 def os_thread_name(name: str) -> bytes:
-    """"diagnose-host-sampler" -> b"dg-host-sampler" (Linux keeps 15 bytes)."""
+    """ "diagnose-host-sampler" -> b"dg-host-sampler" (Linux keeps 15 bytes)."""
     return ("dg-" + name.removeprefix("diagnose-")).encode()[:15]
 
 
@@ -44,6 +47,7 @@ def _batch_policy() -> None:
 
 def start_daemon(target, name: str, batch: bool = True) -> threading.Thread:
     """batch=False for a thread whose wake-up latency is its measurement (clock sync)."""
+
     def run():
         if _prctl is not None:
             _prctl(_PR_SET_NAME, ctypes.c_char_p(os_thread_name(name)), 0, 0, 0)

@@ -6,6 +6,7 @@ of a world of one until its process group says otherwise
 (collectors/instrument/process_group_identity.py). torchrun's own variables
 are the fallback for a recorder started by hand (tests, `collectors` used as a
 library)."""
+
 import os
 
 

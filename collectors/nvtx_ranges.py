@@ -9,12 +9,14 @@ of the reference trainer). Callers test MIRRORING before they call push/pop,
 so that without a tool a range costs an attribute read, not a call. Domain and per-(name, kind) event attributes are
 created once and cached: registration is the costly part of NVTX.
 """
+
 import os
 
 _DOMAIN = None
 if os.environ.get("NVTX_INJECTION64_PATH") or os.environ.get("NVTX_INJECTION32_PATH"):
     try:
         import nvtx as _nvtx
+
         _DOMAIN = _nvtx.get_domain("diagnose")
     except Exception:  # nvtx missing or broken: ranges are simply not mirrored
         _DOMAIN = None
@@ -28,7 +30,8 @@ def push(name: str, kind: str) -> None:
         attrs = _ATTRIBUTES.get((name, kind))
         if attrs is None:
             attrs = _ATTRIBUTES[(name, kind)] = _DOMAIN.get_event_attributes(
-                message=name, category=_DOMAIN.get_category_id(kind))
+                message=name, category=_DOMAIN.get_category_id(kind)
+            )
         _DOMAIN.push_range(attrs)
 
 

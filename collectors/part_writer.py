@@ -30,6 +30,7 @@ monotonically; dictionary-encoding them is both larger and slower to read),
 everything else dictionary-encoded, zstd. No Arrow schema or statistics are
 stored (the loader casts to collectors.schema anyway).
 """
+
 import json
 import mmap
 import os
@@ -62,7 +63,7 @@ def atomic_write_bytes(path: str, data) -> None:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
     os.replace(tmp, path)
@@ -89,13 +90,20 @@ def write_parquet_atomic(table: pa.Table, path: str, small: bool = True) -> None
     sink = pa.BufferOutputStream()
     if small:
         delta = [c for c in table.column_names if c in _DELTA_COLUMNS]
-        pq.write_table(table, sink, compression="zstd", write_statistics=False, store_schema=False,
-                       use_dictionary=[c for c in table.column_names if c not in delta],
-                       column_encoding={c: "DELTA_BINARY_PACKED" for c in delta},
-                       row_group_size=1 << 20)
+        pq.write_table(
+            table,
+            sink,
+            compression="zstd",
+            write_statistics=False,
+            store_schema=False,
+            use_dictionary=[c for c in table.column_names if c not in delta],
+            column_encoding={c: "DELTA_BINARY_PACKED" for c in delta},
+            row_group_size=1 << 20,
+        )
     else:
-        pq.write_table(table, sink, compression="none", use_dictionary=False, write_statistics=False,
-                       store_schema=False)
+        pq.write_table(
+            table, sink, compression="none", use_dictionary=False, write_statistics=False, store_schema=False
+        )
     atomic_write_bytes(path, sink.getvalue())
 
 
@@ -132,8 +140,10 @@ def files_to_read(names) -> list:
 
     def covered(name, r) -> bool:
         prefix, lo, hi = r
-        return any(a <= lo and hi <= b and ((a, b) != (lo, hi) or (parquet and name.endswith(".json")))
-                   for a, b, parquet in ranges[prefix])
+        return any(
+            a <= lo and hi <= b and ((a, b) != (lo, hi) or (parquet and name.endswith(".json")))
+            for a, b, parquet in ranges[prefix]
+        )
 
     return [n for n in names if (r := part_range(n)) is None or not covered(n, r)]
 
@@ -162,8 +172,7 @@ def _parse_row_part(data: bytes) -> tuple[tuple, list]:
         part = orjson.loads(data) if orjson is not None else json.loads(data)
     except ValueError:  # orjson.JSONDecodeError is one; json also takes lone surrogates
         part = json.loads(data)
-    if not (isinstance(part, dict) and isinstance(part.get("columns"), list)
-            and isinstance(part.get("rows"), list)):
+    if not (isinstance(part, dict) and isinstance(part.get("columns"), list) and isinstance(part.get("rows"), list)):
         raise ValueError("not a diagnose row part")
     return tuple(part["columns"]), part["rows"]
 
@@ -274,12 +283,14 @@ class PartWriter:
         def write(stem):
             write_parquet_atomic(table, stem + ".parquet", small=not self.live)
             return stem + ".parquet"
+
         return self._write_part(prefix, write)
 
     def _write_rows(self, prefix: str, columns: tuple, rows) -> str:
         def write(stem):
             atomic_write_bytes(stem + ".json", _row_part_bytes(columns, rows))
             return stem + ".json"
+
         return self._write_part(prefix, write)
 
     def adopt_events_file(self, path: str) -> str:
@@ -316,13 +327,15 @@ class PartWriter:
     def compact(self, prefix: str | None = None) -> None:
         """Merge the parts written since the last compaction into one Parquet file
         (see the module docstring for why a kill at any point is safe)."""
-        for name in ([prefix] if prefix else list(self._uncompacted)):
+        for name in [prefix] if prefix else list(self._uncompacted):
             indexes, self._uncompacted[name] = self._uncompacted[name], []
             if len(indexes) < (1 if self.live else 2):
                 continue
-            names = files_to_read(n for n in os.listdir(self.rank_dir)
-                                  if (r := part_range(n)) is not None and r[0] == name
-                                  and indexes[0] <= r[1] and r[2] <= indexes[-1])
+            names = files_to_read(
+                n
+                for n in os.listdir(self.rank_dir)
+                if (r := part_range(n)) is not None and r[0] == name and indexes[0] <= r[1] and r[2] <= indexes[-1]
+            )
             _merge(self.rank_dir, names, merged_name(name, indexes[0], indexes[-1]))
 
     def map_counter(self, name: str) -> memoryview:
@@ -340,8 +353,7 @@ class PartWriter:
         return memoryview(mapped).cast("q")
 
     def write_meta(self, meta: dict) -> None:
-        atomic_write_json(os.path.join(self.rank_dir, "meta.json"),
-                          {"schema_version": SCHEMA_VERSION, **meta})
+        atomic_write_json(os.path.join(self.rank_dir, "meta.json"), {"schema_version": SCHEMA_VERSION, **meta})
 
     def write_json(self, name: str, obj, compact: bool = False) -> None:
         atomic_write_json(os.path.join(self.rank_dir, name), obj, compact)

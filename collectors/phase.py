@@ -11,6 +11,7 @@ syncs, module forwards) is stamped with the phase's micro-batch and stage, which
 is what lets the analyzer tell a collective inside the micro-batch loop from one
 outside it. Outside `diagnose run` a phase costs two attribute reads.
 """
+
 import functools
 
 from collectors import nvtx_ranges
@@ -59,8 +60,26 @@ class phase:
         if nvtx_ranges.MIRRORING:
             nvtx_ranges.pop()
         st = rec.state
-        rec.add(("phase", self.name, self._t0, t1, self._step, st.microbatch, st.stage, "", "", -1,
-                 -1, 0, False, "", "", queued))
+        rec.add(
+            (
+                "phase",
+                self.name,
+                self._t0,
+                t1,
+                self._step,
+                st.microbatch,
+                st.stage,
+                "",
+                "",
+                -1,
+                -1,
+                0,
+                False,
+                "",
+                "",
+                queued,
+            )
+        )
         st.microbatch, st.stage = self._saved
         return False
 
@@ -71,6 +90,7 @@ class phase:
         def wrapped(*args, **kwargs):
             with phase(name, microbatch, stage):
                 return fn(*args, **kwargs)
+
         return wrapped
 
 
@@ -79,5 +99,23 @@ def mark(name: str, detail: str = "") -> None:
     rec = get_recorder()
     if rec.active:
         t = now_ns()
-        rec.add(("mark", name, t, t, rec.state.step, rec.state.microbatch, rec.state.stage, "", "",
-                 -1, -1, 0, False, "", detail, -1))
+        rec.add(
+            (
+                "mark",
+                name,
+                t,
+                t,
+                rec.state.step,
+                rec.state.microbatch,
+                rec.state.stage,
+                "",
+                "",
+                -1,
+                -1,
+                0,
+                False,
+                "",
+                detail,
+                -1,
+            )
+        )

@@ -12,6 +12,7 @@ signal handlers are installed: a Python SIGTERM handler would delay the death of
 a rank blocked in C++, which changes how the user's job tears down. When
 the buffer is full, new rows are counted as dropped rather than growing memory.
 """
+
 import atexit
 import os
 import socket
@@ -31,6 +32,7 @@ DUMP_REQUEST = "dump-request"  # file in the run dir the launcher creates on a s
 class StepState:
     """What every event is stamped with: the step in progress and the innermost
     explicit phase's micro-batch and stage."""
+
     __slots__ = ("step", "step_start_ns", "microbatch", "stage", "data_wait_ns")
 
     def __init__(self):
@@ -49,8 +51,7 @@ PROGRESS_INTERVAL_S = 0.25
 
 
 class Recorder:
-    def __init__(self, rank_dir: str | None, flush_interval_s: float = FLUSH_INTERVAL_S,
-                 max_buffered: int = 2_000_000):
+    def __init__(self, rank_dir: str | None, flush_interval_s: float = FLUSH_INTERVAL_S, max_buffered: int = 2_000_000):
         self.rank_dir = rank_dir
         self.flush_interval_s = flush_interval_s
         self.max_buffered = max_buffered
@@ -61,13 +62,12 @@ class Recorder:
         self.errors: list[dict] = []
         self.meta: dict = {}
         # Read by the launcher while the job runs: live progress, alerts, hang watchdog.
-        self.progress: dict = {"step": 0, "steps_done": 0, "last_step_ms": None, "events_total": 0,
-                               "recent_steps": []}
+        self.progress: dict = {"step": 0, "steps_done": 0, "last_step_ms": None, "events_total": 0, "recent_steps": []}
         self.latest_samples: dict = {}  # metric -> its newest value (samplers' threads write it)
         self.dump_providers: list = []  # callables -> dict, merged into a watchdog dump
-        self.dump_hooks: list = []      # callables run after it (Flight Recorder's own dumps)
+        self.dump_hooks: list = []  # callables run after it (Flight Recorder's own dumps)
         self.periodic_hooks: list = []  # callables the writer thread runs at each flush (never the job's)
-        self.close_hooks: list = []     # callables run once at close, before the last flush
+        self.close_hooks: list = []  # callables run once at close, before the last flush
         self._writer = PartWriter(rank_dir, live=True) if rank_dir else None
         self.active = self._writer is not None  # an attribute, not a property: read by every phase
         self._flush_lock = threading.Lock()  # serialises writers, never taken on the hot path
@@ -76,7 +76,7 @@ class Recorder:
         self._published_steps = None  # steps_done in the last progress.json written
         self._thread = None
         self._env_final = False  # meta["env"] holds the probe after the first step (or later)
-        self._env_nvml = None    # NVML's part of the first probe, reused by the second
+        self._env_nvml = None  # NVML's part of the first probe, reused by the second
         # meta.json is now written from two threads (the writer's probes, the main
         # thread's instrumentors and exit): one at a time, so the last file renamed
         # into place is always the latest dict, never an older copy overtaking it
@@ -102,8 +102,7 @@ class Recorder:
         text = f"{type(exc).__name__}: {exc}"
         self.errors.append({"collector": collector, "error": text, "wall_ns": time.time_ns()})
         t = clock.now_ns()
-        self.add(("error", collector, t, t, self.state.step, -1, -1, "", "", -1, -1, 0, False,
-                  "", text, -1))
+        self.add(("error", collector, t, t, self.state.step, -1, -1, "", "", -1, -1, 0, False, "", text, -1))
 
     # -- lifecycle --------------------------------------------------------
     def start(self, meta: dict) -> None:
@@ -116,8 +115,7 @@ class Recorder:
             "pid": os.getpid(),
             "argv": list(sys.argv),
             "cwd": os.getcwd(),
-            "clock": {**clock.anchors(), "offset_to_rank0_ns": None, "offset_error_ns": None,
-                      "offset_method": None},
+            "clock": {**clock.anchors(), "offset_to_rank0_ns": None, "offset_error_ns": None, "offset_method": None},
             "start_wall_ns": time.time_ns(),
             **meta,
         }
@@ -185,8 +183,15 @@ class Recorder:
 
     def dump(self) -> None:
         from collectors.stacks import thread_stacks
-        report = {"rank": self.meta.get("rank"), "pid": os.getpid(), "wall_ns": time.time_ns(),
-                  "step": self.state.step, "mono_ns": clock.now_ns(), "threads": thread_stacks()}
+
+        report = {
+            "rank": self.meta.get("rank"),
+            "pid": os.getpid(),
+            "wall_ns": time.time_ns(),
+            "step": self.state.step,
+            "mono_ns": clock.now_ns(),
+            "threads": thread_stacks(),
+        }
         for provider in self.dump_providers:
             try:
                 report.update(provider())
@@ -230,9 +235,16 @@ class Recorder:
             return
         self._published_steps = self.progress["steps_done"]
         try:
-            self._writer.overwrite_json("progress.json", {
-                **self.progress, "wall_ns": time.time_ns(), "dropped": self.dropped,
-                "errors": len(self.errors), "samples": dict(self.latest_samples)})
+            self._writer.overwrite_json(
+                "progress.json",
+                {
+                    **self.progress,
+                    "wall_ns": time.time_ns(),
+                    "dropped": self.dropped,
+                    "errors": len(self.errors),
+                    "samples": dict(self.latest_samples),
+                },
+            )
         except Exception as exc:
             self.record_error("writer", exc)
 

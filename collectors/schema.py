@@ -8,6 +8,7 @@ repeated callsite costs a few bits per row.
 The format reference is docs/run-directory.md (what each column means per kind,
 and SCHEMA_VERSION: a bump is described there in the change that makes it).
 """
+
 from collections import namedtuple
 
 import numpy as np
@@ -21,8 +22,24 @@ SCHEMA_VERSION = 1
 # "stream_wait" (imported traces): one stream told to wait for an event recorded
 # on another (cudaStreamWaitEvent), the replay's cross-stream edge
 # (docs/run-directory.md). Appended last: exporters number kinds by position.
-KINDS = ("step", "forward", "backward", "optimizer", "data", "collective", "p2p",
-         "wait", "done", "sync", "phase", "kernel", "error", "mark", "checkpoint", "stream_wait")
+KINDS = (
+    "step",
+    "forward",
+    "backward",
+    "optimizer",
+    "data",
+    "collective",
+    "p2p",
+    "wait",
+    "done",
+    "sync",
+    "phase",
+    "kernel",
+    "error",
+    "mark",
+    "checkpoint",
+    "stream_wait",
+)
 # The class of a "kernel" row (its `detail`): HTA's kernel types, so that HTA's
 # temporal breakdown can be reproduced (diagnose.importers.gpu_activity).
 COMPUTE, COMMUNICATION, MEMORY, OTHER = "compute", "communication", "memory", "other"
@@ -36,15 +53,15 @@ EVENT_FIELDS = (
     ("step", pa.int32()),
     ("microbatch", pa.int32()),
     ("stage", pa.int32()),
-    ("group", pa.string()),        # process-group name, or "SRC->DST" for p2p
+    ("group", pa.string()),  # process-group name, or "SRC->DST" for p2p
     ("group_ranks", pa.string()),  # "0,1,2,3": global ranks of the group
-    ("seq", pa.int64()),           # per-group sequence number (Flight Recorder style)
-    ("peer", pa.int32()),          # p2p peer global rank
+    ("seq", pa.int64()),  # per-group sequence number (Flight Recorder style)
+    ("peer", pa.int32()),  # p2p peer global rank
     ("bytes", pa.int64()),
     ("async_op", pa.bool_()),
-    ("callsite", pa.string()),     # "path/to/file.py:LINE" of the first user frame
-    ("detail", pa.string()),       # free-form: device of a sync, "ddp" for bucket hooks, error text
-    ("queued_ns", pa.int64()),     # phase: ns its thread waited for a core (collectors.core_wait)
+    ("callsite", pa.string()),  # "path/to/file.py:LINE" of the first user frame
+    ("detail", pa.string()),  # free-form: device of a sync, "ddp" for bucket hooks, error text
+    ("queued_ns", pa.int64()),  # phase: ns its thread waited for a core (collectors.core_wait)
 )
 EVENT_SCHEMA = pa.schema(EVENT_FIELDS)
 EVENT_COLUMNS = tuple(name for name, _ in EVENT_FIELDS)
@@ -85,12 +102,46 @@ def solo_dir_name(pid: int) -> str:
     return f"{SOLO_DIR_PREFIX}{pid}"
 
 
-def event_row(kind, name, start_ns, end_ns, step=-1, microbatch=-1, stage=-1, group="",
-              group_ranks="", seq=-1, peer=-1, nbytes=0, async_op=False, callsite="", detail="",
-              queued_ns=-1):
+def event_row(
+    kind,
+    name,
+    start_ns,
+    end_ns,
+    step=-1,
+    microbatch=-1,
+    stage=-1,
+    group="",
+    group_ranks="",
+    seq=-1,
+    peer=-1,
+    nbytes=0,
+    async_op=False,
+    callsite="",
+    detail="",
+    queued_ns=-1,
+):
     """Build one EventRow, absent fields at their defaults (for code off the hot path)."""
-    return new_row(EventRow, (kind, name, start_ns, end_ns, step, microbatch, stage, group, group_ranks,
-                              seq, peer, nbytes, async_op, callsite, detail, queued_ns))
+    return new_row(
+        EventRow,
+        (
+            kind,
+            name,
+            start_ns,
+            end_ns,
+            step,
+            microbatch,
+            stage,
+            group,
+            group_ranks,
+            seq,
+            peer,
+            nbytes,
+            async_op,
+            callsite,
+            detail,
+            queued_ns,
+        ),
+    )
 
 
 def arrow_array(values, typ: pa.DataType) -> pa.Array:
@@ -131,11 +182,13 @@ _NUMPY_DTYPES = {pa.int32(): np.int32, pa.int64(): np.int64, pa.float64(): np.fl
 def events_table(rows) -> pa.Table:
     # Table.from_arrays: pa.table(..., schema=) costs 4x as much for a recorder's part
     columns = list(zip(*rows)) if rows else [[] for _ in EVENT_FIELDS]
-    return pa.Table.from_arrays([arrow_array(col, typ) for col, (_, typ) in zip(columns, EVENT_FIELDS)],
-                                schema=EVENT_SCHEMA)
+    return pa.Table.from_arrays(
+        [arrow_array(col, typ) for col, (_, typ) in zip(columns, EVENT_FIELDS)], schema=EVENT_SCHEMA
+    )
 
 
 def samples_table(rows) -> pa.Table:
     columns = list(zip(*rows)) if rows else [[] for _ in SAMPLE_FIELDS]
-    return pa.Table.from_arrays([arrow_array(col, typ) for col, (_, typ) in zip(columns, SAMPLE_FIELDS)],
-                                schema=SAMPLE_SCHEMA)
+    return pa.Table.from_arrays(
+        [arrow_array(col, typ) for col, (_, typ) in zip(columns, SAMPLE_FIELDS)], schema=SAMPLE_SCHEMA
+    )

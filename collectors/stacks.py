@@ -1,4 +1,5 @@
 """All threads' Python stacks as data (for hang dumps), innermost frame last."""
+
 import sys
 import threading
 import traceback
@@ -17,11 +18,12 @@ def thread_stacks() -> list[dict]:
                 user_frame = f"{walker.f_code.co_filename}:{walker.f_lineno}"
                 break
             walker = walker.f_back
-        stacks.append({
-            "thread": names.get(ident, str(ident)),
-            "main": ident == threading.main_thread().ident,
-            "innermost_user_frame": user_frame,
-            "stack": [f"{fs.filename}:{fs.lineno} in {fs.name}"
-                      for fs in traceback.extract_stack(frame)],
-        })
+        stacks.append(
+            {
+                "thread": names.get(ident, str(ident)),
+                "main": ident == threading.main_thread().ident,
+                "innermost_user_frame": user_frame,
+                "stack": [f"{fs.filename}:{fs.lineno} in {fs.name}" for fs in traceback.extract_stack(frame)],
+            }
+        )
     return stacks

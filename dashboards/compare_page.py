@@ -1,6 +1,7 @@
 """HTML page for `diagnose compare A B --html PATH`: step time and breakdown of
 the two runs side by side, findings gained / lost / changed. Self-contained like
 the report (plotly.js embedded once)."""
+
 import os
 
 import numpy as np
@@ -20,10 +21,20 @@ def _step_figure(per_step: dict) -> go.Figure:
         if not rows:
             continue
         steps, median, slowest = (np.array(c) for c in zip(*rows))
-        fig.add_trace(go.Scatter(x=steps, y=compact(median), mode="lines", name=f"{label} median",
-                                 line=dict(color=RUN_COLORS[label])))
-        fig.add_trace(go.Scatter(x=steps, y=compact(slowest), mode="lines", name=f"{label} slowest rank",
-                                 line=dict(color=RUN_COLORS[label], dash="dot", width=1)))
+        fig.add_trace(
+            go.Scatter(
+                x=steps, y=compact(median), mode="lines", name=f"{label} median", line=dict(color=RUN_COLORS[label])
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=steps,
+                y=compact(slowest),
+                mode="lines",
+                name=f"{label} slowest rank",
+                line=dict(color=RUN_COLORS[label], dash="dot", width=1),
+            )
+        )
     fig.update_layout(**LAYOUT)
     fig.update_layout(height=360, xaxis_title="step", yaxis_title="step time, ms")
     return fig
@@ -34,9 +45,15 @@ def _parts_figure(parts: list) -> go.Figure:
     fig = go.Figure()
     for label in ("A", "B"):
         key = f"{label.lower()}_ms"
-        fig.add_trace(go.Bar(x=labels, y=compact([p[key] for p in parts]), name=label,
-                             marker_color=RUN_COLORS[label],
-                             hovertemplate=f"{label} %{{x}}: %{{y:.1f}} ms/step<extra></extra>"))
+        fig.add_trace(
+            go.Bar(
+                x=labels,
+                y=compact([p[key] for p in parts]),
+                name=label,
+                marker_color=RUN_COLORS[label],
+                hovertemplate=f"{label} %{{x}}: %{{y:.1f}} ms/step<extra></extra>",
+            )
+        )
     fig.update_layout(**LAYOUT)
     fig.update_layout(barmode="group", height=360, yaxis_title="ms per step (steady mean)")
     return fig
@@ -46,54 +63,68 @@ def _findings_rows(findings: list, mark: str, severity_text=None) -> str:
     rows = []
     for f in findings:
         severity = severity_text(f) if severity_text else esc(f.get("severity"))
-        rows.append(f"<tr><td>{esc(mark)}</td><td>{severity}</td><td>{kind_html(f.get('kind'))}</td>"
-                    f"<td>{esc(','.join(map(str, f.get('ranks') or [])) or '-')}</td>"
-                    f"<td>{esc(f.get('title'))}<div class='rec'>{esc(f.get('recommendation'))}</div>"
-                    "</td></tr>")
+        rows.append(
+            f"<tr><td>{esc(mark)}</td><td>{severity}</td><td>{kind_html(f.get('kind'))}</td>"
+            f"<td>{esc(','.join(map(str, f.get('ranks') or [])) or '-')}</td>"
+            f"<td>{esc(f.get('title'))}<div class='rec'>{esc(f.get('recommendation'))}</div>"
+            "</td></tr>"
+        )
     return "".join(rows)
 
 
 def render_compare(result: dict) -> str:
     a, b, st = result["a"], result["b"], result["step_time"]
     ratio = st.get("ratio")
-    headline = ("step time " + (f"{ratio:.2f}x" if ratio is not None else "-")
-                + f" ({esc(fmt_ms(st.get('a_ms')))} &rarr; {esc(fmt_ms(st.get('b_ms')))})")
+    headline = (
+        "step time "
+        + (f"{ratio:.2f}x" if ratio is not None else "-")
+        + f" ({esc(fmt_ms(st.get('a_ms')))} &rarr; {esc(fmt_ms(st.get('b_ms')))})"
+    )
     f = result["findings"]
-    rows = (_findings_rows(f["gained"], "gained") + _findings_rows(f["lost"], "lost")
-            + "".join(_findings_rows([p["b"]], "changed",
-                                     lambda _f, p=p: esc(p["change"]).replace(" -&gt; ", " &rarr; "))
-                      for p in f["changed"]))
+    rows = (
+        _findings_rows(f["gained"], "gained")
+        + _findings_rows(f["lost"], "lost")
+        + "".join(
+            _findings_rows([p["b"]], "changed", lambda _f, p=p: esc(p["change"]).replace(" -&gt; ", " &rarr; "))
+            for p in f["changed"]
+        )
+    )
     if not rows:
         rows = "<tr><td colspan='5'>no warning or critical finding gained or lost</td></tr>"
     step_rows = "".join(
         f"<tr><td>{esc(label)}</td><td class='num'>{esc(fmt_ms(va))}</td>"
         f"<td class='num'>{esc(fmt_ms(vb))}</td><td class='num'>"
         f"{'-' if r is None else f'{r:.2f}x'}</td></tr>"
-        for label, va, vb, r in (("median over ranks", st["a_ms"], st["b_ms"], st["ratio"]),
-                                 ("mean over ranks", st.get("mean_a_ms"), st.get("mean_b_ms"),
-                                  st.get("mean_ratio")),
-                                 ("slowest rank", st["slowest_a_ms"], st["slowest_b_ms"],
-                                  st["slowest_ratio"])))
+        for label, va, vb, r in (
+            ("median over ranks", st["a_ms"], st["b_ms"], st["ratio"]),
+            ("mean over ranks", st.get("mean_a_ms"), st.get("mean_b_ms"), st.get("mean_ratio")),
+            ("slowest rank", st["slowest_a_ms"], st["slowest_b_ms"], st["slowest_ratio"]),
+        )
+    )
     part_rows = "".join(
         f"<tr><td>{esc(p['label'])}</td><td class='num'>{p['a_ms']:.1f}</td>"
         f"<td class='num'>{p['b_ms']:.1f}</td><td class='num'>{p['delta_ms']:+.1f}</td></tr>"
-        for p in result["parts"])
-    figures = [("compare-steps", "Step time over steps", _step_figure(result["per_step"])),
-               ("compare-parts", "Breakdown per phase", _parts_figure(result["parts"]))]
-    body = [f"<h1>diagnose compare: {esc(a['name'])} vs {esc(b['name'])}</h1>",
-            f"<p class='meta'>A: <code>{esc(a['root'])}</code> ({esc(a['world_size'])} ranks)<br>"
-            f"B: <code>{esc(b['root'])}</code> ({esc(b['world_size'])} ranks)</p>",
-            f"<p><b>{headline}</b></p>",
-            "<h2 id='findings'>Findings gained and lost</h2><table class='findings'><thead><tr>"
-            "<th></th><th>severity</th><th>kind</th><th>ranks</th><th>finding</th></tr></thead>"
-            f"<tbody>{rows}</tbody></table>",
-            "<h2>Step time (steady steps)</h2><table><thead><tr><th></th><th>A</th><th>B</th>"
-            f"<th>B/A</th></tr></thead><tbody>{step_rows}</tbody></table>",
-            "<h2>Breakdown per phase, ms/step</h2><table><thead><tr><th>phase</th><th>A</th>"
-            f"<th>B</th><th>change</th></tr></thead><tbody>{part_rows}</tbody></table>"]
+        for p in result["parts"]
+    )
+    figures = [
+        ("compare-steps", "Step time over steps", _step_figure(result["per_step"])),
+        ("compare-parts", "Breakdown per phase", _parts_figure(result["parts"])),
+    ]
+    body = [
+        f"<h1>diagnose compare: {esc(a['name'])} vs {esc(b['name'])}</h1>",
+        f"<p class='meta'>A: <code>{esc(a['root'])}</code> ({esc(a['world_size'])} ranks)<br>"
+        f"B: <code>{esc(b['root'])}</code> ({esc(b['world_size'])} ranks)</p>",
+        f"<p><b>{headline}</b></p>",
+        "<h2 id='findings'>Findings gained and lost</h2><table class='findings'><thead><tr>"
+        "<th></th><th>severity</th><th>kind</th><th>ranks</th><th>finding</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>",
+        "<h2>Step time (steady steps)</h2><table><thead><tr><th></th><th>A</th><th>B</th>"
+        f"<th>B/A</th></tr></thead><tbody>{step_rows}</tbody></table>",
+        "<h2>Breakdown per phase, ms/step</h2><table><thead><tr><th>phase</th><th>A</th>"
+        f"<th>B</th><th>change</th></tr></thead><tbody>{part_rows}</tbody></table>",
+    ]
     for anchor, title, fig in figures:
-        body.append(f"<section id='{anchor}'><h2>{esc(title)}</h2>" + figure_html(fig, f"fig-{anchor}")
-                    + "</section>")
+        body.append(f"<section id='{anchor}'><h2>{esc(title)}</h2>" + figure_html(fig, f"fig-{anchor}") + "</section>")
     return page_html("diagnose compare", CSS, "".join(body))
 
 
@@ -105,4 +136,3 @@ def write_compare(result: dict, path: str) -> str:
         f.write(text)
     os.replace(tmp, path)
     return os.path.abspath(path)
-

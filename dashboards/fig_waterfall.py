@@ -2,6 +2,7 @@
 between findings counted once, and the rest no finding explains, adding up to the
 whole step (diagnose/analysis/findings/step_waterfall.py). One chart a team lead reads as
 "this much of every step is model math, this much each cause, this much unknown"."""
+
 import plotly.graph_objects as go
 
 from dashboards.view_parts import LAYOUT, Section, esc
@@ -10,8 +11,13 @@ MFU_COLOR, FINDING_COLOR, REST_COLOR, TOTAL_COLOR = "#41ab5d", "#d6604d", "#bdbd
 
 
 def _label(share: dict) -> str:
-    where = (f" (rank {', '.join(map(str, share['ranks'][:4]))})" if share["kind"] == "straggler" and share["ranks"]
-             else f" (stage {share['stage']})" if share.get("stage") is not None else "")
+    where = (
+        f" (rank {', '.join(map(str, share['ranks'][:4]))})"
+        if share["kind"] == "straggler" and share["ranks"]
+        else f" (stage {share['stage']})"
+        if share.get("stage") is not None
+        else ""
+    )
     return f"{share['kind']}{where}"
 
 
@@ -34,15 +40,29 @@ def figure(waterfall: dict) -> go.Figure | None:
     values.append(100 * waterfall["rest_frac"])
     colors.append(REST_COLOR)
     hover.append("the step no finding explains (and, without MFU, the model math itself)")
-    fig = go.Figure(go.Waterfall(
-        orientation="v", x=labels + ["step"], y=values + [0.0], measure=["relative"] * len(values) + ["total"],
-        text=[f"{v:.1f}%" for v in values] + ["100%"], textposition="outside",
-        hovertext=hover + ["the measured step"], hovertemplate="%{x}: %{y:.1f}%<br>%{hovertext}<extra></extra>",
-        connector={"line": {"color": "#cccccc"}},
-        increasing={"marker": {"color": FINDING_COLOR}}, totals={"marker": {"color": TOTAL_COLOR}}))
+    fig = go.Figure(
+        go.Waterfall(
+            orientation="v",
+            x=labels + ["step"],
+            y=values + [0.0],
+            measure=["relative"] * len(values) + ["total"],
+            text=[f"{v:.1f}%" for v in values] + ["100%"],
+            textposition="outside",
+            hovertext=hover + ["the measured step"],
+            hovertemplate="%{x}: %{y:.1f}%<br>%{hovertext}<extra></extra>",
+            connector={"line": {"color": "#cccccc"}},
+            increasing={"marker": {"color": FINDING_COLOR}},
+            totals={"marker": {"color": TOTAL_COLOR}},
+        )
+    )
     fig.update_layout(**LAYOUT)
-    fig.update_layout(height=380, yaxis_title="share of the step, %", yaxis_range=[0, 112], showlegend=False,
-                      margin=dict(l=60, r=20, t=30, b=120))
+    fig.update_layout(
+        height=380,
+        yaxis_title="share of the step, %",
+        yaxis_range=[0, 112],
+        showlegend=False,
+        margin=dict(l=60, r=20, t=30, b=120),
+    )
     return fig
 
 
@@ -55,11 +75,15 @@ def build(run, ctx) -> list:
     scale = waterfall.get("overlap_scale")
     description = (
         f"<p>Where a step of {waterfall['step_ms']:.1f} ms goes: "
-        + ("the model's FLOPs at the GPU's peak (MFU), " if waterfall.get("mfu_frac") is not None else
-           "(no MFU: no peak known for this device; the model math is in the rest) ")
+        + (
+            "the model's FLOPs at the GPU's peak (MFU), "
+            if waterfall.get("mfu_frac") is not None
+            else "(no MFU: no peak known for this device; the model math is in the rest) "
+        )
         + "each finding's share, and what no finding explains. Findings can claim the same time (a "
-          "straggler and the stage it slows): their fixes are replayed together and the shares scaled so "
-          "that time counts once"
+        "straggler and the stage it slows): their fixes are replayed together and the shares scaled so "
+        "that time counts once"
         + (f" (here x{scale:.2f})" if isinstance(scale, (int, float)) and scale < 0.995 else "")
-        + ". The formula: docs/analysis.md.</p>")
+        + ". The formula: docs/analysis.md.</p>"
+    )
     return [Section("waterfall", "Where the step goes", fig, description)]

@@ -9,6 +9,7 @@ plotly.js and a small loader come last, and the loader draws the figures one per
 task, top to bottom, so the page stays responsive while they appear. Nothing is
 fetched from the network.
 """
+
 import json
 
 import plotly.io as pio
@@ -44,16 +45,20 @@ def figure_html(fig, div_id: str) -> str:
     # `<` only occurs inside JSON strings, where \\u003c is the same character:
     # no `</script>` (or `<!--`) in a trace's text can end the element early
     spec = pio.to_json(fig, validate=False).replace("<", "\\u003c")
-    return (f'<div style="height:{int(height)}px; width:100%;"><div id="{div_id}" class="plotly-graph-div" '
-            f'style="height:100%; width:100%;"></div></div>'
-            f'<script type="application/json" class="diagnose-figure" data-target="{div_id}">{spec}</script>')
+    return (
+        f'<div style="height:{int(height)}px; width:100%;"><div id="{div_id}" class="plotly-graph-div" '
+        f'style="height:100%; width:100%;"></div></div>'
+        f'<script type="application/json" class="diagnose-figure" data-target="{div_id}">{spec}</script>'
+    )
 
 
 def page_html(title: str, css: str, body: str) -> str:
     """A whole page: head (title, style), the body's text and figure divs, then
     plotly.js and the loader."""
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{title}</title><style>{css}</style></head><body>{body}"
-            f"<script type=\"text/javascript\">{get_plotlyjs()}</script>"
-            f"<script type=\"text/javascript\">{_LOADER % json.dumps(PLOTLY_CONFIG)}</script>"
-            "</body></html>\n")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{title}</title><style>{css}</style></head><body>{body}"
+        f'<script type="text/javascript">{get_plotlyjs()}</script>'
+        f'<script type="text/javascript">{_LOADER % json.dumps(PLOTLY_CONFIG)}</script>'
+        "</body></html>\n"
+    )

@@ -4,6 +4,7 @@ embedded once at the end and draws every figure's div (dashboards/plot_embed.py)
 nothing is fetched from the network.
 Long runs are binned / downsampled by the views (< 10 MB for 8 ranks x 1,000
 steps; see bench/report_size.py)."""
+
 import datetime
 import os
 
@@ -23,8 +24,17 @@ from dashboards.plot_embed import figure_html, page_html
 from dashboards.view_parts import Section, esc, fmt_ms
 from diagnose.analysis.tables import device_collectives, mfu
 
-VIEWS = (fig_whatif, fig_waterfall, fig_breakdown, fig_timeline, fig_heatmaps, fig_pipeline, fig_collectives, fig_fsdp_units,
-         fig_series)
+VIEWS = (
+    fig_whatif,
+    fig_waterfall,
+    fig_breakdown,
+    fig_timeline,
+    fig_heatmaps,
+    fig_pipeline,
+    fig_collectives,
+    fig_fsdp_units,
+    fig_series,
+)
 
 CSS = """
 body{font-family:-apple-system,BlinkMacSystemFont,"Segoe UI",Helvetica,Arial,sans-serif;
@@ -65,8 +75,7 @@ def _header(run, findings) -> str:
     layout_text = " x ".join(f"{k.upper()} {v}" for k, v in layout.items()) if layout else "-"
     hosts = sorted({str(meta.get("host")) for meta in run.rank_meta.values() if meta.get("host")})
     start = m.get("start_wall_ns") or run.wall_t0_ns
-    when = (datetime.datetime.fromtimestamp(start / 1e9).strftime("%Y-%m-%d %H:%M:%S")
-            if isinstance(start, int) else "-")
+    when = datetime.datetime.fromtimestamp(start / 1e9).strftime("%Y-%m-%d %H:%M:%S") if isinstance(start, int) else "-"
     steps = run.steps()
     steady = run.steady_steps()
     breakdown = run.breakdown()
@@ -75,15 +84,23 @@ def _header(run, findings) -> str:
     counts = {s: sum(1 for f in findings if f.get("severity") == s) for s in ("critical", "warning", "info")}
     rows = [
         ("command", f'<span class="cmd">{esc(m.get("command") or "-")}</span>'),
-        ("ranks", f"{run.world_size} on {len(hosts)} host(s): {esc(', '.join(hosts[:8]))}"
-                  + (" ..." if len(hosts) > 8 else "")),
+        (
+            "ranks",
+            f"{run.world_size} on {len(hosts)} host(s): {esc(', '.join(hosts[:8]))}"
+            + (" ..." if len(hosts) > 8 else ""),
+        ),
         ("layout", esc(layout_text)),
         ("started", esc(when)),
-        ("exit status", esc("-" if status is None else status)
-         + (" (hung: ended by the watchdog)" if m.get("hang") else "")),
-        ("steps", f"{steps['step'].nunique() if len(steps) else 0} recorded, steady "
-                  + (f"{steady[0]}-{steady[-1]}" if steady else "-")
-                  + (f", median step {esc(fmt_ms(median))}" if median is not None else "")),
+        (
+            "exit status",
+            esc("-" if status is None else status) + (" (hung: ended by the watchdog)" if m.get("hang") else ""),
+        ),
+        (
+            "steps",
+            f"{steps['step'].nunique() if len(steps) else 0} recorded, steady "
+            + (f"{steady[0]}-{steady[-1]}" if steady else "-")
+            + (f", median step {esc(fmt_ms(median))}" if median is not None else ""),
+        ),
         ("MFU", "<br>".join(esc(line) for line in mfu.summarize(run)["lines"])),
         ("clocks", esc(clocks_text(run))),
         ("findings", f"{counts['critical']} critical, {counts['warning']} warning, {counts['info']} info"),
@@ -95,12 +112,13 @@ def _header(run, findings) -> str:
 def clocks_text(run) -> str:
     """Which clock the figures come from, and how well the ranks' clocks agree."""
     errors_us = [run.offset_errors_ns.get(r, 0) / 1e3 for r in run.ranks[1:]]
-    aligned = (f"ranks aligned to rank 0's clock within {max(errors_us):.0f} us" if errors_us
-               else "one rank")
+    aligned = f"ranks aligned to rank 0's clock within {max(errors_us):.0f} us" if errors_us else "one rank"
     if device_collectives.on_device(run.arrivals()):
-        return ("device work (collective arrivals and waits, compute, exposed communication, device idle) "
-                "on the GPUs' clocks, from the NCCL and compute kernels (a live run: CUDA events); host work (steps, phases, data "
-                f"loading, host syncs) on the hosts' clocks; {aligned}. Each finding says which it uses.")
+        return (
+            "device work (collective arrivals and waits, compute, exposed communication, device idle) "
+            "on the GPUs' clocks, from the NCCL and compute kernels (a live run: CUDA events); host work (steps, phases, data "
+            f"loading, host syncs) on the hosts' clocks; {aligned}. Each finding says which it uses."
+        )
     return f"host clocks (the work runs on the host: CPU/gloo); {aligned}"
 
 
@@ -114,9 +132,13 @@ def build_sections(run, ctx, progress=None) -> list:
         except Exception as exc:  # one broken view must not lose the report
             run.warn(f"report view {view.__name__} failed: {type(exc).__name__}: {exc}")
             anchor = view.__name__.rsplit(".", 1)[-1].removeprefix("fig_")
-            sections.append(Section(f"failed-{anchor}", f"{anchor} (failed)",
-                                    description=f"<p>This view failed: {esc(type(exc).__name__)}: "
-                                                f"{esc(exc)}</p>"))
+            sections.append(
+                Section(
+                    f"failed-{anchor}",
+                    f"{anchor} (failed)",
+                    description=f"<p>This view failed: {esc(type(exc).__name__)}: {esc(exc)}</p>",
+                )
+            )
     return sections
 
 
@@ -144,14 +166,20 @@ def render(run, findings, window_steps=None, progress=None) -> str:
     warnings = ""
     if run.warnings:
         items = "".join(f"<li>{esc(w)}</li>" for w in run.warnings[:200])
-        warnings = (f"<details><summary>{len(run.warnings)} warning(s) while loading</summary>"
-                    f"<ul>{items}</ul></details>")
-    body = [_header(run, ctx.findings), warnings, '<h2 id="findings">Findings</h2>',
-            findings_html(ctx.findings, anchors, titles), f"<nav>{nav}</nav>"]
+        warnings = f"<details><summary>{len(run.warnings)} warning(s) while loading</summary><ul>{items}</ul></details>"
+    body = [
+        _header(run, ctx.findings),
+        warnings,
+        '<h2 id="findings">Findings</h2>',
+        findings_html(ctx.findings, anchors, titles),
+        f"<nav>{nav}</nav>",
+    ]
     body += [_section_html(s, notes.get(s.anchor, [])) for s in sections]
     if not sections:
-        body.append('<p class="desc">No events were recorded in this run, so there is nothing to '
-                    'draw. Did the job start its ranks under <code>diagnose run</code>?</p>')
+        body.append(
+            '<p class="desc">No events were recorded in this run, so there is nothing to '
+            "draw. Did the job start its ranks under <code>diagnose run</code>?</p>"
+        )
     generated = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
     body.append(f'<p class="note">Generated by diagnose at {generated}.</p>')
     title = esc((run.manifest or {}).get("name") or os.path.basename(run.root))

@@ -1,4 +1,5 @@
 """Shared pieces of the views: escaping, colours, sections, downsampling."""
+
 import html
 import math
 from dataclasses import dataclass, field
@@ -10,17 +11,35 @@ from diagnose.analysis.detectors import finding_kinds
 from diagnose.analysis.tables.breakdown import PARTS
 
 COLORS = {
-    "forward": "#6baed6", "backward": "#2171b5", "optimizer": "#41ab5d",
-    "host_sync": "#9e66ab", "pipeline_wait": "#fdd835", "exposed_comm": "#e6550d", "data_wait": "#fdae6b",
-    "other": "#bdbdbd", "step": "#eeeeee", "phase": "#9ecae1", "comm": "#e6550d",
-    "comm_async": "#fdd0a2", "wait": "#d94801", "data": "#fdae6b", "sync": "#9e66ab",
-    "kernel": "#74c476", "mark": "#636363", "error": "#cb181d", "bubble": "#f0f0f0",
+    "forward": "#6baed6",
+    "backward": "#2171b5",
+    "optimizer": "#41ab5d",
+    "host_sync": "#9e66ab",
+    "pipeline_wait": "#fdd835",
+    "exposed_comm": "#e6550d",
+    "data_wait": "#fdae6b",
+    "other": "#bdbdbd",
+    "step": "#eeeeee",
+    "phase": "#9ecae1",
+    "comm": "#e6550d",
+    "comm_async": "#fdd0a2",
+    "wait": "#d94801",
+    "data": "#fdae6b",
+    "sync": "#9e66ab",
+    "kernel": "#74c476",
+    "mark": "#636363",
+    "error": "#cb181d",
+    "bubble": "#f0f0f0",
 }
 SEVERITY_COLORS = {"critical": "#cb181d", "warning": "#f16913", "info": "#6baed6"}
 
-LAYOUT = dict(template="plotly_white", margin=dict(l=70, r=20, t=40, b=45),
-              font=dict(size=12), hoverlabel=dict(align="left"),
-              legend=dict(orientation="h", yanchor="bottom", y=1.01, xanchor="left", x=0))
+LAYOUT = dict(
+    template="plotly_white",
+    margin=dict(l=70, r=20, t=40, b=45),
+    font=dict(size=12),
+    hoverlabel=dict(align="left"),
+    legend=dict(orientation="h", yanchor="bottom", y=1.01, xanchor="left", x=0),
+)
 
 # Heat maps and per-step series are binned above these sizes (report < 10 MB).
 MAX_STEP_COLUMNS = 1000
@@ -62,11 +81,12 @@ def fmt_ms(value) -> str:
 @dataclass
 class Section:
     """One view of the report: an anchor, a title, a plotly figure and notes."""
+
     anchor: str
     title: str
-    figure: object = None           # plotly Figure, or None when html is given
-    description: str = ""           # trusted HTML written by the view (escape inputs!)
-    html: str = ""                  # a non-plotly body (tables)
+    figure: object = None  # plotly Figure, or None when html is given
+    description: str = ""  # trusted HTML written by the view (escape inputs!)
+    html: str = ""  # a non-plotly body (tables)
     notes: list = field(default_factory=list)  # trusted HTML lines under the figure
 
 
@@ -85,8 +105,9 @@ def step_bins(steps: np.ndarray, max_columns: int = MAX_STEP_COLUMNS) -> tuple[n
     return ((steps - steps.min()) // width).astype(int), width
 
 
-def bin_steps(frame: pd.DataFrame, value_columns, by=("rank",), how="mean",
-              max_columns: int = MAX_STEP_COLUMNS) -> tuple[pd.DataFrame, int]:
+def bin_steps(
+    frame: pd.DataFrame, value_columns, by=("rank",), how="mean", max_columns: int = MAX_STEP_COLUMNS
+) -> tuple[pd.DataFrame, int]:
     """Aggregate a per-step table into at most max_columns step bins; the bin's
     `step` is its first step."""
     if frame.empty:

@@ -11,6 +11,7 @@ save, as a real slow disk would be.
     dcp_async   DCP's async_save: the call returns once the state is staged to
                 CPU; the previous upload is waited before the next save
 """
+
 import atexit
 import io
 import os
@@ -43,6 +44,7 @@ class Checkpointer:
 
     def save(self, state: dict) -> None:
         import torch
+
         self.saves += 1
         if self.mode == "torch":
             path = os.path.join(self.dir, "model.pt")
@@ -53,6 +55,7 @@ class Checkpointer:
                 torch.save(state, path)
             return
         import torch.distributed.checkpoint as dcp
+
         # stages have parameters of the same names: keyed by rank, each is its own
         keyed = {f"rank{self.rank}": state}
         where = os.path.join(self.dir, f"step{self.saves}")

@@ -6,6 +6,7 @@ seeded with (seed, k) only; dp rank r reads samples [r*n, (r+1)*n) of it in
 micro-batch order. The batch therefore does not depend on the layout, which is
 what makes losses comparable across (dp, tp, pp).
 """
+
 import os
 import tempfile
 import time
@@ -70,7 +71,7 @@ class TokenWindows(Dataset):
             time.sleep(self.load_delay_s)  # slow_input fault: a slow decode / remote read
         step, i = divmod(index, self.global_batch)
         start = int(self._window_offsets(step)[i])
-        window = torch.from_numpy(self._tokens[start:start + self.seq_len + 1].astype(np.int64))
+        window = torch.from_numpy(self._tokens[start : start + self.seq_len + 1].astype(np.int64))
         return window[:-1], window[1:]
 
 
@@ -90,12 +91,28 @@ class DataParallelSlice(Sampler):
             yield from range(first, first + self.per_rank)
 
 
-def make_loader(*, path: str | None, vocab: int, seq_len: int, micro_batch_size: int, microbatches: int,
-                dp: int, dp_rank: int, steps: int, seed: int, num_workers: int, load_delay_ms: float,
-                pin_memory: bool) -> DataLoader:
+def make_loader(
+    *,
+    path: str | None,
+    vocab: int,
+    seq_len: int,
+    micro_batch_size: int,
+    microbatches: int,
+    dp: int,
+    dp_rank: int,
+    steps: int,
+    seed: int,
+    num_workers: int,
+    load_delay_ms: float,
+    pin_memory: bool,
+) -> DataLoader:
     global_batch = dp * microbatches * micro_batch_size
     dataset = TokenWindows(path or default_token_file(vocab), seq_len, global_batch, seed, load_delay_ms)
-    return DataLoader(dataset, batch_size=micro_batch_size,
-                      sampler=DataParallelSlice(global_batch, dp, dp_rank, steps),
-                      num_workers=num_workers, pin_memory=pin_memory,
-                      persistent_workers=num_workers > 0)
+    return DataLoader(
+        dataset,
+        batch_size=micro_batch_size,
+        sampler=DataParallelSlice(global_batch, dp, dp_rank, steps),
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
+    )

@@ -18,18 +18,19 @@ forward ~(F-1) x the backward), and its cycles per millisecond from one spin
 timed the same way at start-up. The first phases of each kind (before a
 measurement is back) are not slowed: a warm-up step, as after any change of clocks.
 """
+
 import torch
 
-CALIBRATION_CYCLES = 20_000_000   # ~10-20 ms at 1-2 GHz: long against launch jitter
-MAX_PENDING = 64                  # event pairs awaiting their times; the oldest are dropped
+CALIBRATION_CYCLES = 20_000_000  # ~10-20 ms at 1-2 GHz: long against launch jitter
+MAX_PENDING = 64  # event pairs awaiting their times; the oldest are dropped
 
 
 class DeviceSlowdown:
     def __init__(self, factor: float):
         self.factor = factor
         self.cycles_per_ms: float | None = None
-        self.compute_ms: dict = {}             # phase kind -> its latest measured device time
-        self._pending: list = []               # (start, end, kind) of phases not yet measured
+        self.compute_ms: dict = {}  # phase kind -> its latest measured device time
+        self._pending: list = []  # (start, end, kind) of phases not yet measured
         start = self.begin()
         torch.cuda._sleep(CALIBRATION_CYCLES)
         self._calibration = (start, self._record())

@@ -10,6 +10,7 @@ its asynchronous all-reduce (or, for ZeRO-1, reduce-scatter) when the bucket is
 complete; buckets launch strictly in order so that every dp rank issues the same
 sequence of collectives. `wait()` is the only blocking point, before the optimizer.
 """
+
 import warnings
 
 import torch
@@ -32,15 +33,24 @@ class Bucket:
         offset = 0
         for p in params:
             self.slots.append((offset, p.numel()))
-            p.grad = self.grad[offset:offset + p.numel()].view_as(p)
+            p.grad = self.grad[offset : offset + p.numel()].view_as(p)
             offset += p.numel()
         self.n_ready = 0
         self.work = None
 
 
 class GradBuckets:
-    def __init__(self, params, *, group, dp: int, device: torch.device, bucket_cap_mb: float,
-                 reduce_scatter: bool = False, before_first_launch=None):
+    def __init__(
+        self,
+        params,
+        *,
+        group,
+        dp: int,
+        device: torch.device,
+        bucket_cap_mb: float,
+        reduce_scatter: bool = False,
+        before_first_launch=None,
+    ):
         self.group, self.dp, self.reduce_scatter = group, dp, reduce_scatter
         self.before_first_launch = before_first_launch
         self.sync_enabled = False
@@ -94,8 +104,10 @@ class GradBuckets:
     def wait(self) -> None:
         """Block until every bucket's collective has finished; reset for the next step."""
         if self.next_to_launch != len(self.buckets):
-            raise RuntimeError(f"only {self.next_to_launch}/{len(self.buckets)} gradient buckets were "
-                               "launched: a parameter got no gradient on the last micro-batch")
+            raise RuntimeError(
+                f"only {self.next_to_launch}/{len(self.buckets)} gradient buckets were "
+                "launched: a parameter got no gradient on the last micro-batch"
+            )
         for b in self.buckets:
             if b.work is not None:
                 b.work.wait()

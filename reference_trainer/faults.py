@@ -40,6 +40,7 @@ replica's pipeline stages (and tensor-parallel ranks) see the same micro-batch,
 so the draw is keyed by the dp replica, not the rank. slow_input still sleeps in
 Dataset.__getitem__: loading runs on the host, on CPU and CUDA alike.
 """
+
 import ctypes
 import os
 import random
@@ -69,8 +70,13 @@ _SCHEMA: dict[str, dict[str, tuple]] = {
     "crash": {"rank": (int, None), "step": (int, None)},
     "comm_bound": {"mb": (float, 32.0), "repeat": (int, 1)},
     "varlen": {"spread": (float, None), "seed": (int, 0), "tail": (float, 0.0)},
-    "checkpoint": {"every": (int, None), "factor": (float, 0.0), "mode": (str, "sleep"),
-                   "slow_rank": (int, -1), "slow_ms": (float, 0.0)},
+    "checkpoint": {
+        "every": (int, None),
+        "factor": (float, 0.0),
+        "mode": (str, "sleep"),
+        "slow_rank": (int, -1),
+        "slow_ms": (float, 0.0),
+    },
     "slowdown": {"pct": (float, None)},
     "accum_sync": {},
     "unpinned_copies": {"mb": (float, 64.0)},
@@ -101,10 +107,16 @@ def parse_fault(text: str) -> FaultSpec:
         params[key] = given.get(key, default)
     if name == "hidden_sync" and params["every"] != "microbatch":
         raise ValueError("hidden_sync supports every=microbatch only")
-    if name == "checkpoint" and (params["every"] < 1 or params["mode"] not in CHECKPOINT_MODES
-                                 or (params["mode"] == "sleep") != (params["factor"] > 0) or params["slow_ms"] < 0):
-        raise ValueError(f"checkpoint needs every >= 1 and either factor > 0 (a pause) or mode in "
-                         f"{', '.join(CHECKPOINT_MODES[1:])} (real saves)")
+    if name == "checkpoint" and (
+        params["every"] < 1
+        or params["mode"] not in CHECKPOINT_MODES
+        or (params["mode"] == "sleep") != (params["factor"] > 0)
+        or params["slow_ms"] < 0
+    ):
+        raise ValueError(
+            f"checkpoint needs every >= 1 and either factor > 0 (a pause) or mode in "
+            f"{', '.join(CHECKPOINT_MODES[1:])} (real saves)"
+        )
     if name == "unpinned_copies" and params["mb"] < 0:
         raise ValueError("unpinned_copies needs mb >= 0")
     if name == "varlen" and (params["spread"] < 0 or not 0 <= params["tail"] < 1):
@@ -115,8 +127,15 @@ def parse_fault(text: str) -> FaultSpec:
 class Faults:
     """What the faults of this run mean for this rank."""
 
-    def __init__(self, specs: list[FaultSpec], rank: int, stage: int, device: torch.device,
-                 dp_rank: int | None = None, emulated_device_ms: float = 0.0):
+    def __init__(
+        self,
+        specs: list[FaultSpec],
+        rank: int,
+        stage: int,
+        device: torch.device,
+        dp_rank: int | None = None,
+        emulated_device_ms: float = 0.0,
+    ):
         self.rank, self.device = rank, device
         # (config.py) the accelerator's time per forward of a micro-batch, emulated by a wait; CPU only
         self.emulated_device_ms = emulated_device_ms if device.type == "cpu" else 0.0
@@ -139,8 +158,8 @@ class Faults:
         self._extra_buf = None
         self._device_slowdown = None
         self.checkpoint: tuple[int, float] | None = None  # (every, factor)
-        self.checkpointer = None                  # real saves (mode != sleep)
-        self.checkpoint_state = None              # () -> the state to save, set by train.py
+        self.checkpointer = None  # real saves (mode != sleep)
+        self.checkpoint_state = None  # () -> the state to save, set by train.py
         self.slowdown_frac = 0.0
         self._paused_s = 0.0
         self._step_times_s: list[float] = []
@@ -163,8 +182,9 @@ class Faults:
                 self.accum_sync = True
             elif f.name == "unpinned_copies":
                 if device.type != "cuda":
-                    raise SystemExit("fault unpinned_copies needs CUDA: a CPU run has no host-device copy "
-                                     "to leave unpinned")
+                    raise SystemExit(
+                        "fault unpinned_copies needs CUDA: a CPU run has no host-device copy to leave unpinned"
+                    )
                 self.unpinned_copies = True
                 self.offload_numel = int(p["mb"] * 2**20 / 4)
             elif f.name in ("hang", "crash") and p["rank"] == rank:
@@ -242,11 +262,13 @@ class Faults:
         if not self.offload_numel:
             return
         if self._offload is None:
-            self._offload = (torch.empty(self.offload_numel),  # pageable: no pin_memory()
-                             torch.zeros(self.offload_numel, device=self.device))
+            self._offload = (
+                torch.empty(self.offload_numel),  # pageable: no pin_memory()
+                torch.zeros(self.offload_numel, device=self.device),
+            )
         host, device_copy = self._offload
-        host.copy_(device_copy)   # device -> host (the gradients, to the CPU optimizer)
-        device_copy.copy_(host)   # host -> device (the updated parameters)
+        host.copy_(device_copy)  # device -> host (the gradients, to the CPU optimizer)
+        device_copy.copy_(host)  # host -> device (the updated parameters)
 
     def after_microbatch(self, loss_or_activation: torch.Tensor, group) -> None:
         """The classic logging mistake: reduce the micro-batch loss and read it on the host,
@@ -263,8 +285,7 @@ class Faults:
         if self.stop is None or self.stop[1] != self.step:
             return
         kind = self.stop[0]
-        print(f"[reference_trainer] fault {kind}: rank {self.rank} at step {self.step}",
-              file=sys.stderr, flush=True)
+        print(f"[reference_trainer] fault {kind}: rank {self.rank} at step {self.step}", file=sys.stderr, flush=True)
         if kind == "crash":
             os.kill(os.getpid(), signal.SIGKILL)
         if self.hang_holds_gil:

@@ -4,6 +4,7 @@ Global rank = (dp_rank * pp + pp_rank) * tp + tp_rank: tp is innermost so a
 tensor-parallel group sits on neighbouring ranks (one node, fastest links), and
 dp is outermost because its traffic is the easiest to overlap.
 """
+
 import datetime
 import os
 import socket
@@ -60,8 +61,7 @@ def _default_single_process_env() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 
 
 def init_mesh(dp: int, pp: int, tp: int, timeout_s: float = 1800.0) -> Mesh:
@@ -88,10 +88,8 @@ def init_mesh(dp: int, pp: int, tp: int, timeout_s: float = 1800.0) -> Mesh:
         # every rank must create every group, in the same order
         moved = coords.movedim(along, -1).reshape(-1, coords.shape[along])
         # (a subgroup does not inherit the default group's timeout: pass it on)
-        group, _ = dist.new_subgroups_by_enumeration([row.tolist() for row in moved], backend=backend,
-                                                     timeout=timeout)
+        group, _ = dist.new_subgroups_by_enumeration([row.tolist() for row in moved], backend=backend, timeout=timeout)
         return group
 
     dp_group, pp_group, tp_group = groups(0), groups(1), groups(2)
-    return Mesh(rank, world, dp, pp, tp, dp_rank, pp_rank, tp_rank, dp_group, pp_group, tp_group,
-                backend, device)
+    return Mesh(rank, world, dp, pp, tp, dp_rank, pp_rank, tp_rank, dp_group, pp_group, tp_group, backend, device)

@@ -6,6 +6,7 @@ weights a single-process run starts from. The embedding and the head are
 replicated over tp and not tied: tying them across the first and last pipeline
 stage would need one more all-reduce per step for a 2-layer toy model.
 """
+
 import math
 
 import torch
@@ -18,8 +19,7 @@ INIT_STD = 0.02
 
 
 class Attention(nn.Module):
-    def __init__(self, layer: int, d_model: int, heads: int, n_layers: int, seed: int, tp_rank: int,
-                 tp: int, group):
+    def __init__(self, layer: int, d_model: int, heads: int, n_layers: int, seed: int, tp_rank: int, tp: int, group):
         super().__init__()
         head_dim, local_heads = d_model // heads, heads // tp
         self.local_heads, self.head_dim = local_heads, head_dim
@@ -33,21 +33,18 @@ class Attention(nn.Module):
 
     def forward(self, x):
         batch, seq, _ = x.shape
-        q, k, v = (self.qkv(x).view(batch, seq, 3, self.local_heads, self.head_dim)
-                   .permute(2, 0, 3, 1, 4).unbind(0))
+        q, k, v = self.qkv(x).view(batch, seq, 3, self.local_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(batch, seq, self.local_heads * self.head_dim))
 
 
 class MLP(nn.Module):
-    def __init__(self, layer: int, d_model: int, n_layers: int, seed: int, tp_rank: int, tp: int,
-                 group):
+    def __init__(self, layer: int, d_model: int, n_layers: int, seed: int, tp_rank: int, tp: int, group):
         super().__init__()
         hidden = 4 * d_model
         local = slice(tp_rank * hidden // tp, (tp_rank + 1) * hidden // tp)
         fc = seeded_normal((hidden, d_model), INIT_STD, seed, f"h.{layer}.mlp.fc")
-        proj = seeded_normal((d_model, hidden), INIT_STD / math.sqrt(2 * n_layers), seed,
-                             f"h.{layer}.mlp.proj")
+        proj = seeded_normal((d_model, hidden), INIT_STD / math.sqrt(2 * n_layers), seed, f"h.{layer}.mlp.proj")
         self.fc = ColumnParallelLinear(fc[local], group, tp)
         self.proj = RowParallelLinear(proj[:, local], group, tp)
 
@@ -56,8 +53,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, layer: int, d_model: int, heads: int, n_layers: int, seed: int, tp_rank: int,
-                 tp: int, group):
+    def __init__(self, layer: int, d_model: int, heads: int, n_layers: int, seed: int, tp_rank: int, tp: int, group):
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)
         self.attn = Attention(layer, d_model, heads, n_layers, seed, tp_rank, tp, group)
@@ -73,9 +69,23 @@ class GPTStage(nn.Module):
     """Blocks [layer_lo, layer_hi) of the model; the first stage also embeds tokens, the
     last also applies the final LayerNorm, the head and the loss."""
 
-    def __init__(self, *, vocab: int, seq_len: int, d_model: int, heads: int, n_layers: int,
-                 layer_lo: int, layer_hi: int, first: bool, last: bool, seed: int, tp_rank: int,
-                 tp: int, tp_group):
+    def __init__(
+        self,
+        *,
+        vocab: int,
+        seq_len: int,
+        d_model: int,
+        heads: int,
+        n_layers: int,
+        layer_lo: int,
+        layer_hi: int,
+        first: bool,
+        last: bool,
+        seed: int,
+        tp_rank: int,
+        tp: int,
+        tp_group,
+    ):
         super().__init__()
         self.first, self.last, self.vocab = first, last, vocab
         if first:
@@ -85,8 +95,8 @@ class GPTStage(nn.Module):
                 self.wte.weight.copy_(seeded_normal((vocab, d_model), INIT_STD, seed, "wte"))
                 self.wpe.weight.copy_(seeded_normal((seq_len, d_model), INIT_STD, seed, "wpe"))
         self.blocks = nn.ModuleList(
-            Block(i, d_model, heads, n_layers, seed, tp_rank, tp, tp_group)
-            for i in range(layer_lo, layer_hi))
+            Block(i, d_model, heads, n_layers, seed, tp_rank, tp, tp_group) for i in range(layer_lo, layer_hi)
+        )
         if last:
             self.ln_f = nn.LayerNorm(d_model)
             self.lm_head = nn.Linear(d_model, vocab, bias=False)

@@ -3,6 +3,7 @@
 REFERENCE_TRAINER_PHASES=0 asks for a job that marks no phases, stages or
 micro-batches at all, as most jobs do (the analysis must then infer the pipeline
 from the traffic: diagnose/analysis/tables/pipeline_topology.py)."""
+
 import functools
 import os
 
@@ -21,6 +22,7 @@ class _no_phase:
         @functools.wraps(fn)
         def wrapped(*args, **kwargs):
             return fn(*args, **kwargs)
+
         return wrapped
 
 

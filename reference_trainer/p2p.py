@@ -40,6 +40,7 @@ lasts until the neighbour is ready to receive (gloo and NCCL are both
 rendezvous). Even stages send first and odd stages receive first, the order
 Megatron's unbatched path uses so that two neighbours never both wait in send.
 """
+
 import torch
 import torch.distributed as dist
 
@@ -50,9 +51,19 @@ P2P_MODES = ("separate", "batched", "preposted")
 
 
 class PipelineP2P:
-    def __init__(self, *, stage: int, prev_rank: int | None, next_rank: int | None, group,
-                 activation_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-                 blocking: bool, mode: str = "separate"):
+    def __init__(
+        self,
+        *,
+        stage: int,
+        prev_rank: int | None,
+        next_rank: int | None,
+        group,
+        activation_shape: tuple[int, ...],
+        dtype: torch.dtype,
+        device: torch.device,
+        blocking: bool,
+        mode: str = "separate",
+    ):
         self.stage, self.prev, self.next, self.group = stage, prev_rank, next_rank, group
         self.shape, self.dtype, self.device = activation_shape, dtype, device
         self.blocking, self.mode = blocking, mode

@@ -10,6 +10,7 @@ most pp micro-batches are alive on stage 0 and the bubble is the same.
 Both run backwards in micro-batch order, so gradients accumulate in the same
 order and the two schedules give bitwise-equal updates.
 """
+
 import contextlib
 import time
 
@@ -22,8 +23,20 @@ from reference_trainer.p2p import BACKWARD, FORWARD, PipelineP2P
 class StageRunner:
     """Forward and backward of one micro-batch on this stage, with its phases and faults."""
 
-    def __init__(self, model, *, stage: int, first: bool, last: bool, microbatches: int, buckets,
-                 faults, dp_group, autocast_dtype: torch.dtype | None, device: torch.device):
+    def __init__(
+        self,
+        model,
+        *,
+        stage: int,
+        first: bool,
+        last: bool,
+        microbatches: int,
+        buckets,
+        faults,
+        dp_group,
+        autocast_dtype: torch.dtype | None,
+        device: torch.device,
+    ):
         self.model, self.stage, self.first, self.last = model, stage, first, last
         self.microbatches = microbatches
         self.buckets, self.faults, self.dp_group = buckets, faults, dp_group
@@ -74,8 +87,9 @@ class StageRunner:
             self.faults.after_microbatch(y, self.dp_group)
         return y
 
-    def backward(self, x: torch.Tensor | None, y: torch.Tensor, dy: torch.Tensor | None,
-                 mb: int) -> torch.Tensor | None:
+    def backward(
+        self, x: torch.Tensor | None, y: torch.Tensor, dy: torch.Tensor | None, mb: int
+    ) -> torch.Tensor | None:
         # the data-parallel all-reduce is launched from grad hooks during the last backward
         # (accum_sync: during every one, waited at its end, as DDP does without no_sync();
         # the buckets hold the accumulated gradient, and a mean of equal values is that value,
@@ -88,8 +102,11 @@ class StageRunner:
             if begun is not None:
                 # the slowdown ends the backward from inside it (the engine's final
                 # callback), so that a trace of the backward call alone shows it
-                y.register_hook(lambda grad: torch.autograd.Variable._execution_engine.queue_callback(
-                    lambda: self.faults.compute_ends(begun, weight=2.0)))
+                y.register_hook(
+                    lambda grad: torch.autograd.Variable._execution_engine.queue_callback(
+                        lambda: self.faults.compute_ends(begun, weight=2.0)
+                    )
+                )
             torch.autograd.backward(y, grad_tensors=None if self.last else dy)
             self.compute_s += time.perf_counter() - t0
             if self.faults.accum_sync and not last:
@@ -119,6 +136,7 @@ def run_schedule(name: str, run: StageRunner, p2p: PipelineP2P, m: int, pp: int,
 
     def after(k: int):
         return order[k] if k < len(order) else None
+
     inputs, outputs = {}, {}
     received = p2p.exchange(None, after(0), after(1))
     for k, (kind, mb) in enumerate(order):

@@ -5,6 +5,7 @@ A column-parallel linear followed by a row-parallel one needs exactly one
 all-reduce forward (g, after the row-parallel matmul) and one backward (f, on
 the gradient of the replicated input), whatever the activation in between.
 """
+
 import hashlib
 
 import torch

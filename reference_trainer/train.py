@@ -1,6 +1,7 @@
 """The training loop: build mesh, stage model, data, gradient sync and optimizer,
 then for each step: load the micro-batches, run the pipeline schedule, wait for
 the gradient collectives, step the optimizer, log the global-batch loss."""
+
 import json
 import os
 import time
@@ -22,10 +23,21 @@ from reference_trainer.zero import ZeroAdamW
 
 def build_model(cfg: TrainConfig, mesh: Mesh) -> GPTStage:
     lo, hi = cfg.stage_layer_ranges()[mesh.pp_rank]
-    model = GPTStage(vocab=cfg.vocab, seq_len=cfg.seq_len, d_model=cfg.d_model, heads=cfg.heads,
-                     n_layers=cfg.layers, layer_lo=lo, layer_hi=hi, first=mesh.is_first_stage,
-                     last=mesh.is_last_stage, seed=cfg.seed, tp_rank=mesh.tp_rank, tp=mesh.tp,
-                     tp_group=mesh.tp_group)
+    model = GPTStage(
+        vocab=cfg.vocab,
+        seq_len=cfg.seq_len,
+        d_model=cfg.d_model,
+        heads=cfg.heads,
+        n_layers=cfg.layers,
+        layer_lo=lo,
+        layer_hi=hi,
+        first=mesh.is_first_stage,
+        last=mesh.is_last_stage,
+        seed=cfg.seed,
+        tp_rank=mesh.tp_rank,
+        tp=mesh.tp,
+        tp_group=mesh.tp_group,
+    )
     return model.to(mesh.device)
 
 
@@ -95,40 +107,80 @@ def main(argv: list[str] | None = None) -> None:
     mesh = init_mesh(cfg.dp, cfg.pp, cfg.tp, timeout_s=cfg.pg_timeout_s)
     if cfg.p2p_mode == "preposted" and mesh.pp > 1 and mesh.backend == "nccl":
         # a hang is worse than a refusal (reference_trainer/p2p.py says why it would hang)
-        raise SystemExit("--p2p-mode preposted is gloo-only: on NCCL a receive posted ahead "
-                         "queues the send it waits for behind it")
+        raise SystemExit(
+            "--p2p-mode preposted is gloo-only: on NCCL a receive posted ahead queues the send it waits for behind it"
+        )
     torch.manual_seed(cfg.seed)
     stage, device = mesh.pp_rank, mesh.device
     precision = cfg.precision or ("bf16" if device.type == "cuda" else "fp32")
-    faults = Faults(cfg.faults, mesh.rank, stage, device, dp_rank=mesh.dp_rank,
-                    emulated_device_ms=cfg.emulated_device_ms_per_sample * cfg.micro_batch_size)
+    faults = Faults(
+        cfg.faults,
+        mesh.rank,
+        stage,
+        device,
+        dp_rank=mesh.dp_rank,
+        emulated_device_ms=cfg.emulated_device_ms_per_sample * cfg.micro_batch_size,
+    )
 
     model = build_model(cfg, mesh)
     faults.checkpoint_state = model.state_dict
-    buckets = GradBuckets(model.parameters(), group=mesh.dp_group, dp=mesh.dp, device=device,
-                          bucket_cap_mb=cfg.bucket_cap_mb, reduce_scatter=cfg.zero1,
-                          before_first_launch=faults.before_collective)
+    buckets = GradBuckets(
+        model.parameters(),
+        group=mesh.dp_group,
+        dp=mesh.dp,
+        device=device,
+        bucket_cap_mb=cfg.bucket_cap_mb,
+        reduce_scatter=cfg.zero1,
+        before_first_launch=faults.before_collective,
+    )
     if cfg.zero1:
-        optimizer = ZeroAdamW(buckets, group=mesh.dp_group, dp_rank=mesh.dp_rank, lr=cfg.lr,
-                              weight_decay=cfg.weight_decay)
+        optimizer = ZeroAdamW(
+            buckets, group=mesh.dp_group, dp_rank=mesh.dp_rank, lr=cfg.lr, weight_decay=cfg.weight_decay
+        )
     else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
-                                      weight_decay=cfg.weight_decay)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     needs_data = mesh.is_first_stage or mesh.is_last_stage
     loader_iter = None
     if needs_data:
-        loader_iter = iter(make_loader(
-            path=cfg.data, vocab=cfg.vocab, seq_len=cfg.seq_len, micro_batch_size=cfg.micro_batch_size,
-            microbatches=cfg.microbatches, dp=mesh.dp, dp_rank=mesh.dp_rank, steps=cfg.steps,
-            seed=cfg.seed, num_workers=cfg.num_workers, load_delay_ms=faults.slow_input_ms,
-            pin_memory=device.type == "cuda" and not faults.unpinned_copies))
-    runner = StageRunner(model, stage=stage, first=mesh.is_first_stage, last=mesh.is_last_stage,
-                         microbatches=cfg.microbatches, buckets=buckets, faults=faults,
-                         dp_group=mesh.dp_group,
-                         autocast_dtype=torch.bfloat16 if precision == "bf16" else None, device=device)
-    p2p = PipelineP2P(stage=stage, prev_rank=mesh.prev_stage_rank, next_rank=mesh.next_stage_rank,
-                      group=mesh.pp_group, activation_shape=(cfg.micro_batch_size, cfg.seq_len, cfg.d_model),
-                      dtype=torch.float32, device=device, blocking=faults.blocking_p2p, mode=cfg.p2p_mode)
+        loader_iter = iter(
+            make_loader(
+                path=cfg.data,
+                vocab=cfg.vocab,
+                seq_len=cfg.seq_len,
+                micro_batch_size=cfg.micro_batch_size,
+                microbatches=cfg.microbatches,
+                dp=mesh.dp,
+                dp_rank=mesh.dp_rank,
+                steps=cfg.steps,
+                seed=cfg.seed,
+                num_workers=cfg.num_workers,
+                load_delay_ms=faults.slow_input_ms,
+                pin_memory=device.type == "cuda" and not faults.unpinned_copies,
+            )
+        )
+    runner = StageRunner(
+        model,
+        stage=stage,
+        first=mesh.is_first_stage,
+        last=mesh.is_last_stage,
+        microbatches=cfg.microbatches,
+        buckets=buckets,
+        faults=faults,
+        dp_group=mesh.dp_group,
+        autocast_dtype=torch.bfloat16 if precision == "bf16" else None,
+        device=device,
+    )
+    p2p = PipelineP2P(
+        stage=stage,
+        prev_rank=mesh.prev_stage_rank,
+        next_rank=mesh.next_stage_rank,
+        group=mesh.pp_group,
+        activation_shape=(cfg.micro_batch_size, cfg.seq_len, cfg.d_model),
+        dtype=torch.float32,
+        device=device,
+        blocking=faults.blocking_p2p,
+        mode=cfg.p2p_mode,
+    )
     log = LossLog(JsonlWriter(cfg.log_jsonl if mesh.logs_loss else None), device)
     debug = JsonlWriter(os.path.join(cfg.debug_dir, f"rank-{mesh.rank:05d}.jsonl") if cfg.debug_dir else None)
     tokens_per_step = cfg.global_batch_samples * cfg.seq_len
@@ -142,8 +194,9 @@ def main(argv: list[str] | None = None) -> None:
             with phase("data", stage=stage):
                 for _ in range(cfg.microbatches):
                     tokens, targets = next(loader_iter)
-                    batches.append((tokens.to(device, non_blocking=async_copies),
-                                    targets.to(device, non_blocking=async_copies)))
+                    batches.append(
+                        (tokens.to(device, non_blocking=async_copies), targets.to(device, non_blocking=async_copies))
+                    )
             data_s = time.perf_counter() - t0
         buckets.zero_grad()
         runner.start_step(batches)
@@ -161,16 +214,31 @@ def main(argv: list[str] | None = None) -> None:
         step_time_s = time.perf_counter() - t0
         faults.after_step(step, step_time_s)
         if mesh.logs_loss:
-            log.add({"step": step, "step_time_s": round(step_time_s, 6),
-                     "tokens_per_s": round(tokens_per_step / step_time_s, 3),
-                     "end_unix_s": round(time.time(), 4)}, loss)
-        debug.write({"step": step, "rank": mesh.rank, "dp_rank": mesh.dp_rank, "pp_rank": mesh.pp_rank,
-                     "tp_rank": mesh.tp_rank, "max_inflight_activations": runner.max_inflight,
-                     "optimizer_state_numel": optimizer_state_numel(optimizer),
-                     "param_numel": sum(p.numel() for p in model.parameters()),
-                     "step_time_s": round(step_time_s, 6), "compute_s": round(runner.compute_s, 6),
-                     "fault_compute_s": round(faults.take_added_compute_s(), 6),
-                     "data_s": round(data_s, 6)})
+            log.add(
+                {
+                    "step": step,
+                    "step_time_s": round(step_time_s, 6),
+                    "tokens_per_s": round(tokens_per_step / step_time_s, 3),
+                    "end_unix_s": round(time.time(), 4),
+                },
+                loss,
+            )
+        debug.write(
+            {
+                "step": step,
+                "rank": mesh.rank,
+                "dp_rank": mesh.dp_rank,
+                "pp_rank": mesh.pp_rank,
+                "tp_rank": mesh.tp_rank,
+                "max_inflight_activations": runner.max_inflight,
+                "optimizer_state_numel": optimizer_state_numel(optimizer),
+                "param_numel": sum(p.numel() for p in model.parameters()),
+                "step_time_s": round(step_time_s, 6),
+                "compute_s": round(runner.compute_s, 6),
+                "fault_compute_s": round(faults.take_added_compute_s(), 6),
+                "data_s": round(data_s, 6),
+            }
+        )
     log.close()
     debug.close()
     if faults.checkpointer is not None:
@@ -182,5 +250,4 @@ def main(argv: list[str] | None = None) -> None:
 def optimizer_state_numel(optimizer) -> int:
     if isinstance(optimizer, ZeroAdamW):
         return optimizer.state_numel()
-    return sum(t.numel() for s in optimizer.state.values() for t in s.values()
-               if torch.is_tensor(t) and t.dim() > 0)
+    return sum(t.numel() for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0)

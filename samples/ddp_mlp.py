@@ -9,6 +9,7 @@ seen: --slow-rank/--slow-ms (a rank that computes slower), --slow-data-ms (a
 slow dataset), --log-every-microbatch (a logging all_reduce + .item() inside the
 micro-batch loop), --jitter-ms (random per-rank noise).
 """
+
 import argparse
 import hashlib
 import json
@@ -57,13 +58,19 @@ def parse_args():
     p.add_argument("--slow-from-step", type=int, default=0)
     p.add_argument("--slow-data-ms", type=float, default=0.0)
     p.add_argument("--log-every-microbatch", action="store_true")
-    p.add_argument("--sync-every-microbatch", action="store_true",
-                   help="leave out no_sync(): DDP all-reduces after every micro-batch")
+    p.add_argument(
+        "--sync-every-microbatch",
+        action="store_true",
+        help="leave out no_sync(): DDP all-reduces after every micro-batch",
+    )
     p.add_argument("--jitter-ms", type=float, default=0.0)
     p.add_argument("--result-json", default="")
-    p.add_argument("--log-step-times", default="", metavar="PATH",
-                   help="rank 0 writes each step's wall time (s) and its end (Unix s), one step per line "
-                        "(for bench/overhead.py)")
+    p.add_argument(
+        "--log-step-times",
+        default="",
+        metavar="PATH",
+        help="rank 0 writes each step's wall time (s) and its end (Unix s), one step per line (for bench/overhead.py)",
+    )
     return p.parse_args()
 
 
@@ -74,16 +81,21 @@ def main():
     torch.manual_seed(args.seed)
     random.seed(args.seed + rank)
 
-    model = nn.Sequential(nn.Linear(args.dim, args.hidden), nn.GELU(),
-                          nn.Linear(args.hidden, args.hidden), nn.GELU(),
-                          nn.Linear(args.hidden, 1))
+    model = nn.Sequential(
+        nn.Linear(args.dim, args.hidden),
+        nn.GELU(),
+        nn.Linear(args.hidden, args.hidden),
+        nn.GELU(),
+        nn.Linear(args.hidden, 1),
+    )
     ddp_model = DDP(model)
     optimizer = torch.optim.AdamW(ddp_model.parameters(), lr=1e-3)
     n_samples = args.steps * args.microbatches * args.batch_size * world
     dataset = SyntheticRegression(n_samples, args.dim, args.seed, args.slow_data_ms)
     sampler = DistributedSampler(dataset, shuffle=True, seed=args.seed)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
-                        num_workers=args.num_workers, drop_last=True)
+    loader = DataLoader(
+        dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.num_workers, drop_last=True
+    )
     batches = iter(loader)
 
     loss_value = float("nan")
@@ -123,8 +135,14 @@ def main():
         if args.result_json:
             params = torch.cat([p.detach().flatten() for p in model.parameters()])
             with open(args.result_json, "w") as f:
-                json.dump({"loss": loss_value, "param_sum": float(params.double().sum()),
-                           "param_sha256": hashlib.sha256(params.numpy().tobytes()).hexdigest()}, f)
+                json.dump(
+                    {
+                        "loss": loss_value,
+                        "param_sum": float(params.double().sum()),
+                        "param_sha256": hashlib.sha256(params.numpy().tobytes()).hexdigest(),
+                    },
+                    f,
+                )
     # all ranks reach the teardown together: a gloo rank destroying its group while
     # its peer still works aborted the process ("terminate called without an active
     # exception") in 2 of 25 plain runs here

@@ -14,6 +14,7 @@ rank slower inside its TP region: its TP peer waits in the block's
 all-reduce), --slow-data-ms (a slow dataset). Attention is left out for size:
 its TP layout (heads split, output row-parallel) issues the same collectives.
 """
+
 import argparse
 import gc
 import json
@@ -77,17 +78,29 @@ def parse_args():
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--compile", action="store_true", help="torch.compile each block")
-    p.add_argument("--fullgraph", action="store_true",
-                   help="compile each block with fullgraph=True (a graph break raises)")
-    p.add_argument("--compile-backend", default="aot_eager",
-                   help="aot_eager needs no C++ toolchain (CPU); inductor is torchtitan's")
+    p.add_argument(
+        "--fullgraph", action="store_true", help="compile each block with fullgraph=True (a graph break raises)"
+    )
+    p.add_argument(
+        "--compile-backend",
+        default="aot_eager",
+        help="aot_eager needs no C++ toolchain (CPU); inductor is torchtitan's",
+    )
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-ms", type=float, default=0.0)
     p.add_argument("--slow-data-ms", type=float, default=0.0)
-    p.add_argument("--log-step-times", default="", metavar="PATH",
-                   help="rank 0 writes each step's wall time (s) and its end (Unix s), one step per line")
-    p.add_argument("--compile-stats", default="", metavar="PATH",
-                   help="rank 0 writes torch._dynamo's counters (graphs, graph breaks, recompiles) as JSON")
+    p.add_argument(
+        "--log-step-times",
+        default="",
+        metavar="PATH",
+        help="rank 0 writes each step's wall time (s) and its end (Unix s), one step per line",
+    )
+    p.add_argument(
+        "--compile-stats",
+        default="",
+        metavar="PATH",
+        help="rank 0 writes torch._dynamo's counters (graphs, graph breaks, recompiles) as JSON",
+    )
     return p.parse_args()
 
 
@@ -108,9 +121,13 @@ def build(args, mesh) -> nn.Module:
 
 def write_compile_stats(path: str) -> None:
     from torch._dynamo.utils import counters
-    stats = {"unique_graphs": counters["stats"]["unique_graphs"],
-             "calls_captured": counters["stats"]["calls_captured"],
-             "graph_breaks": dict(counters["graph_break"]), "recompiles": dict(counters["recompiles"])}
+
+    stats = {
+        "unique_graphs": counters["stats"]["unique_graphs"],
+        "calls_captured": counters["stats"]["calls_captured"],
+        "graph_breaks": dict(counters["graph_break"]),
+        "recompiles": dict(counters["recompiles"]),
+    }
     with open(path, "w") as f:
         json.dump(stats, f, sort_keys=True)
 
@@ -123,8 +140,9 @@ def main():
     model = build(args, mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     dp_rank = mesh["dp"].get_local_rank()
-    loader = DataLoader(Tokens(args.steps * args.batch_size, args.seq, args.dim, dp_rank, args.slow_data_ms),
-                        batch_size=args.batch_size)
+    loader = DataLoader(
+        Tokens(args.steps * args.batch_size, args.seq, args.dim, dp_rank, args.slow_data_ms), batch_size=args.batch_size
+    )
     step_times = []
     for x, y in loader:
         t_step = time.perf_counter()

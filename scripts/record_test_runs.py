@@ -10,6 +10,7 @@ schema version moves and the runs were not recorded again.
     .venv/bin/python scripts/record_test_runs.py            # every scenario of the matrix
     .venv/bin/python scripts/record_test_runs.py clean varlen
 """
+
 import datetime
 import json
 import os
@@ -21,16 +22,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / "tests" / "data" / "runs"
-KEEP = ("manifest.json", "traces")   # the analysis, report, trace and MLflow id are remade by the tests
+KEEP = ("manifest.json", "traces")  # the analysis, report, trace and MLflow id are remade by the tests
 # recordings besides the matrix: a scenario with the trainer's phases off (no stage or
 # micro-batch marked), for the pipeline-inference tests; slow_input as the what-if bench
 # measures it (dp2, one rank per core, an emulated device per rank: bench/whatif_accuracy.py),
 # with its fault and without, for the test of an impact against the saving measured
-VARIANTS = {"slow_stage-unmarked": ("slow_stage", {"REFERENCE_TRAINER_PHASES": "0"}),
-            "bubble-unmarked": ("bubble", {"REFERENCE_TRAINER_PHASES": "0"}),
-            "whatif-slow_input": ("slow_input", {}),
-            "whatif-slow_input-fixed": ("slow_input", {}),
-            "ring3-gloo": ("ring", {}), "ring3-gloo-fixed": ("ring", {})}
+VARIANTS = {
+    "slow_stage-unmarked": ("slow_stage", {"REFERENCE_TRAINER_PHASES": "0"}),
+    "bubble-unmarked": ("bubble", {"REFERENCE_TRAINER_PHASES": "0"}),
+    "whatif-slow_input": ("slow_input", {}),
+    "whatif-slow_input-fixed": ("slow_input", {}),
+    "ring3-gloo": ("ring", {}),
+    "ring3-gloo-fixed": ("ring", {}),
+}
 # a ring of 3 batched exchanges (issue 46), natively on gloo: rank 1 at 1.5x the
 # others' emulated device time, and without a slow rank (tests/analysis/test_ring_replay.py)
 RING_ARGV = {"ring3-gloo": ["--slow-rank", "1", "--factor", "1.5"], "ring3-gloo-fixed": []}
@@ -39,29 +43,59 @@ RING_ARGV = {"ring3-gloo": ["--slow-rank", "1", "--factor", "1.5"], "ring3-gloo-
 def _command(name: str, scenario: str, out: Path) -> tuple[list, str]:
     """(the command that records `name`, how SOURCE.txt says it)."""
     if name in RING_ARGV:
-        job = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", "tests/scripts/ring_job.py",
-               *RING_ARGV[name]]
-        return ([sys.executable, "-m", "diagnose", "run", "--out", str(out), "--", sys.executable, *job],
-                f"diagnose run -- python {' '.join(job)}")
+        job = [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "3",
+            "tests/scripts/ring_job.py",
+            *RING_ARGV[name],
+        ]
+        return (
+            [sys.executable, "-m", "diagnose", "run", "--out", str(out), "--", sys.executable, *job],
+            f"diagnose run -- python {' '.join(job)}",
+        )
     if not name.startswith("whatif-"):
-        return ([sys.executable, "-m", "diagnose", "demo", "--scenario", scenario, "--out", str(out)],
-                f"diagnose demo --scenario {scenario}")
+        return (
+            [sys.executable, "-m", "diagnose", "demo", "--scenario", scenario, "--out", str(out)],
+            f"diagnose demo --scenario {scenario}",
+        )
     from bench.whatif_accuracy import pair_of  # the repository root is on sys.path (below)
+
     nproc, faulty, fixed, _ = pair_of(scenario, emulate_all=True)
     argv = fixed if name.endswith("-fixed") else faulty
-    return ([sys.executable, "-m", "diagnose", "run", "--out", str(out), "--", sys.executable, "-m",
-             "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), "-m", "reference_trainer",
-             *argv], f"diagnose run -- <job> (bench/whatif_accuracy.py's {'fault-free' if name.endswith('-fixed') else 'faulty'} "
-                     f"{scenario} job, --emulate-all)")
+    return (
+        [
+            sys.executable,
+            "-m",
+            "diagnose",
+            "run",
+            "--out",
+            str(out),
+            "--",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            "-m",
+            "reference_trainer",
+            *argv,
+        ],
+        f"diagnose run -- <job> (bench/whatif_accuracy.py's {'fault-free' if name.endswith('-fixed') else 'faulty'} "
+        f"{scenario} job, --emulate-all)",
+    )
 
 
 def record(name: str) -> Path:
     import torch
 
     from collectors.schema import SCHEMA_VERSION
+
     scenario, extra_env = VARIANTS.get(name, (name, {}))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DIAGNOSE_TRACKING": "off", "DIAGNOSE_OUTPUTS": "off",
-           **extra_env}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DIAGNOSE_TRACKING": "off", "DIAGNOSE_OUTPUTS": "off", **extra_env}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / name
         command, said = _command(name, scenario, out)
@@ -85,12 +119,14 @@ def record(name: str) -> Path:
         f"torch: {torch.__version__}\n"
         f"schema_version: {SCHEMA_VERSION}\n"
         f"machine: {os.cpu_count()} CPU cores, no GPU (gloo)\n"
-        "license: this project's\n")
+        "license: this project's\n"
+    )
     return target
 
 
 def main(names) -> None:
     from reference_trainer.scenarios import SCENARIOS
+
     names = names or [n for n in SCENARIOS if n not in ("hang", "crash")] + list(VARIANTS)
     for name in names:
         if name not in SCENARIOS and name not in VARIANTS:

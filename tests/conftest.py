@@ -1,5 +1,6 @@
 """The suite's shared fixtures (session-wide runs, a browser) and its xdist grouping.
 The helpers they are built on are in tests/support/jobs.py."""
+
 import contextlib
 import io
 import shutil
@@ -25,6 +26,7 @@ def recorded_scenario(tmp_path_factory):
         if name not in runs:
             from diagnose.cli.after_run import analyze_run
             from diagnose.cli.console import print_findings, print_step_figures
+
             out = tmp_path_factory.mktemp("recorded") / name
             shutil.copytree(fixture_path("runs", name), out, ignore=shutil.ignore_patterns("SOURCE.txt"))
             warnings, printed = [], io.StringIO()
@@ -34,6 +36,7 @@ def recorded_scenario(tmp_path_factory):
                 print_step_figures(run.step_figures)
             runs[name] = (out, types.SimpleNamespace(stdout=printed.getvalue(), warnings=warnings))
         return runs[name]
+
     return analyze
 
 
@@ -42,23 +45,22 @@ def ddp_run(tmp_path_factory) -> Path:
     """samples/ddp_mlp.py, 2 ranks, under `diagnose run` (shared by many tests)."""
     out = tmp_path_factory.mktemp("ddp") / "run"
     result = out.parent / "result.json"
-    run_diagnose(["run", "--out", out, "--", *torchrun(2, "samples/ddp_mlp.py", "--steps", 12,
-                                                       "--result-json", result)], env=job_env(outputs=True))
+    run_diagnose(
+        ["run", "--out", out, "--", *torchrun(2, "samples/ddp_mlp.py", "--steps", 12, "--result-json", result)],
+        env=job_env(outputs=True),
+    )
     return out
-
-
 
 
 @pytest.fixture(scope="session")
 def browser():
     """Headless Debian chromium over the DevTools protocol (tests/support/cdp.py)."""
     from tests.support.cdp import Browser, chromium_available
+
     if not chromium_available():
         pytest.fail("chromium is missing: `make setup` installs it (apt-get install chromium)")
     with Browser(["--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"]) as b:
         yield b
-
-
 
 
 @pytest.fixture(scope="session")
@@ -70,13 +72,35 @@ def straggler_run(ddp_run) -> dict:
     import time
 
     from mlflow.tracking import MlflowClient  # imported before the job starts: polls begin at once
+
     out = ddp_run.parent / "straggler"
     db = out.parent / "mlflow.db"
-    proc = subprocess.Popen([*DIAGNOSE, "run", "--out", str(out), "--",
-                             *torchrun(2, "samples/ddp_mlp.py", "--steps", STRAGGLER_STEPS, "--slow-rank", 1,
-                                       "--slow-ms", 300, "--slow-from-step", 10)],
-                            cwd=REPO, env=job_env(outputs=True), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [
+            *DIAGNOSE,
+            "run",
+            "--out",
+            str(out),
+            "--",
+            *torchrun(
+                2,
+                "samples/ddp_mlp.py",
+                "--steps",
+                STRAGGLER_STEPS,
+                "--slow-rank",
+                1,
+                "--slow-ms",
+                300,
+                "--slow-from-step",
+                10,
+            ),
+        ],
+        cwd=REPO,
+        env=job_env(outputs=True),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     polls, client, run_id = [], None, None
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:

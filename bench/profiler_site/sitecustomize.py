@@ -6,6 +6,7 @@ stopped before the process group is destroyed (stopping it at interpreter exit,
 after gloo's teardown, can hang the rank); the trace is not exported: that
 happens after the last step and does not change step times.
 """
+
 import atexit
 import functools
 import os

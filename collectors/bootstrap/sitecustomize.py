@@ -28,6 +28,7 @@ the job may read). Nothing here imports torch or the collectors package before
 it decides (a DataLoader worker that is not recorded pays a few environment
 lookups).
 """
+
 import os
 import sys
 
@@ -40,10 +41,19 @@ RANK_VARIABLES = (
     ("pmi", "PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE"),
 )
 # Python programs that start ranks: `python -m MODULE` or a script of that name
-LAUNCHER_PROGRAMS = frozenset({
-    "torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate",
-    "accelerate.commands.launch", "accelerate.commands.accelerate_cli", "deepspeed",
-    "deepspeed.launcher.runner", "deepspeed.launcher.launch"})
+LAUNCHER_PROGRAMS = frozenset(
+    {
+        "torchrun",
+        "torch.distributed.run",
+        "torch.distributed.launch",
+        "accelerate",
+        "accelerate.commands.launch",
+        "accelerate.commands.accelerate_cli",
+        "deepspeed",
+        "deepspeed.launcher.runner",
+        "deepspeed.launcher.launch",
+    }
+)
 
 
 def launcher_identity(environ) -> tuple | None:
@@ -51,8 +61,7 @@ def launcher_identity(environ) -> tuple | None:
     for launcher, rank, local_rank, world in RANK_VARIABLES:
         try:
             if environ.get(rank, "") != "":
-                return (launcher, int(environ[rank]), int(environ.get(local_rank) or 0),
-                        int(environ.get(world) or 1))
+                return (launcher, int(environ[rank]), int(environ.get(local_rank) or 0), int(environ.get(world) or 1))
         except ValueError:
             continue
     return None
@@ -80,6 +89,7 @@ def program_of(argv) -> str:
 def _chain_other_sitecustomize():
     import importlib.machinery
     import importlib.util
+
     here = os.path.dirname(os.path.abspath(__file__))
     others = [p for p in sys.path if os.path.abspath(p or ".") != here]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", others)
@@ -101,8 +111,12 @@ def _activate():
     identity = launcher_identity(env)
     if identity is not None:
         launcher, rank, local_rank, world = identity
-        env.update(DIAGNOSE_LAUNCHER=launcher, DIAGNOSE_RANK=str(rank),
-                   DIAGNOSE_LOCAL_RANK=str(local_rank), DIAGNOSE_WORLD_SIZE=str(world))
+        env.update(
+            DIAGNOSE_LAUNCHER=launcher,
+            DIAGNOSE_RANK=str(rank),
+            DIAGNOSE_LOCAL_RANK=str(local_rank),
+            DIAGNOSE_WORLD_SIZE=str(world),
+        )
     _start(run_dir, "now" if identity is not None else "torch")
 
 
@@ -113,6 +127,7 @@ def _start(run_dir: str, when: str) -> None:
         sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     try:
         from collectors.activate import activate
+
         activate(run_dir, when)
     except Exception as exc:  # never break the user's job
         sys.stderr.write(f"diagnose: collectors not active in process {os.getpid()}: {exc}\n")
@@ -126,6 +141,7 @@ def _when_process_group(run_dir: str) -> None:
     record. The import hook is loaded from its file: importing the collectors
     package costs ~0.2 s, which a DataLoader worker must not pay."""
     import importlib.util
+
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "after_import.py")
     spec = importlib.util.spec_from_file_location("_diagnose_after_import", path)
     module = importlib.util.module_from_spec(spec)
@@ -138,6 +154,7 @@ def _when_process_group(run_dir: str) -> None:
         said.append(True)
         try:
             import json
+
             folder = os.path.join(run_dir, "unrecorded")
             os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, f"{os.getpid()}.json"), "w") as f:
@@ -151,6 +168,7 @@ def _when_process_group(run_dir: str) -> None:
 
             import torch.distributed as dist
             import torch.optim.optimizer as optimizer
+
             optimizer.register_optimizer_step_post_hook(note_training)
             c10d = dist.distributed_c10d
             orig = c10d.init_process_group
@@ -163,9 +181,11 @@ def _when_process_group(run_dir: str) -> None:
                     said.append(True)
                     _start(run_dir, "process_group")
                 return result
+
             c10d.init_process_group = dist.init_process_group = init_process_group
         except Exception as exc:  # never break the user's job
             sys.stderr.write(f"diagnose: process {os.getpid()} not watched for a process group: {exc}\n")
+
     module.after_import("torch", patch)
 
 

@@ -3,17 +3,36 @@
 Each module exposes `install(recorder)`. A failure to install, or a failure
 inside a hook at run time, is recorded in the run and never reaches the job.
 """
+
 import os
 
-INSTRUMENTORS = ("process_group_identity", "clock_sync", "steps", "forward_backward", "dataloader", "collectives",
-                 # today's stacks, each patched when the job imports it
-                 "functional_collectives", "fsdp2", "pipelining",
-                 "ddp", "host_sync", "host_sampler", "exceptions", "flight_recorder_dump", "fault_stacks",
-                 "checkpoints",
-                 # one step's FLOPs for MFU (after "steps": its post-hook reads the step number)
-                 "flop_count",
-                 # GPU and interop (issue 7); each is quiet on a machine without a GPU
-                 "nvml_sampler", "net_sampler", "cuda_events", "sync_debug", "torch_profiler")
+INSTRUMENTORS = (
+    "process_group_identity",
+    "clock_sync",
+    "steps",
+    "forward_backward",
+    "dataloader",
+    "collectives",
+    # today's stacks, each patched when the job imports it
+    "functional_collectives",
+    "fsdp2",
+    "pipelining",
+    "ddp",
+    "host_sync",
+    "host_sampler",
+    "exceptions",
+    "flight_recorder_dump",
+    "fault_stacks",
+    "checkpoints",
+    # one step's FLOPs for MFU (after "steps": its post-hook reads the step number)
+    "flop_count",
+    # GPU and interop (issue 7); each is quiet on a machine without a GPU
+    "nvml_sampler",
+    "net_sampler",
+    "cuda_events",
+    "sync_debug",
+    "torch_profiler",
+)
 
 
 def on_process_group(callback) -> None:
@@ -23,6 +42,7 @@ def on_process_group(callback) -> None:
     import functools
 
     import torch.distributed as dist
+
     if not dist.is_available():
         return
     if dist.is_initialized():

@@ -1,6 +1,7 @@
 """Helpers shared by the collective instrumentors (collectives.py, coalescing.py,
 functional_collectives.py): a call's arguments and bytes, and the device-timing
 hooks (collective_events.py) behind one guard."""
+
 import inspect
 
 

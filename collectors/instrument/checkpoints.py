@@ -16,6 +16,7 @@ save (DCP's writers call torch.save per item) is not a span of its own, nor is
 a torch.save no line of the job made (an async upload's writes on DCP's threads,
 after async_save returned: the done row says when they ended).
 """
+
 import functools
 import threading
 
@@ -67,8 +68,26 @@ def _wrap(rec, name: str, orig, on_result=None):
             if not callsite and name == "torch.save":
                 return result  # a library's own write (DCP's upload threads): part of its save
             thread = threading.current_thread().name
-            rec.add(("checkpoint", name, t0, t1, st.step, -1, -1, "", "", -1, -1, state_bytes(obj), False,
-                     callsite, f"thread={thread}", -1))
+            rec.add(
+                (
+                    "checkpoint",
+                    name,
+                    t0,
+                    t1,
+                    st.step,
+                    -1,
+                    -1,
+                    "",
+                    "",
+                    -1,
+                    -1,
+                    state_bytes(obj),
+                    False,
+                    callsite,
+                    f"thread={thread}",
+                    -1,
+                )
+            )
             if on_result is not None:
                 on_result(result, t1)
         except Exception as exc:
@@ -89,6 +108,7 @@ def _patch(rec, module, attr: str, name: str, on_result=None) -> None:
 def install(rec):
     import torch
     import torch.serialization
+
     wrapped = _wrap(rec, "torch.save", torch.save)
     torch.save = torch.serialization.save = wrapped
     after_import("torch.distributed.checkpoint", lambda: _install_dcp(rec))
@@ -98,13 +118,33 @@ def install(rec):
 def _install_dcp(rec) -> None:
     try:
         import torch.distributed.checkpoint as dcp
+
         st = rec.state
 
         def upload_done(future, returned_ns):
             def done(_):
                 t = now_ns()
-                rec.add(("done", "dcp.async_save", t, t, st.step, -1, -1, "", "", -1, -1, 0, False, "",
-                         f"upload_ns={t - returned_ns}", -1))
+                rec.add(
+                    (
+                        "done",
+                        "dcp.async_save",
+                        t,
+                        t,
+                        st.step,
+                        -1,
+                        -1,
+                        "",
+                        "",
+                        -1,
+                        -1,
+                        0,
+                        False,
+                        "",
+                        f"upload_ns={t - returned_ns}",
+                        -1,
+                    )
+                )
+
             if hasattr(future, "add_done_callback"):
                 future.add_done_callback(done)
 
@@ -117,6 +157,7 @@ def _install_dcp(rec) -> None:
 def _install_safetensors(rec) -> None:
     try:
         import safetensors.torch as st_torch
+
         _patch(rec, st_torch, "save_file", "safetensors.save_file")
     except Exception as exc:
         rec.record_error("checkpoints", exc)

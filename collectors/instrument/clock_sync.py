@@ -21,6 +21,7 @@ failed in 5 of 6 runs under `diagnose run`, 0 of 6 without). At exit the
 thread is stopped: the key it waits on is set from a second client, and it is
 joined before the interpreter tears down; a peer keeps its best round so far.
 """
+
 import atexit
 import os
 import time
@@ -48,13 +49,15 @@ class ClockSync:
     def __init__(self, host: str, port: int):
         self.host, self.port = host, port
         self.stopping = False
-        self.waiting_for = None   # the store key the thread is blocked on, if any
+        self.waiting_for = None  # the store key the thread is blocked on, if any
         self.thread = None
 
     def _client(self, timeout_s: float):
         import torch.distributed as dist
-        return dist.TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=timeout_s),
-                             wait_for_workers=False)
+
+        return dist.TCPStore(
+            self.host, self.port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+        )
 
     def get(self, store, key: str) -> bytes:
         self.waiting_for = key
@@ -84,8 +87,10 @@ class ClockSync:
 
 def _measure(rec, sync, rank, world_size):
     store = sync._client(TIMEOUT_S)
-    prefix = f"diagnose/clock/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/" \
-             f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    prefix = (
+        f"diagnose/clock/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/"
+        f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    )
     if rank == 0:
         rec.meta["clock"].update(offset_to_rank0_ns=0, offset_error_ns=0, offset_method="reference")
         rec.write_meta()
@@ -112,13 +117,13 @@ def _measure(rec, sync, rank, world_size):
     except _Stopped:
         pass
     if best is not None:
-        rec.meta["clock"].update(offset_to_rank0_ns=best[0], offset_error_ns=best[1] // 2,
-                                 offset_method="store-ping")
+        rec.meta["clock"].update(offset_to_rank0_ns=best[0], offset_error_ns=best[1] // 2, offset_method="store-ping")
         rec.write_meta()
 
 
 def _start(rec) -> None:
     import torch.distributed as dist
+
     try:
         rank, world_size = dist.get_rank(), dist.get_world_size()
         host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")

@@ -9,6 +9,7 @@ op (allreduce_coalesced, ...). So a call inside is only noted (op, bytes; its
 return value handed back untouched), and the exit is one row with the group's
 bytes and one sequence number, as the group's own counter advances once.
 """
+
 import contextlib
 import functools
 import sys
@@ -20,6 +21,7 @@ from collectors.instrument.c10d_calls import _arg, _device, _device_mark, _param
 
 class CoalescedBatch:
     """The collectives called inside one torch.distributed._coalescing_manager."""
+
     __slots__ = ("ops", "nbytes", "first_tensor", "callsite")
 
     def __init__(self):
@@ -61,8 +63,7 @@ def wrap_coalescing_manager(tracker, orig):
             inner.__exit__(None, None, None)
             return
         try:
-            pg, group, ranks, is_gloo = tracker.group_info(_arg(args, kwargs, group_index, "group"),
-                                                           batch.first_tensor)
+            pg, group, ranks, is_gloo = tracker.group_info(_arg(args, kwargs, group_index, "group"), batch.first_tensor)
             seq = tracker.collective_seq(pg, group)
         except Exception as exc:
             tracker.rec.record_error("collectives", exc)
@@ -75,8 +76,21 @@ def wrap_coalescing_manager(tracker, orig):
         work = cm.works[-1] if getattr(cm, "works", None) else None
         try:
             name = f"{batch.ops[0]}_coalesced" if len(set(batch.ops)) == 1 else "coalesced"
-            row = tracker.issued("collective", name, group, ranks, seq, -1, batch.nbytes, batch.callsite,
-                                 t0, t1, work, is_gloo, f"{len(batch.ops)} ops")
+            row = tracker.issued(
+                "collective",
+                name,
+                group,
+                ranks,
+                seq,
+                -1,
+                batch.nbytes,
+                batch.callsite,
+                t0,
+                t1,
+                work,
+                is_gloo,
+                f"{len(batch.ops)} ops",
+            )
             _device(tracker, "returned", arrival, row, work)
         except Exception as exc:
             tracker.rec.record_error("collectives", exc)

@@ -37,6 +37,7 @@ host's), calls on CPU tensors, and anything while a CUDA graph is being
 captured (a captured event has no time, recording one would change the graph,
 and asking one from any thread would invalidate it: graph_capture.py).
 """
+
 import weakref
 
 from collectors.schema import EventRow, new_row
@@ -50,18 +51,18 @@ class CollectiveEvents:
     plain tuple written for a synchronous call."""
 
     def __init__(self, timer, ready, capturing, nccl_timing=False, stream_of=lambda tensor: None):
-        self.timer = timer            # cuda_event_timer.CudaEventTimer
-        self.ready = ready            # () -> bool: CUDA usable, the poller running
-        self.capturing = capturing    # () -> bool: a CUDA graph is being captured (graph_capture.py)
+        self.timer = timer  # cuda_event_timer.CudaEventTimer
+        self.ready = ready  # () -> bool: CUDA usable, the poller running
+        self.capturing = capturing  # () -> bool: a CUDA graph is being captured (graph_capture.py)
         self.nccl_timing = nccl_timing  # TORCH_NCCL_ENABLE_TIMING: Work._get_duration() answers
-        self.stream_of = stream_of    # tensor -> the current stream of its device
+        self.stream_of = stream_of  # tensor -> the current stream of its device
         # work -> [(arrival event, host row, work or None, stream)], weakly keyed: an
         # entry leaves when its work is waited or dies, so a new Work at a reused
         # address never finds an old one's rows (a Work without weak references
         # is keyed by id, bounded below)
         self.by_work = weakref.WeakKeyDictionary()
         self.by_id: dict = {}
-        self.forgotten = 0            # calls whose work was never waited, past the bound
+        self.forgotten = 0  # calls whose work was never waited, past the bound
         self.stream_end_ns: dict = {}  # (group, peer) -> modelled end of its NCCL stream's last kernel
 
     def mark(self, tensor, is_gloo: bool):
@@ -127,11 +128,21 @@ class CollectiveEvents:
                 continue
             # one end event for all of the work's calls and their stalls: the stream
             # passed the wait when the work was over
-            end = self.timer.finish(arrival, row, rows_of=lambda t0, t1, row=row, held=held: self._waited_rows(
-                row, t0, t1, held), stream=stream, end_event=end if stream is end_stream else None)
+            end = self.timer.finish(
+                arrival,
+                row,
+                rows_of=lambda t0, t1, row=row, held=held: self._waited_rows(row, t0, t1, held),
+                stream=stream,
+                end_event=end if stream is end_stream else None,
+            )
             end_stream = stream
-            self.timer.finish(before, row, rows_of=lambda t0, t1, row=row: [stall_row(row, t0, t1, callsite)],
-                              stream=stream, end_event=end)
+            self.timer.finish(
+                before,
+                row,
+                rows_of=lambda t0, t1, row=row: [stall_row(row, t0, t1, callsite)],
+                stream=stream,
+                end_event=end,
+            )
 
     def _waited_rows(self, row, arrival_ns: int, bound_ns: int, work) -> list:
         """Async work's rows once its end event completed. With NCCL's own
@@ -163,8 +174,24 @@ def follow_up(row: EventRow, kind: str, start_ns: int, end_ns: int, callsite: st
     and instance (group, seq, peer), no bytes. Read back by nothing, it is a
     plain tuple in EVENT_COLUMNS order: cheaper than an EventRow to build and
     to write (bench/results/2026-12-06-typed-event-records.md)."""
-    return (kind, row.name, start_ns, end_ns, row.step, row.microbatch, row.stage, row.group,
-            row.group_ranks, row.seq, row.peer, 0, True, callsite, detail, -1)
+    return (
+        kind,
+        row.name,
+        start_ns,
+        end_ns,
+        row.step,
+        row.microbatch,
+        row.stage,
+        row.group,
+        row.group_ranks,
+        row.seq,
+        row.peer,
+        0,
+        True,
+        callsite,
+        detail,
+        -1,
+    )
 
 
 def device_rows(host_row: EventRow, arrival_ns: int, end_ns: int, detail: str) -> list:
@@ -172,11 +199,37 @@ def device_rows(host_row: EventRow, arrival_ns: int, end_ns: int, detail: str) -
     at its end; plain tuples, as follow_up's, the host row's fields read once
     for both (the poller makes thousands at a time behind a slow device)."""
     r = host_row
-    name, step, mb, stage, group, ranks, seq, peer = r.name, r.step, r.microbatch, r.stage, r.group, r.group_ranks, \
-        r.seq, r.peer
-    return [(r.kind, name, arrival_ns, arrival_ns, step, mb, stage, group, ranks, seq, peer, r.bytes, True, r.callsite,
-             detail, -1),
-            ("done", name, end_ns, end_ns, step, mb, stage, group, ranks, seq, peer, 0, True, "", detail, -1)]
+    name, step, mb, stage, group, ranks, seq, peer = (
+        r.name,
+        r.step,
+        r.microbatch,
+        r.stage,
+        r.group,
+        r.group_ranks,
+        r.seq,
+        r.peer,
+    )
+    return [
+        (
+            r.kind,
+            name,
+            arrival_ns,
+            arrival_ns,
+            step,
+            mb,
+            stage,
+            group,
+            ranks,
+            seq,
+            peer,
+            r.bytes,
+            True,
+            r.callsite,
+            detail,
+            -1,
+        ),
+        ("done", name, end_ns, end_ns, step, mb, stage, group, ranks, seq, peer, 0, True, "", detail, -1),
+    ]
 
 
 def stall_row(host_row: EventRow, stream_at_wait_ns: int, end_ns: int, callsite: str) -> tuple:

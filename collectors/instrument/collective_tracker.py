@@ -5,6 +5,7 @@ and, on gloo, "done" rows it writes (collectives.py patches the calls and
 reports through the `Tracker`; ddp.py, fsdp2.py and functional_collectives.py
 too). How calls are numbered: collectives.py's docstring.
 """
+
 import threading
 import weakref
 
@@ -41,7 +42,7 @@ def on_gloo(backends: dict, tensor) -> bool:
 
 
 class PerThread(threading.local):
-    depth = 0          # patched calls this thread is inside (an outer op's inner calls are not rows)
+    depth = 0  # patched calls this thread is inside (an outer op's inner calls are not rows)
     coalescing = None  # the _coalescing_manager batch this thread has open (coalescing.py)
 
 
@@ -52,26 +53,37 @@ class Tracker:
         self.rec = rec
         self.dist = dist
         self.seq: dict = {}
-        self.groups: dict = {}    # id(pg) -> (pg, name, ranks_str, is_gloo)
+        self.groups: dict = {}  # id(pg) -> (pg, name, ranks_str, is_gloo)
         self.pg_counters: dict = {}  # id(pg) -> the group's own collective counter (NCCL), or None
-        self.pending: dict = {}   # id(work) -> list of issue rows
+        self.pending: dict = {}  # id(work) -> list of issue rows
         self.done_at_wait: set = set()  # id(work) of gloo work: its wait also records "done"
         # per thread: a collective on another thread (DCP's async upload, a communication
         # thread) must not hide this thread's calls or its blocking state
         self.local = PerThread()  # .depth (nesting of patched calls), .coalescing (an open batch)
-        self.blocked_in = {}      # thread id -> the blocking call that thread is inside
-        self.waiting_on = {}      # thread id -> the pending rows of the Work it waits on
-        self.device = None        # collective_events.CollectiveEvents once CUDA timing is on
-        self.context = ""         # a row's default detail: the FSDP unit being served (fsdp2.py)
-        self.work_cls = object    # torch's Work class (install)
+        self.blocked_in = {}  # thread id -> the blocking call that thread is inside
+        self.waiting_on = {}  # thread id -> the pending rows of the Work it waits on
+        self.device = None  # collective_events.CollectiveEvents once CUDA timing is on
+        self.context = ""  # a row's default detail: the FSDP unit being served (fsdp2.py)
+        self.work_cls = object  # torch's Work class (install)
 
     def in_flight(self) -> dict:
         """For hang dumps: the blocking call in progress and async work not yet waited."""
+
         def describe(row, state):
             row = new_row(EventRow, row)  # names the fields of a blocked_in tuple
-            return {"op": row.name, "kind": row.kind, "group": row.group, "group_ranks": row.group_ranks,
-                    "seq": row.seq, "peer": row.peer, "step": row.step, "callsite": row.callsite,
-                    "since_mono_ns": row.start_ns, "state": state}
+            return {
+                "op": row.name,
+                "kind": row.kind,
+                "group": row.group,
+                "group_ranks": row.group_ranks,
+                "seq": row.seq,
+                "peer": row.peer,
+                "step": row.step,
+                "callsite": row.callsite,
+                "since_mono_ns": row.start_ns,
+                "state": state,
+            }
+
         rows = [describe(row, "blocking") for row in list(self.blocked_in.values())]
         waited = [id(p) for p in list(self.waiting_on.values())]
         for pending in list(self.pending.values()):
@@ -91,8 +103,9 @@ class Tracker:
             backends = backends_of(dist, pg)
             info = (pg, str(name), ",".join(map(str, ranks)), backends)
             self.groups[id(pg)] = info
-            self.pg_counters[id(pg)] = (getattr(pg, "_get_sequence_number_for_group", None)
-                                        if set(backends.values()) == {"nccl"} else None)
+            self.pg_counters[id(pg)] = (
+                getattr(pg, "_get_sequence_number_for_group", None) if set(backends.values()) == {"nccl"} else None
+            )
         pg, name, ranks, backends = info
         return pg, name, ranks, on_gloo(backends, tensor)
 
@@ -117,14 +130,29 @@ class Tracker:
         self.seq[key] = n + 1
         return n
 
-    def issued(self, kind, name, group, ranks, seq, peer, nbytes, callsite, t0, t1, work,
-               track_done, detail=""):
+    def issued(self, kind, name, group, ranks, seq, peer, nbytes, callsite, t0, t1, work, track_done, detail=""):
         """The row, written as a plain tuple (EVENT_COLUMNS order: the cheapest to
         build, and orjson writes it natively); async work's as an EventRow too,
         which its wait reads by name (collective_events.py views a sync call's)."""
         st = self.rec.state
-        row = (kind, name, t0, t1, st.step, st.microbatch, st.stage, group, ranks, seq, peer,
-               nbytes, work is not None, callsite, detail or self.context, -1)
+        row = (
+            kind,
+            name,
+            t0,
+            t1,
+            st.step,
+            st.microbatch,
+            st.stage,
+            group,
+            ranks,
+            seq,
+            peer,
+            nbytes,
+            work is not None,
+            callsite,
+            detail or self.context,
+            -1,
+        )
         self.rec.add(row)
         if work is not None:
             row = new_row(EventRow, row)
@@ -143,8 +171,10 @@ class Tracker:
             if len(self.pending) >= MAX_PENDING_WORKS:
                 # never waited: forget rather than grow, and say so
                 # its own name: record_error says each collector's first error only
-                self.rec.record_error("collectives.unwaited", RuntimeError(
-                    f"{len(self.pending)} async ops were never waited: their wait rows are dropped"))
+                self.rec.record_error(
+                    "collectives.unwaited",
+                    RuntimeError(f"{len(self.pending)} async ops were never waited: their wait rows are dropped"),
+                )
                 self.pending.clear()
                 self.done_at_wait.clear()
             rows = self.pending[key] = []

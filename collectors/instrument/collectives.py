@@ -23,6 +23,7 @@ check); batch_isend_irecv and blocking send/recv are recorded instead.
 This module patches the calls; what they report goes through the installed
 `Tracker` (collective_tracker.py), which keeps the counters and the pending work.
 """
+
 import functools
 import sys
 import threading
@@ -34,11 +35,27 @@ from collectors.instrument.c10d_calls import _arg, _device, _device_mark, _param
 from collectors.instrument.collective_tracker import Tracker
 from collectors.instrument.graph_capture import GATE
 
-COLLECTIVE_OPS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
-                  "all_gather_object", "reduce_scatter", "reduce_scatter_tensor",
-                  "reduce_scatter_single", "broadcast", "reduce", "barrier",
-                  "monitored_barrier", "all_to_all", "all_to_all_single", "gather", "scatter",
-                  "broadcast_object_list", "gather_object", "scatter_object_list")
+COLLECTIVE_OPS = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "all_gather_object",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "broadcast",
+    "reduce",
+    "barrier",
+    "monitored_barrier",
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+    "broadcast_object_list",
+    "gather_object",
+    "scatter_object_list",
+)
 
 TRACKER = None  # the installed Tracker; the DDP instrumentor records through it
 
@@ -60,11 +77,11 @@ def _wrap_collective(tracker, op, orig):
             batch.add(op, args[0] if args else kwargs.get("tensor"))
             return orig(*args, **kwargs)
         try:
-            pg, group, ranks, is_gloo = tracker.group_info(_arg(args, kwargs, group_index, "group"),
-                                                           args[0] if args else None)
+            pg, group, ranks, is_gloo = tracker.group_info(
+                _arg(args, kwargs, group_index, "group"), args[0] if args else None
+            )
             seq = tracker.collective_seq(pg, group)
-            nbytes = max(tensor_bytes(args[0]) if args else 0,
-                         tensor_bytes(args[1]) if len(args) > 1 else 0)
+            nbytes = max(tensor_bytes(args[0]) if args else 0, tensor_bytes(args[1]) if len(args) > 1 else 0)
             callsite = user_callsite(2)
         except Exception as exc:
             tracker.rec.record_error("collectives", exc)
@@ -77,8 +94,24 @@ def _wrap_collective(tracker, op, orig):
         st = tracker.rec.state
         thread = threading.get_ident()
         # a plain tuple in EVENT_COLUMNS order, the cheapest to build: read only by a hang dump
-        tracker.blocked_in[thread] = ("collective", op, t0, t0, st.step, st.microbatch, st.stage, group,
-                                      ranks, seq, -1, nbytes, False, callsite, "", -1)
+        tracker.blocked_in[thread] = (
+            "collective",
+            op,
+            t0,
+            t0,
+            st.step,
+            st.microbatch,
+            st.stage,
+            group,
+            ranks,
+            seq,
+            -1,
+            nbytes,
+            False,
+            callsite,
+            "",
+            -1,
+        )
         try:
             work = orig(*args, **kwargs)
         finally:
@@ -89,8 +122,9 @@ def _wrap_collective(tracker, op, orig):
             local.depth -= 1
         # by type, never by attribute: an _IllegalWork raises on hasattr(work, "wait")
         is_work = isinstance(work, tracker.work_cls) and type(work).__name__ != "_IllegalWork"
-        row = tracker.issued("collective", op, group, ranks, seq, -1, nbytes, callsite, t0, t1,
-                             work if is_work else None, is_gloo)
+        row = tracker.issued(
+            "collective", op, group, ranks, seq, -1, nbytes, callsite, t0, t1, work if is_work else None, is_gloo
+        )
         _device(tracker, "returned", arrival, row, work if is_work else None)
         return work
 
@@ -105,8 +139,11 @@ def _wrap_send_recv(tracker, op, orig, dist):
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
         tensor = args[0] if args else kwargs.get("tensor")
-        arrival = (_device_mark(tracker, tensor, _arg(args, kwargs, group_index, "group"))
-                   if tracker.device is not None else None)
+        arrival = (
+            _device_mark(tracker, tensor, _arg(args, kwargs, group_index, "group"))
+            if tracker.device is not None
+            else None
+        )
         t0 = now_ns()
         result = orig(*args, **kwargs)
         t1 = now_ns()
@@ -114,14 +151,25 @@ def _wrap_send_recv(tracker, op, orig, dist):
             me = dist.get_rank()
             other = _arg(args, kwargs, peer_index, peer_name)
             if other is None and kwargs.get(f"group_{peer_name}") is not None:
-                other = dist.get_global_rank(_arg(args, kwargs, group_index, "group"),
-                                             kwargs[f"group_{peer_name}"])
+                other = dist.get_global_rank(_arg(args, kwargs, group_index, "group"), kwargs[f"group_{peer_name}"])
             if other is None:
                 other = result  # recv(src=None) returns the sender
             src, dst = (me, other) if op == "send" else (other, me)
             seq = tracker.next_seq(f"{src}->{dst}")
-            row = tracker.issued("p2p", op, f"{src}->{dst}", f"{src},{dst}", seq, other, tensor_bytes(tensor),
-                                 user_callsite(2), t0, t1, None, False)
+            row = tracker.issued(
+                "p2p",
+                op,
+                f"{src}->{dst}",
+                f"{src},{dst}",
+                seq,
+                other,
+                tensor_bytes(tensor),
+                user_callsite(2),
+                t0,
+                t1,
+                None,
+                False,
+            )
             _device(tracker, "returned", arrival, row, None)
         except Exception as exc:
             tracker.rec.record_error("collectives", exc)
@@ -151,12 +199,14 @@ def _wrap_batch_isend_irecv(tracker, orig, dist):
                 seq = tracker.next_seq(f"{src}->{dst}")
                 rows_per_op.append((op, peer, src, dst, seq, tensor_bytes(p2p.tensor)))
             one_work_each = works is not None and len(works) == len(rows_per_op)
-            _, _, _, is_gloo = tracker.group_info(p2p_op_list[0].group if p2p_op_list else None,
-                                                  getattr(first, "tensor", None))
+            _, _, _, is_gloo = tracker.group_info(
+                p2p_op_list[0].group if p2p_op_list else None, getattr(first, "tensor", None)
+            )
             for i, (op, peer, src, dst, seq, nbytes) in enumerate(rows_per_op):
-                work = (works[i] if one_work_each else (works[0] if works else None))
-                row = tracker.issued("p2p", op, f"{src}->{dst}", f"{src},{dst}", seq, peer, nbytes,
-                                     callsite, t0, t1, work, is_gloo)
+                work = works[i] if one_work_each else (works[0] if works else None)
+                row = tracker.issued(
+                    "p2p", op, f"{src}->{dst}", f"{src},{dst}", seq, peer, nbytes, callsite, t0, t1, work, is_gloo
+                )
                 # one arrival for the batch: its ops are queued together, and end together
                 _device(tracker, "returned", arrival, row, work)
         except Exception as exc:
@@ -212,6 +262,7 @@ def _patch(modules, name, wrapper_factory):
 def install(rec):
     global TRACKER
     import torch.distributed as dist
+
     if not dist.is_available():
         return
     c10d = sys.modules["torch.distributed.distributed_c10d"]
@@ -224,6 +275,7 @@ def install(rec):
         _patch(modules, op, lambda orig, op=op: _wrap_send_recv(tracker, op, orig, dist))
     _patch(modules, "batch_isend_irecv", lambda orig: _wrap_batch_isend_irecv(tracker, orig, dist))
     from collectors.instrument.coalescing import wrap_coalescing_manager
+
     _patch(modules, "_coalescing_manager", lambda orig: wrap_coalescing_manager(tracker, orig))
     work_cls = tracker.work_cls = torch_work_class()
     work_cls.wait = _wrap_wait(tracker, work_cls.wait)
@@ -231,4 +283,5 @@ def install(rec):
 
 def torch_work_class():
     import torch
+
     return torch._C._distributed_c10d.Work

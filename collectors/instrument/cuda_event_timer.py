@@ -9,6 +9,7 @@ never waited on), paired with the host clock read when it completes; the poll
 renews it every REANCHOR_S against drift, and reports each anchor's residual
 (the host interval that brackets it) and drift (against the previous anchor).
 """
+
 import threading
 import time
 from collections import deque
@@ -18,7 +19,7 @@ from collectors.instrument.graph_capture import GATE
 
 MAX_PENDING = 100_000
 REANCHOR_S = 60.0
-ANCHOR_PAIRS = 5         # host/device stamp pairs per anchor: the one with the lowest round trip is kept
+ANCHOR_PAIRS = 5  # host/device stamp pairs per anchor: the one with the lowest round trip is kept
 ANCHOR_SPIN_NS = 5_000_000  # how long one pair may take; longer: the side stream is held up, no anchor now
 
 
@@ -31,8 +32,15 @@ class CudaEventTimer:
     each device has its own anchor (elapsed_time between devices raises), made
     on `side_stream_for(device)`, a stream nothing else uses."""
 
-    def __init__(self, make_event, side_stream=None, clock=now_ns, on_anchor=None,
-                 device_of=lambda stream: 0, side_stream_for=None):
+    def __init__(
+        self,
+        make_event,
+        side_stream=None,
+        clock=now_ns,
+        on_anchor=None,
+        device_of=lambda stream: 0,
+        side_stream_for=None,
+    ):
         self.make_event = make_event
         self.side_stream = side_stream
         self.side_stream_for = side_stream_for or (lambda device: self.side_stream)
@@ -43,7 +51,7 @@ class CudaEventTimer:
         # in the order the end events were recorded on that stream, so the order they complete in
         self.pending: dict = {}
         self.n_pending = 0
-        self.anchors = {}       # device -> (event, host_ns)
+        self.anchors = {}  # device -> (event, host_ns)
         self.residual_ns = None
         self.anchor_misses = 0  # anchors not made: the side stream did not answer in time
         self.dropped = 0

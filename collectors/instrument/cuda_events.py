@@ -26,6 +26,7 @@ Everything is switched on at the first forward or optimizer step, when the
 script has chosen its device; on a machine without CUDA it stays off (one
 info line). DIAGNOSE_CUDA_EVENTS=0 turns it off.
 """
+
 import functools
 import os
 
@@ -36,19 +37,39 @@ from collectors.instrument.gpu_common import cuda_ready, gpu_unavailable, note_r
 from collectors.instrument.graph_capture import capturing, wrap_graph_class
 from collectors.schema import EventRow, new_row
 
-MAX_ANCHORS_KEPT = 200   # meta.json keeps the latest anchors' residual and drift
+MAX_ANCHORS_KEPT = 200  # meta.json keeps the latest anchors' residual and drift
 
 
 def _row(name, st, group="", nbytes=0, callsite="", step=None) -> EventRow:
     """A span's row template: its times are the events', filled in by the poll."""
-    return new_row(EventRow, ("phase", f"gpu:{name}", None, None, st.step if step is None else step, st.microbatch,
-                              st.stage, group, "", -1, -1, nbytes, False, callsite, "cuda_event", -1))
+    return new_row(
+        EventRow,
+        (
+            "phase",
+            f"gpu:{name}",
+            None,
+            None,
+            st.step if step is None else step,
+            st.microbatch,
+            st.stage,
+            group,
+            "",
+            -1,
+            -1,
+            nbytes,
+            False,
+            callsite,
+            "cuda_event",
+            -1,
+        ),
+    )
 
 
 def install(rec):
     if os.environ.get("DIAGNOSE_CUDA_EVENTS", "1") == "0":
         return
     import torch
+
     if not torch.backends.cuda.is_built():
         gpu_unavailable(rec, "cuda_events", "CPU-only torch build")
         return
@@ -56,6 +77,7 @@ def install(rec):
 
     from collectors.instrument import collectives, records_compute_rows
     from collectors.instrument.forward_backward import on_outermost_forward
+
     st = rec.state
     state = {"on": None, "fwd": None, "step_ev": None, "primary": None, "opt": {}}
     anchors = rec.meta.setdefault("gpu", {}).setdefault("clock_anchors", [])
@@ -72,9 +94,12 @@ def install(rec):
             rec.meta["gpu"].setdefault("anchor_streams", {})[str(device)] = how
         return side_streams[device]
 
-    timer = CudaEventTimer(lambda: torch.cuda.Event(enable_timing=True), on_anchor=on_anchor,
-                           device_of=lambda stream: torch.cuda.current_device() if stream is None
-                           else stream.device_index, side_stream_for=side_stream_for)
+    timer = CudaEventTimer(
+        lambda: torch.cuda.Event(enable_timing=True),
+        on_anchor=on_anchor,
+        device_of=lambda stream: torch.cuda.current_device() if stream is None else stream.device_index,
+        side_stream_for=side_stream_for,
+    )
 
     def ready() -> bool:
         if state["on"] is None:
@@ -177,12 +202,19 @@ def install(rec):
         result = run()
         timer.finish(start, _row("graph_replay", st))
         return result
+
     wrap_graph_class(torch.cuda.graphs.CUDAGraph, on_replay=replay)
     from collectors.instrument.collective_events import CollectiveEvents
+
     if collectives.TRACKER is not None:  # device rows of collectives (collective_events.py)
         nccl_timing = os.environ.get("TORCH_NCCL_ENABLE_TIMING", "0").strip().lower() in ("1", "true", "yes", "y")
-        collectives.TRACKER.device = CollectiveEvents(timer, ready, lambda: capturing(torch), nccl_timing,
-                                                      stream_of=lambda tensor: torch.cuda.current_stream(tensor.device))
+        collectives.TRACKER.device = CollectiveEvents(
+            timer,
+            ready,
+            lambda: capturing(torch),
+            nccl_timing,
+            stream_of=lambda tensor: torch.cuda.current_stream(tensor.device),
+        )
 
 
 def _timed(orig, name, timer, ready, st, depth):
@@ -212,8 +244,15 @@ def dedicated_stream(torch, device: int):
     device for the life of the process); torch's pool where no libcudart is
     mapped (the anchor is then asked, never waited for: set_anchor)."""
     import ctypes
-    path = next((line.split()[-1] for line in open("/proc/self/maps", encoding="utf-8", errors="replace")
-                 if "libcudart.so" in line and line.split()[-1].startswith("/")), None)
+
+    path = next(
+        (
+            line.split()[-1]
+            for line in open("/proc/self/maps", encoding="utf-8", errors="replace")
+            if "libcudart.so" in line and line.split()[-1].startswith("/")
+        ),
+        None,
+    )
     with torch.cuda.device(device):
         if path is not None:
             try:

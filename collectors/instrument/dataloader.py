@@ -5,6 +5,7 @@ batch's size, so that throughput can be compared across runs (`diagnose
 compare`'s scaling table): `workers=N tokens=T` when the batch's first tensor
 holds integers in two or more dimensions (token ids: T is their count), else
 `workers=N samples=S` (its first dimension)."""
+
 import functools
 
 from collectors import nvtx_ranges
@@ -15,6 +16,7 @@ MAX_LABELS = 4096
 
 def install(rec):
     from torch.utils.data.dataloader import _BaseDataLoaderIter
+
     st = rec.state
     orig = _BaseDataLoaderIter.__next__
     labels: dict = {}  # (num_workers, unit, n) -> its label, so the hot path builds no string
@@ -40,8 +42,9 @@ def install(rec):
             label = f"workers={workers}" + (f" {key[1]}={key[2]}" if key[1] else "")
             if len(labels) < MAX_LABELS:  # batches of ever-new sizes (dynamic shapes) are not cached
                 labels[key] = label
-        rec.add(("data", "data_wait", t0, t1, st.step, st.microbatch, st.stage, "", "", -1,
-                 -1, 0, False, "", label, -1))
+        rec.add(
+            ("data", "data_wait", t0, t1, st.step, st.microbatch, st.stage, "", "", -1, -1, 0, False, "", label, -1)
+        )
         return batch
 
     _BaseDataLoaderIter.__next__ = __next__

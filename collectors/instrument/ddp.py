@@ -30,6 +30,7 @@ Two ways, chosen per DDP module when it is constructed:
 Both record through the collectives tracker, in the group's sequence, with
 detail "ddp ..." (the analysis reads DDP's tail from them).
 """
+
 import functools
 import os
 import time
@@ -50,6 +51,7 @@ class _HookState:
 
 class _TimerReader:
     """Turns a CPU module's DDP logging data into one all-reduce per backward."""
+
     __slots__ = ("group", "nbytes", "last_comm_end", "stamp")
 
     def __init__(self, module):
@@ -74,18 +76,58 @@ class _TimerReader:
         seq = tracker.next_seq(group)
         issued_until = max(comm_start, min(compute_end, comm_end))
         step, microbatch, stage = stamp
-        rec.add(("collective", "all_reduce", comm_start + to_mono, issued_until + to_mono, step, microbatch,
-                 stage, group, ranks, seq, -1, self.nbytes, True, "", "ddp backward", -1))
-        rec.add(("done", "all_reduce", comm_end + to_mono, comm_end + to_mono, step, microbatch, stage,
-                 group, ranks, seq, -1, 0, True, "", "ddp backward", -1))
+        rec.add(
+            (
+                "collective",
+                "all_reduce",
+                comm_start + to_mono,
+                issued_until + to_mono,
+                step,
+                microbatch,
+                stage,
+                group,
+                ranks,
+                seq,
+                -1,
+                self.nbytes,
+                True,
+                "",
+                "ddp backward",
+                -1,
+            )
+        )
+        rec.add(
+            (
+                "done",
+                "all_reduce",
+                comm_end + to_mono,
+                comm_end + to_mono,
+                step,
+                microbatch,
+                stage,
+                group,
+                ranks,
+                seq,
+                -1,
+                0,
+                True,
+                "",
+                "ddp backward",
+                -1,
+            )
+        )
 
 
 def _uses_timer(module) -> bool:
     if os.environ.get("DIAGNOSE_DDP_TIMING", "timer") == "hook":
         return False
     params = list(module.parameters())
-    return bool(params) and all(p.device.type == "cpu" for p in params) \
-        and hasattr(module, "_set_ddp_runtime_logging_sample_rate") and hasattr(module, "_get_ddp_logging_data")
+    return (
+        bool(params)
+        and all(p.device.type == "cpu" for p in params)
+        and hasattr(module, "_set_ddp_runtime_logging_sample_rate")
+        and hasattr(module, "_get_ddp_logging_data")
+    )
 
 
 def bucket_timing_hook(orig_all_reduce):
@@ -106,14 +148,27 @@ def bucket_timing_hook(orig_all_reduce):
         t0 = now_ns()
         work = orig_all_reduce(buffer, group=pg, async_op=True)
         t1 = now_ns()
-        row = tracker.issued("collective", "all_reduce", group, ranks, seq, -1,
-                             buffer.element_size() * buffer.numel(), "", t0, t1, work, False,
-                             detail=f"ddp bucket {bucket.index()}")
+        row = tracker.issued(
+            "collective",
+            "all_reduce",
+            group,
+            ranks,
+            seq,
+            -1,
+            buffer.element_size() * buffer.numel(),
+            "",
+            t0,
+            t1,
+            work,
+            False,
+            detail=f"ddp bucket {bucket.index()}",
+        )
 
         def bucket_done(fut):  # DDP needs a Python callback here anyway: it also times the bucket
             tracker.done(row, now_ns())  # the host's view: on NCCL, when the work was queued
             collectives._device(tracker, "completed", arrival, row)  # the device's: when it ended
             return fut.value()[0]
+
         return work.get_future().then(bucket_done)
 
     return timing_hook
@@ -124,6 +179,7 @@ def install(rec):
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
+
     orig_all_reduce = dist.distributed_c10d.all_reduce
     if getattr(orig_all_reduce, "__wrapped__", None):
         orig_all_reduce = orig_all_reduce.__wrapped__
@@ -131,8 +187,7 @@ def install(rec):
     orig_forward = DDP.forward
     orig_register = DDP.register_comm_hook
     orig_register_builtin = DDP._register_builtin_comm_hook
-    builtin_equivalents = {"ALLREDUCE": default_hooks.allreduce_hook,
-                           "FP16_COMPRESS": default_hooks.fp16_compress_hook}
+    builtin_equivalents = {"ALLREDUCE": default_hooks.allreduce_hook, "FP16_COMPRESS": default_hooks.fp16_compress_hook}
 
     timing_hook = bucket_timing_hook(orig_all_reduce)
 

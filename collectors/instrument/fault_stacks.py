@@ -25,6 +25,7 @@ The marker also keeps the process's start time (the launcher checks it: a
 recycled pid is not signalled) and the names of the process's threads,
 refreshed by the writer thread, since faulthandler prints thread idents only.
 """
+
 import ctypes
 import faulthandler
 import json
@@ -74,8 +75,14 @@ class StackSignal:
         self._file = None
 
     def register(self) -> bool:
-        sig = next((signal.SIGRTMIN + k for k in OFFSETS if signal.SIGRTMIN + k <= signal.SIGRTMAX
-                    and at_default(signal.SIGRTMIN + k)), None)
+        sig = next(
+            (
+                signal.SIGRTMIN + k
+                for k in OFFSETS
+                if signal.SIGRTMIN + k <= signal.SIGRTMAX and at_default(signal.SIGRTMIN + k)
+            ),
+            None,
+        )
         if sig is None:
             return False
         self._file = open(os.path.join(self.rank_dir, DUMP.format(pid=self.pid)), "w")  # noqa: SIM115
@@ -100,11 +107,16 @@ class StackSignal:
 
     def write_marker(self, threads: dict | None = None) -> None:
         self._threads = threads if threads is not None else {t.ident: t.name for t in threading.enumerate()}
-        marker = {"pid": self.pid, "host": socket.gethostname(), "signal": self.sig,
-                  "start_time_ticks": start_time_ticks(self.pid), "dump": DUMP.format(pid=self.pid),
-                  "withdrawn": self.withdrawn,
-                  # faulthandler prints an ident as 0x%016lx
-                  "threads": {f"0x{ident:016x}": name for ident, name in self._threads.items() if ident}}
+        marker = {
+            "pid": self.pid,
+            "host": socket.gethostname(),
+            "signal": self.sig,
+            "start_time_ticks": start_time_ticks(self.pid),
+            "dump": DUMP.format(pid=self.pid),
+            "withdrawn": self.withdrawn,
+            # faulthandler prints an ident as 0x%016lx
+            "threads": {f"0x{ident:016x}": name for ident, name in self._threads.items() if ident},
+        }
         atomic_write_bytes(os.path.join(self.rank_dir, MARKER.format(pid=self.pid)), json.dumps(marker).encode())
 
 

@@ -12,6 +12,7 @@ the debug-info pipe, which NCCL's watchdog thread serves without the GIL.
 Quiet unless Flight Recorder is on (TORCH_FR_BUFFER_SIZE /
 TORCH_NCCL_TRACE_BUFFER_SIZE > 0) and torch.distributed is initialised.
 """
+
 import os
 import sys
 
@@ -34,6 +35,7 @@ def write_dumps(run_dir: str) -> list[str]:
     if not enabled() or dist is None or not dist.is_available() or not dist.is_initialized():
         return []
     import torch._C._distributed_c10d as c10d
+
     folder = os.path.join(run_dir, FOLDER)
     os.makedirs(folder, exist_ok=True)
     rank = dist.get_rank()

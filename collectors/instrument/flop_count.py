@@ -52,6 +52,7 @@ Never the job's failure: a formula that raises stops the tally (the figure is
 then absent and meta.json says why), never the op. DIAGNOSE_FLOPS=0 turns it off.
 The result goes into meta.json `flops` (docs/run-directory.md).
 """
+
 import os
 import re
 import sys
@@ -91,10 +92,12 @@ def _extra_formulas(torch, fc) -> dict:
     def sdpa_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs):
         return fc.sdpa_backward_flop_count(grad_out, query, key, value)
 
-    wanted = {"_scaled_dot_product_flash_attention_for_cpu": sdpa,
-              "_scaled_dot_product_flash_attention_for_cpu_backward": sdpa_backward,
-              "_scaled_dot_product_fused_attention_overrideable": sdpa,
-              "_scaled_dot_product_fused_attention_overrideable_backward": sdpa_backward}
+    wanted = {
+        "_scaled_dot_product_flash_attention_for_cpu": sdpa,
+        "_scaled_dot_product_flash_attention_for_cpu_backward": sdpa_backward,
+        "_scaled_dot_product_fused_attention_overrideable": sdpa,
+        "_scaled_dot_product_fused_attention_overrideable_backward": sdpa_backward,
+    }
     out = {}
     for name, formula in wanted.items():
         if hasattr(aten, name) and getattr(aten, name) not in fc.flop_registry:
@@ -104,6 +107,7 @@ def _extra_formulas(torch, fc) -> dict:
 
 class _NoModules:
     """Stands in for FlopCounterMode's module tracker (module docstring: why)."""
+
     parents = frozenset({"Global"})
 
     def __enter__(self):
@@ -153,7 +157,8 @@ def make_counter():
             if formula is None:
                 name = str(func_packet)
                 if COMPUTE_NAME.search(name.rsplit(".", 1)[-1]) and (
-                        name in self.uncounted or len(self.uncounted) < MAX_UNCOUNTED_OPS):
+                    name in self.uncounted or len(self.uncounted) < MAX_UNCOUNTED_OPS
+                ):
                     self.uncounted[name] += 1
                 return
             shards = tree_map(local, (args, kwargs, out))
@@ -193,6 +198,7 @@ def _mode_class(torch, fc):
     if _MODE_CLASS:
         return _MODE_CLASS[0]
     from collectors.after_import import after_import
+
     parent = fc._FlopCounterMode
     raw = getattr(parent.__dict__["__torch_dispatch__"], "__wrapped__", parent.__dict__["__torch_dispatch__"])
 
@@ -211,6 +217,7 @@ def _mode_class(torch, fc):
 
     def wrap():
         LeanMode.__torch_dispatch__ = torch._disable_dynamo(raw, recursive=True)
+
     after_import("torch._dynamo", wrap)
     _MODE_CLASS.append(LeanMode)
     return LeanMode
@@ -219,13 +226,20 @@ def _mode_class(torch, fc):
 def describe(counter, step: int, elapsed_ns: int) -> dict:
     """meta.json's `flops` for a finished count (docs/run-directory.md)."""
     import torch
+
     if counter.failure is not None:
         return {"step": step, "error": counter.failure, "count_ms": round(elapsed_ns / 1e6, 1)}
     phases = {p: int(counter.by_phase.get(p, 0)) for p in ("forward", "backward", "recompute")}
-    out = {"step": step, "model_flops": phases["forward"] + phases["backward"],
-           "hardware_flops": sum(phases.values()), "by_phase": phases,
-           "by_dtype": dict(counter.by_dtype), "uncounted_ops": dict(counter.uncounted),
-           "count_ms": round(elapsed_ns / 1e6, 1), "device": "cpu"}
+    out = {
+        "step": step,
+        "model_flops": phases["forward"] + phases["backward"],
+        "hardware_flops": sum(phases.values()),
+        "by_phase": phases,
+        "by_dtype": dict(counter.by_dtype),
+        "uncounted_ops": dict(counter.uncounted),
+        "count_ms": round(elapsed_ns / 1e6, 1),
+        "device": "cpu",
+    }
     if counter.estimated:
         out["dtensor_ops_estimated"] = counter.estimated
     dynamo = sys.modules.get("torch._dynamo.utils")
@@ -263,6 +277,7 @@ class StepCount:
         """Our mode is the innermost dispatch mode (a mode the job entered after
         ours and has not left yet must not be popped in its place)."""
         from torch.utils._python_dispatch import _get_current_dispatch_mode
+
         return self.counter is not None and _get_current_dispatch_mode() is self.counter.mode
 
     def end(self) -> dict:
@@ -289,6 +304,7 @@ def install(rec):
         rec.meta[META_KEY] = {"off": f"{ENV}=0"}
         return
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
     st = rec.state
     count = StepCount(step)
     done, late = [], []
@@ -318,12 +334,33 @@ def install(rec):
             t0 = count.t0_ns
             result = count.end()
             if late:  # the tally ran past the step: no figure
-                result = {"step": step, "count_ms": result["count_ms"],
-                          "error": "the job's own dispatch mode was open at the step's end"}
+                result = {
+                    "step": step,
+                    "count_ms": result["count_ms"],
+                    "error": "the job's own dispatch mode was open at the step's end",
+                }
             done.append(True)
             rec.meta[META_KEY] = result
-            rec.add(("mark", "flop_count", t0, now_ns(), st.step, -1, -1, "", "", -1, -1, 0, False, "",
-                     _summary(result), -1))
+            rec.add(
+                (
+                    "mark",
+                    "flop_count",
+                    t0,
+                    now_ns(),
+                    st.step,
+                    -1,
+                    -1,
+                    "",
+                    "",
+                    -1,
+                    -1,
+                    0,
+                    False,
+                    "",
+                    _summary(result),
+                    -1,
+                )
+            )
             rec.write_meta()  # in the counted step, already excluded from the step statistics
         except Exception as exc:
             done.append(True)
@@ -332,9 +369,11 @@ def install(rec):
 
     def at_close():
         if not done:
-            why = (f"the job ended inside step {step}, the step counted" if count.counter is not None
-                   else f"no step {step} began (the job's optimizer stepped fewer times, or its steps "
-                        "were not recorded)")
+            why = (
+                f"the job ended inside step {step}, the step counted"
+                if count.counter is not None
+                else f"no step {step} began (the job's optimizer stepped fewer times, or its steps were not recorded)"
+            )
             rec.meta.setdefault(META_KEY, {"step": step, "error": why})
 
     handles["post"] = register_optimizer_step_post_hook(post)
@@ -347,5 +386,7 @@ def install(rec):
 def _summary(result: dict) -> str:
     if "error" in result:
         return f"FLOP count failed: {result['error']}"
-    return (f"step {result['step']}: {result['model_flops'] / 1e9:.3f} GFLOP model, "
-            f"{result['hardware_flops'] / 1e9:.3f} GFLOP hardware")
+    return (
+        f"step {result['step']}: {result['model_flops'] / 1e9:.3f} GFLOP model, "
+        f"{result['hardware_flops'] / 1e9:.3f} GFLOP hardware"
+    )

@@ -30,6 +30,7 @@ DIAGNOSE_COMPUTE_ROWS=0 (records_compute_rows): no forward or backward rows and
 no NVTX ranges of ours, as in a trace a profiler took of the job; the forward
 wrapper stays, for the step's start and the outermost-forward callbacks.
 """
+
 import functools
 
 from collectors import nvtx_ranges
@@ -50,8 +51,9 @@ def on_outermost_forward(start, end) -> None:
 def install(rec):
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
+
     st = rec.state
-    depth = [0, 0]       # [forward depth, backward depth]
+    depth = [0, 0]  # [forward depth, backward depth]
     fail = injected_failure("forward_backward")
     rows = records_compute_rows()
     module_call = torch.nn.Module.__call__
@@ -84,8 +86,26 @@ def install(rec):
                     if rows:
                         if nvtx_ranges.MIRRORING:
                             nvtx_ranges.pop()
-                        rec.add(("forward", "forward", t0, now_ns(), st.step, st.microbatch, st.stage,
-                                 "", "", -1, -1, 0, False, "", "", -1))
+                        rec.add(
+                            (
+                                "forward",
+                                "forward",
+                                t0,
+                                now_ns(),
+                                st.step,
+                                st.microbatch,
+                                st.stage,
+                                "",
+                                "",
+                                -1,
+                                -1,
+                                0,
+                                False,
+                                "",
+                                "",
+                                -1,
+                            )
+                        )
                 except Exception as exc:
                     rec.record_error("forward_backward", exc)
 
@@ -136,8 +156,26 @@ def install(rec):
                     nvtx_ranges.pop()
                 # the user's backward line (once per micro-batch: a short frame walk); an
                 # accumulation that reduces every micro-batch is named by it
-                rec.add(("backward", "backward", t0, now_ns(), st.step, st.microbatch, st.stage,
-                         "", "", -1, -1, 0, False, user_callsite(2), "", -1))
+                rec.add(
+                    (
+                        "backward",
+                        "backward",
+                        t0,
+                        now_ns(),
+                        st.step,
+                        st.microbatch,
+                        st.stage,
+                        "",
+                        "",
+                        -1,
+                        -1,
+                        0,
+                        False,
+                        user_callsite(2),
+                        "",
+                        -1,
+                    )
+                )
 
         return backward
 
@@ -152,6 +190,7 @@ def _noting_use(compile_fn, compiles: list):
         if not compiles:
             compiles.append(True)
         return compile_fn(*args, **kwargs)
+
     return compile
 
 
@@ -166,12 +205,15 @@ def _compiled_modules_call_torchs(rec) -> None:
     call it wraps (a swap on the training thread, where torch.compile runs)."""
     try:
         from torch._dynamo.eval_frame import OptimizedModule
+
         orig = OptimizedModule._initialize
 
         @functools.wraps(orig)
         def _initialize(self):
-            owner = next((c for c in type(self._orig_mod).__mro__
-                          if hasattr(c.__dict__.get("__call__"), "_diagnose_wraps")), None)
+            owner = next(
+                (c for c in type(self._orig_mod).__mro__ if hasattr(c.__dict__.get("__call__"), "_diagnose_wraps")),
+                None,
+            )
             if owner is None:
                 return orig(self)
             ours = owner.__dict__["__call__"]
@@ -180,6 +222,7 @@ def _compiled_modules_call_torchs(rec) -> None:
                 return orig(self)
             finally:
                 owner.__call__ = ours
+
         OptimizedModule._initialize = _initialize
     except Exception as exc:  # compiled modules would then trace the wrapper: say so
         rec.record_error("forward_backward", exc)

@@ -10,6 +10,7 @@ tracker's context is that unit. Patched when the job imports FSDP2 (0.6 s of
 imports here: never for a job that does not use it). Under torch.compile the
 methods run as torch's.
 """
+
 import functools
 
 from collectors.after_import import after_import
@@ -45,9 +46,11 @@ def _patch(rec):
         import sys
 
         import torch
+
         group_cls = sys.modules[PARAM_GROUP].FSDPParamGroup
         for name in METHODS:
-            setattr(group_cls, name, _in_unit(collectives.TRACKER, getattr(group_cls, name),
-                                             torch.compiler.is_compiling))
+            setattr(
+                group_cls, name, _in_unit(collectives.TRACKER, getattr(group_cls, name), torch.compiler.is_compiling)
+            )
     except Exception as exc:
         rec.record_error("fsdp2", exc)

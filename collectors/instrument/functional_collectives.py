@@ -18,6 +18,7 @@ so a compiled graph holds torch's own collectives and compiles as without
 diagnose (tests/interop/test_compile.py); those collectives run inside the graph and
 leave no row.
 """
+
 import functools
 
 from collectors.after_import import after_import
@@ -27,13 +28,21 @@ from collectors.instrument import collectives
 from collectors.instrument.collective_tracker import MAX_PENDING_WORKS
 
 # funcol function -> the c10d op name its rows carry
-OPS = {"all_reduce": "all_reduce", "broadcast": "broadcast",
-       "all_gather_tensor": "all_gather_into_tensor", "all_gather_tensor_autograd": "all_gather_into_tensor",
-       "all_gather_single": "all_gather_into_tensor", "all_gather_single_autograd": "all_gather_into_tensor",
-       "reduce_scatter_tensor": "reduce_scatter_tensor", "reduce_scatter_tensor_autograd": "reduce_scatter_tensor",
-       "reduce_scatter_single": "reduce_scatter_tensor", "reduce_scatter_single_autograd": "reduce_scatter_tensor",
-       "all_to_all_single": "all_to_all_single", "all_to_all_single_autograd": "all_to_all_single",
-       "all_reduce_coalesced": "all_reduce_coalesced"}
+OPS = {
+    "all_reduce": "all_reduce",
+    "broadcast": "broadcast",
+    "all_gather_tensor": "all_gather_into_tensor",
+    "all_gather_tensor_autograd": "all_gather_into_tensor",
+    "all_gather_single": "all_gather_into_tensor",
+    "all_gather_single_autograd": "all_gather_into_tensor",
+    "reduce_scatter_tensor": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_autograd": "reduce_scatter_tensor",
+    "reduce_scatter_single": "reduce_scatter_tensor",
+    "reduce_scatter_single_autograd": "reduce_scatter_tensor",
+    "all_to_all_single": "all_to_all_single",
+    "all_to_all_single_autograd": "all_to_all_single",
+    "all_reduce_coalesced": "all_reduce_coalesced",
+}
 DETAIL = "functional"
 
 
@@ -82,8 +91,7 @@ def _wrap(tracker, waits, funcol, c10d, op, orig, is_compiling):
             return orig(*args, **kwargs)
         try:
             name = funcol._resolve_group_name(collectives._arg(args, kwargs, group_index, "group"))
-            pg, group, ranks, is_gloo = tracker.group_info(c10d._resolve_process_group(name),
-                                                           args[0] if args else None)
+            pg, group, ranks, is_gloo = tracker.group_info(c10d._resolve_process_group(name), args[0] if args else None)
             seq = tracker.collective_seq(pg, group)
             nbytes = collectives.tensor_bytes(args[0]) if args else 0
             callsite = user_callsite(2)
@@ -101,8 +109,9 @@ def _wrap(tracker, waits, funcol, c10d, op, orig, is_compiling):
         try:
             # waited when first used: a pending row filed under the result's storage
             token = waits.file(_pending(result, funcol.AsyncCollectiveTensor))
-            row = tracker.issued("collective", op, group, ranks, seq, -1, nbytes, callsite, t0, t1, token,
-                                 is_gloo, DETAIL)
+            row = tracker.issued(
+                "collective", op, group, ranks, seq, -1, nbytes, callsite, t0, t1, token, is_gloo, DETAIL
+            )
             # device rows as for a c10d call: the token stands for the Work
             collectives._device(tracker, "returned", arrival, row, token)
         except Exception as exc:
@@ -141,6 +150,7 @@ def _wrap_wait(tracker, waits, orig, is_compiling):
 
 def install(rec):
     import torch.distributed as dist
+
     if not dist.is_available() or collectives.TRACKER is None:
         return
     # patched when the job imports it (DTensor does), never imported for a job that does not
@@ -152,6 +162,7 @@ def _patch(rec):
         import torch
         import torch.distributed as dist
         import torch.distributed._functional_collectives as funcol
+
         c10d = dist.distributed_c10d
         tracker, waits, is_compiling = collectives.TRACKER, _Waits(), torch.compiler.is_compiling
         for name, op in OPS.items():

@@ -4,6 +4,7 @@ On a machine without a GPU or driver every GPU collector switches itself off;
 the first one to notice prints one info line on rank 0's stderr, and each rank
 notes in meta.json which collectors are off and why. Nothing else changes.
 """
+
 import os
 import sys
 
@@ -26,8 +27,10 @@ def gpu_unavailable(rec, collector: str, reason: str) -> None:
     if not _said:
         _said.append(reason)
         if identity.rank() == 0:
-            sys.stderr.write(f"diagnose: info: no usable GPU here ({reason}); NVML sampling, "
-                             "CUDA-event timing and sync-debug events are off\n")
+            sys.stderr.write(
+                f"diagnose: info: no usable GPU here ({reason}); NVML sampling, "
+                "CUDA-event timing and sync-debug events are off\n"
+            )
 
 
 def cuda_ready(torch) -> tuple[bool, str]:

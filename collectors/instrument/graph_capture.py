@@ -24,6 +24,7 @@ it. Hence a process-wide gate:
 The lock is held by the poller for one pass over its pending events (no I/O)
 and by `capture_begin` to bump a counter: a capture waits at most one pass.
 """
+
 import functools
 import threading
 

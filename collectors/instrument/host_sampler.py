@@ -1,5 +1,6 @@
 """Host samples in a thread: this process's CPU % and RSS, every
 DIAGNOSE_SAMPLE_INTERVAL_S (1 s). Reads /proc and os.times only."""
+
 import os
 
 from collectors.clock import now_ns

@@ -2,6 +2,7 @@
 torch.cuda.synchronize, with callsite and duration. Only calls made directly
 from user code are recorded (torch calls .cpu() on itself all the time); the
 device is kept in `detail`, since on a CPU tensor these are not device syncs."""
+
 import functools
 import sys
 
@@ -14,6 +15,7 @@ TENSOR_METHODS = ("item", "tolist", "cpu", "numpy")
 
 def install(rec):
     import torch
+
     st = rec.state
     fail = injected_failure("host_sync")
 
@@ -34,12 +36,30 @@ def install(rec):
             try:
                 if fail:
                     raise InjectedFailure("host_sync")
-                rec.add(("sync", name, t0, t1, st.step, st.microbatch, st.stage, "", "", -1,
-                         -1, 0, False, f"{caller.f_code.co_filename}:{caller.f_lineno}",
-                         "cuda" if self.is_cuda else "cpu", -1))
+                rec.add(
+                    (
+                        "sync",
+                        name,
+                        t0,
+                        t1,
+                        st.step,
+                        st.microbatch,
+                        st.stage,
+                        "",
+                        "",
+                        -1,
+                        -1,
+                        0,
+                        False,
+                        f"{caller.f_code.co_filename}:{caller.f_lineno}",
+                        "cuda" if self.is_cuda else "cpu",
+                        -1,
+                    )
+                )
             except Exception as exc:
                 rec.record_error("host_sync", exc)
             return result
+
         return method
 
     for name in TENSOR_METHODS:
@@ -53,9 +73,26 @@ def install(rec):
         result = orig_sync(*args, **kwargs)
         caller = sys._getframe(1)
         if is_user_frame(caller):
-            rec.add(("sync", "cuda.synchronize", t0, now_ns(), st.step, st.microbatch, st.stage,
-                     "", "", -1, -1, 0, False, f"{caller.f_code.co_filename}:{caller.f_lineno}",
-                     "cuda", -1))
+            rec.add(
+                (
+                    "sync",
+                    "cuda.synchronize",
+                    t0,
+                    now_ns(),
+                    st.step,
+                    st.microbatch,
+                    st.stage,
+                    "",
+                    "",
+                    -1,
+                    -1,
+                    0,
+                    False,
+                    f"{caller.f_code.co_filename}:{caller.f_lineno}",
+                    "cuda",
+                    -1,
+                )
+            )
         return result
 
     torch.cuda.synchronize = synchronize

@@ -12,6 +12,7 @@ NCCL-socket traffic between its ranks):
 
     net_rx_mb_per_s  net_tx_mb_per_s  net_rx_mb_per_s:<iface>  net_tx_mb_per_s:<iface>
 """
+
 import os
 
 from collectors import identity

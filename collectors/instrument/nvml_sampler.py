@@ -33,13 +33,14 @@ set_device or MIG make of the indices.
 pynvml comes from the nvidia-ml-py package; without a driver, NVML does not
 initialise and the sampler is off (one info line, see gpu_common).
 """
+
 import os
 
 from collectors.clock import now_ns
 from collectors.daemon_thread import start_daemon
 from collectors.instrument.gpu_common import GPU_MEM_USED_MB, RANK_GPU, gpu_unavailable, local_device_index
 
-MB = 2 ** 20
+MB = 2**20
 
 
 class NvmlSampler:
@@ -58,20 +59,22 @@ class NvmlSampler:
             "clock_event_reasons": self._clock_event_reasons,
         }
         self.pcie_throughput = {  # the fallback: 20 ms of bus sampling per call
-            "pcie_tx_mb_per_s": lambda: nvml.nvmlDeviceGetPcieThroughput(
-                handle, nvml.NVML_PCIE_UTIL_TX_BYTES) / 1024.0,   # NVML reports KB/s
-            "pcie_rx_mb_per_s": lambda: nvml.nvmlDeviceGetPcieThroughput(
-                handle, nvml.NVML_PCIE_UTIL_RX_BYTES) / 1024.0,
+            "pcie_tx_mb_per_s": lambda: (
+                nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_TX_BYTES) / 1024.0
+            ),  # NVML reports KB/s
+            "pcie_rx_mb_per_s": lambda: nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_RX_BYTES) / 1024.0,
         }
-        self.pcie_fields = [getattr(nvml, n, None) for n in
-                            ("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", "NVML_FI_DEV_PCIE_COUNT_RX_BYTES")]
+        self.pcie_fields = [
+            getattr(nvml, n, None) for n in ("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", "NVML_FI_DEV_PCIE_COUNT_RX_BYTES")
+        ]
         if None in self.pcie_fields:
             self.pcie_fields = None
             self.readers.update(self.pcie_throughput)
         self._last_pcie = None  # (t_ns, tx_bytes, rx_bytes), cumulative counters
-        self.nvlink_fields = [getattr(nvml, n, None) for n in
-                              ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX",
-                               "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX")]
+        self.nvlink_fields = [
+            getattr(nvml, n, None)
+            for n in ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX")
+        ]
         self.nvlink_ok = all(f is not None for f in self.nvlink_fields)
         # every link NVML may have; narrowed to those that answer at the first sample
         self.nvlink_links = list(range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 0)))
@@ -79,8 +82,10 @@ class NvmlSampler:
 
     def _clock_event_reasons(self):
         nvml = self.nvml
-        read = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        read = (
+            getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
         return float(read(self.handle))
 
     def _nvlink_counters(self) -> dict:
@@ -102,8 +107,11 @@ class NvmlSampler:
         for v in values:
             if v.nvmlReturn == nvml.NVML_SUCCESS:  # else: NOT_SUPPORTED, a link not there
                 read[(v.fieldId, v.scopeId)] = float(v.value.ullVal)
-        return {link: (read[(tx_id, link)], read[(rx_id, link)]) for link in self.nvlink_links
-                if (tx_id, link) in read and (rx_id, link) in read}
+        return {
+            link: (read[(tx_id, link)], read[(rx_id, link)])
+            for link in self.nvlink_links
+            if (tx_id, link) in read and (rx_id, link) in read
+        }
 
     def _nvlink(self, t_ns) -> list:
         counters = self._nvlink_counters()
@@ -126,9 +134,8 @@ class NvmlSampler:
                 paired += 1
         if not paired:
             return []  # no link read twice: no rate, rather than a false 0 MB/s
-        per_s = 1e9 / (t_ns - last[0]) / 1024.0   # KiB counters -> MB/s
-        return [("nvlink_tx_mb_per_s", tx_kib * per_s),
-                ("nvlink_rx_mb_per_s", rx_kib * per_s)]
+        per_s = 1e9 / (t_ns - last[0]) / 1024.0  # KiB counters -> MB/s
+        return [("nvlink_tx_mb_per_s", tx_kib * per_s), ("nvlink_rx_mb_per_s", rx_kib * per_s)]
 
     def _pcie(self, t_ns) -> list:
         """PCIe MB/s from the byte counters between this sample and the last; the
@@ -179,6 +186,7 @@ def install(rec):
         return
     try:
         import pynvml as nvml
+
         nvml.nvmlInit()
     except Exception as exc:
         gpu_unavailable(rec, "nvml_sampler", f"NVML: {type(exc).__name__}: {exc}".rstrip(": "))

@@ -16,6 +16,7 @@ detector plays that order (diagnose/analysis/tables/schedule_slots.py) for the i
 the schedule itself implies, whatever the schedule (1F1B, interleaved,
 zero-bubble, one loaded from CSV).
 """
+
 import functools
 import weakref
 
@@ -24,8 +25,7 @@ from collectors.phase import phase
 
 STAGE_MODULE = "torch.distributed.pipelining.stage"
 SCHEDULES_MODULE = "torch.distributed.pipelining.schedules"
-METHODS = {"forward_one_chunk": "forward", "backward_one_chunk": "backward",
-           "backward_weight_one_chunk": "backward"}
+METHODS = {"forward_one_chunk": "forward", "backward_one_chunk": "backward", "backward_weight_one_chunk": "backward"}
 
 
 def _as_phase(orig, name, is_compiling):
@@ -54,7 +54,8 @@ def _note_schedule(rec, schedule) -> None:
     rec.meta["pipeline_schedule"] = {
         "schedule": type(schedule).__name__,
         "microbatches": int(getattr(schedule, "_n_microbatches", 0) or 0),
-        "order": {str(rank): [str(a) for a in actions if a is not None] for rank, actions in order.items()}}
+        "order": {str(rank): [str(a) for a in actions if a is not None] for rank, actions in order.items()},
+    }
     rec.write_meta()
 
 
@@ -68,12 +69,14 @@ def _with_note(orig, rec, seen):
             except Exception as exc:
                 rec.record_error("pipelining", exc)
         return orig(self, *args, **kwargs)
+
     return step
 
 
 def _patch_schedules(rec):
     try:
         import sys
+
         module = sys.modules[SCHEDULES_MODULE]
         base, seen = module._PipelineSchedule, weakref.WeakSet()
         for cls in list(vars(module).values()):
@@ -88,6 +91,7 @@ def _patch(rec):
         import sys
 
         import torch
+
         stage_cls = sys.modules[STAGE_MODULE]._PipelineStageBase
         for attr, name in METHODS.items():
             orig = getattr(stage_cls, attr, None)

@@ -27,6 +27,7 @@ as unknown, never as a difference). Rules that keep the user's job as it is:
   counts its users, so the sampler's own handle is unaffected); it reads the
   driver without touching CUDA.
 """
+
 import os
 import socket
 import sys
@@ -37,8 +38,7 @@ SYS_INFINIBAND = "/sys/class/infiniband"
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_")
 
 
-def probe(stage: str, nvml_part: dict | None = None, sys_net: str = SYS_NET,
-          sys_ib: str = SYS_INFINIBAND) -> dict:
+def probe(stage: str, nvml_part: dict | None = None, sys_net: str = SYS_NET, sys_ib: str = SYS_INFINIBAND) -> dict:
     """This rank's environment now. `nvml_part`: the result of an earlier
     `nvml_facts()` to reuse (the driver and the board do not change while the
     process runs, and NVML initialisation costs up to a few hundred ms on a
@@ -49,8 +49,7 @@ def probe(stage: str, nvml_part: dict | None = None, sys_net: str = SYS_NET,
     nvml = nvml_part if nvml_part is not None else nvml_facts()
     versions.update(nvml.get("versions", {}))
     absent.update(nvml.get("absent", {}))
-    env = {"probed": stage, "wall_ns": time.time_ns(), "versions": versions,
-           "nccl_env": nccl_env()}
+    env = {"probed": stage, "wall_ns": time.time_ns(), "versions": versions, "nccl_env": nccl_env()}
     if nvml.get("gpu"):
         env["gpu"] = nvml["gpu"]
     interfaces = _guard(absent, "net_interfaces", net_interfaces, sys_net)
@@ -141,10 +140,12 @@ def _read_nvml(nvml, out: dict, absent: dict) -> None:
 
     read(versions, "driver", lambda: _text(nvml.nvmlSystemGetDriverVersion()))
     # NVML encodes the driver's CUDA version as 1000 * major + 10 * minor
-    read(versions, "cuda_driver", lambda: "{}.{}".format(
-        *divmod(int(nvml.nvmlSystemGetCudaDriverVersion()) // 10, 100)))
+    read(
+        versions, "cuda_driver", lambda: "{}.{}".format(*divmod(int(nvml.nvmlSystemGetCudaDriverVersion()) // 10, 100))
+    )
     try:
         from collectors.instrument.nvml_sampler import open_device
+
         handle = open_device(nvml)
     except Exception as exc:
         absent["gpu"] = f"NVML cannot open this rank's GPU: {type(exc).__name__}: {exc}"
@@ -168,6 +169,7 @@ def _read_nvml(nvml, out: dict, absent: dict) -> None:
     def ecc():
         current, pending = nvml.nvmlDeviceGetEccMode(handle)
         return {"current": bool(current), "pending": bool(pending)}
+
     read(gpu, "ecc", ecc)
 
 

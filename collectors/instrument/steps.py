@@ -4,6 +4,7 @@ Step k runs from the end of optimizer step k-1 (or the first recorded event) to
 the end of optimizer step k. With several optimizers, the first one ever
 stepped defines the step; every optimizer's step is an "optimizer" span.
 """
+
 from collectors import nvtx_ranges
 from collectors.clock import now_ns
 from collectors.instrument import InjectedFailure, injected_failure
@@ -13,9 +14,10 @@ RECENT_STEPS = 64  # per-step history kept in progress.json for live metrics
 
 def install(rec):
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
     st = rec.state
-    primary = []           # id of the optimizer that defines the step
-    started: dict = {}     # id(optimizer) -> start_ns of its running step()
+    primary = []  # id of the optimizer that defines the step
+    started: dict = {}  # id(optimizer) -> start_ns of its running step()
     fail = injected_failure("steps")
 
     def pre(optimizer, args, kwargs):
@@ -41,11 +43,9 @@ def install(rec):
                 return
             if nvtx_ranges.MIRRORING:
                 nvtx_ranges.pop()
-            rec.add(("optimizer", "optimizer", t0, t, st.step, -1, -1, "", "", -1, -1, 0, False,
-                     "", "", -1))
+            rec.add(("optimizer", "optimizer", t0, t, st.step, -1, -1, "", "", -1, -1, 0, False, "", "", -1))
             if id(optimizer) == primary[0]:
-                rec.add(("step", "step", st.step_start_ns, t, st.step, -1, -1, "", "", -1, -1, 0,
-                         False, "", "", -1))
+                rec.add(("step", "step", st.step_start_ns, t, st.step, -1, -1, "", "", -1, -1, 0, False, "", "", -1))
                 prog = rec.progress
                 step_ms = (t - st.step_start_ns) / 1e6
                 prog["last_step_ms"] = step_ms

@@ -15,6 +15,7 @@ optimizer step (setting it initialises CUDA, which must wait until the script
 has picked its device). Off on machines without CUDA (one info line) and with
 DIAGNOSE_SYNC_DEBUG=0.
 """
+
 import os
 import warnings
 
@@ -32,8 +33,26 @@ def make_showwarning(rec, previous):
     def showwarning(message, category, filename, lineno, file=None, line=None):
         if SYNC_WARNING in str(message):
             t = now_ns()
-            rec.add(("sync", "cuda_sync", t, t, st.step, st.microbatch, st.stage, "", "", -1, -1, 0,
-                     False, user_callsite(2), "sync_debug", -1))
+            rec.add(
+                (
+                    "sync",
+                    "cuda_sync",
+                    t,
+                    t,
+                    st.step,
+                    st.microbatch,
+                    st.stage,
+                    "",
+                    "",
+                    -1,
+                    -1,
+                    0,
+                    False,
+                    user_callsite(2),
+                    "sync_debug",
+                    -1,
+                )
+            )
             return None
         return previous(message, category, filename, lineno, file, line)
 
@@ -58,12 +77,14 @@ def install(rec):
     if os.environ.get("DIAGNOSE_SYNC_DEBUG", "1") == "0":
         return
     import torch
+
     if not torch.backends.cuda.is_built():
         gpu_unavailable(rec, "sync_debug", "CPU-only torch build")
         return
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     from collectors.instrument.forward_backward import on_outermost_forward
+
     done = []
 
     def first_use(*_):

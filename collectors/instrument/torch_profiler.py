@@ -14,6 +14,7 @@ Cost: profiling slows the profiled steps, and writing the trace at the end of
 the window pauses the rank for a moment; keep the window short. A job that ends
 inside the window still writes what was recorded (at exit).
 """
+
 import atexit
 import os
 
@@ -60,13 +61,32 @@ class Window:
         self.path = os.path.join(out, f"rank-{rank:05d}.pt.trace.json.gz")
         prof.export_chrome_trace(self.path)
         t1 = now_ns()
-        self.rec.add(("mark", "torch_profiler_export", t0, t1, self.rec.state.step, -1, -1, "", "",
-                      -1, -1, 0, False, "", self.path, -1))
+        self.rec.add(
+            (
+                "mark",
+                "torch_profiler_export",
+                t0,
+                t1,
+                self.rec.state.step,
+                -1,
+                -1,
+                "",
+                "",
+                -1,
+                -1,
+                0,
+                False,
+                "",
+                self.path,
+                -1,
+            )
+        )
 
 
 def _make_profiler():
     import torch
     from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
     activities = [ProfilerActivity.CPU]
     if torch.backends.cuda.is_built() and torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
@@ -81,6 +101,7 @@ def install(rec):
         return
     first, last = parse_window(spec)
     from torch.optim.optimizer import register_optimizer_step_post_hook
+
     window = Window(rec, first, last, _make_profiler)
     primary = []
 

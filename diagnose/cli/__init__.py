@@ -6,6 +6,7 @@ trace, report and MLflow run), report_commands, compare_command,
 interop_commands (import and the Nsight exports), demo_command; console prints
 tables; allocator sets the process's memory behaviour. Leaves: files in the run
 directory, text on stdout, one-line errors on stderr with exit status 2."""
+
 from diagnose.cli.commands import main
 
 __all__ = ["main"]

@@ -1,4 +1,5 @@
 """After a run (or on demand): load, analyze, export, report, track."""
+
 import contextlib
 import os
 import sys
@@ -21,8 +22,7 @@ def outputs_enabled() -> bool:
     return os.environ.get("DIAGNOSE_OUTPUTS", "on").strip().lower() not in ("0", "off", "false", "no")
 
 
-def analyze_run(run_dirs, outputs: bool = True, warn=None, engine=None, max_events=None,
-                every_step: bool = False):
+def analyze_run(run_dirs, outputs: bool = True, warn=None, engine=None, max_events=None, every_step: bool = False):
     """Analyze and write findings.json and the tables; with `outputs`, also the
     merged trace, report.html and the MLflow run. Returns (run, findings).
     engine: where the per-rank pass runs (diagnose.analysis.load.rank_pass_engines);
@@ -40,8 +40,10 @@ def analyze_run(run_dirs, outputs: bool = True, warn=None, engine=None, max_even
         run = load(*run_dirs, warn=warn, on_rank=on_rank, engine=engine, max_events=max_events)
     findings = write_analysis(run)
     if outputs and storage.is_url(run.root):
-        run.warn("the merged trace, report and MLflow run are made from a local run directory only: "
-                 "findings.json and the tables are written at the URL")
+        run.warn(
+            "the merged trace, report and MLflow run are made from a local run directory only: "
+            "findings.json and the tables are written at the URL"
+        )
     elif outputs:
         write_chrome_trace(run, os.path.join(run.root, rundir.CHROME_TRACE))
         for step in _optional_outputs():
@@ -62,8 +64,15 @@ def rank_progress(run_dirs):
         return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    with Progress(TextColumn("reading ranks"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as progress:
+
+    with Progress(
+        TextColumn("reading ranks"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as progress:
         task = progress.add_task("ranks", total=ranks)
         yield lambda done, total: progress.update(task, completed=done, total=total)
 
@@ -74,16 +83,21 @@ def analyze_during_hang(run_dir: str) -> None:
     launcher must go on watching."""
     try:
         from diagnose.cli.console import print_findings
+
         _, findings = analyze_run([run_dir], outputs=False)
         print_findings([f for f in findings if f["kind"] == "hang"] or findings[:3])
     except Exception as exc:
-        print(f"diagnose: the analysis during the hang failed ({type(exc).__name__}: {exc}); "
-              "it is redone when the job ends", flush=True)
+        print(
+            f"diagnose: the analysis during the hang failed ({type(exc).__name__}: {exc}); "
+            "it is redone when the job ends",
+            flush=True,
+        )
 
 
 def print_mfu(run) -> None:
     """MFU per rank (diagnose/analysis/tables/mfu.py), a line or two under the findings."""
     from diagnose.analysis.tables.mfu import summarize
+
     try:
         lines = summarize(run)["lines"]
     except Exception as exc:  # a figure missing must not lose the findings printed above
@@ -96,6 +110,7 @@ def peak_option(peak_tflops: float | None) -> None:
     """`--peak-tflops`: the peak MFU divides by, for the report and MLflow too (DIAGNOSE_PEAK_TFLOPS)."""
     from diagnose.analysis.tables.gpu_peaks import PEAK_ENV
     from diagnose.errors import UserError
+
     if peak_tflops is None:
         return
     if not 0 < peak_tflops < float("inf"):
@@ -107,11 +122,13 @@ def _optional_outputs():
     steps = []
     try:
         from dashboards.report_page import write_report
+
         steps.append(lambda run, findings: write_report(run, findings))
     except ImportError:
         pass
     try:
         from diagnose.exporters.mlflow_run import log_run
+
         steps.append(lambda run, findings: log_run(run, findings))
     except ImportError:
         pass
@@ -123,6 +140,7 @@ def finish(run_dir: str, status: int, analyze: bool, outputs: bool = True) -> in
     analysis (unless told not to), the run directory and its outputs; returns status."""
     from diagnose.cli.console import print_findings, print_step_figures
     from diagnose.rundir import solo_ranks
+
     # the job is over: no process writes into a folder renamed now
     for note in solo_ranks.name_solo_ranks(run_dir):
         print(f"diagnose: {note}")

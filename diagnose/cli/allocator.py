@@ -13,6 +13,7 @@ same analysis spends 6-7 s in the kernel and finishes in 38-40 s instead of
 Only `diagnose`'s command-line process calls this: a user's own process that
 imports `diagnose.load` keeps its allocator as it was.
 """
+
 import ctypes
 
 _M_TRIM_THRESHOLD = -1  # glibc mallopt parameters (malloc.h)
@@ -37,11 +38,13 @@ def keep_freed_memory() -> None:
         pass
     try:
         import pyarrow as pa
+
         pa.set_memory_pool(pa.system_memory_pool())
     except Exception:
         pass
     try:
         from numpy._core import multiarray
+
         multiarray._set_madvise_hugepage(False)
     except (ImportError, AttributeError):
         pass

@@ -1,4 +1,5 @@
 """Terminal output: the per-rank breakdown and the findings table (rich)."""
+
 import sys
 
 from rich.console import Console
@@ -24,13 +25,15 @@ def print_breakdown(run, out: Console | None = None) -> None:
         return
     per_rank = breakdown[breakdown["step"].isin(steady)].groupby("rank")[["step_ms", *PART_COLUMNS]].mean()
     windowed = trace_windows.window_ranks(run.steps())
-    title = ("Breakdown per window, ms (the trace marks no steps)" if windowed
-             else f"Steady-state step breakdown, ms/step (steps {steady[0]}-{steady[-1]})")
+    title = (
+        "Breakdown per window, ms (the trace marks no steps)"
+        if windowed
+        else f"Steady-state step breakdown, ms/step (steps {steady[0]}-{steady[-1]})"
+    )
     table = Table(title=title)
     table.add_column("rank", justify="right")
     for column in ("step_ms", *PART_COLUMNS):
-        table.add_column("window" if windowed and column == "step_ms" else column.removesuffix("_ms"),
-                         justify="right")
+        table.add_column("window" if windowed and column == "step_ms" else column.removesuffix("_ms"), justify="right")
     for rank, row in per_rank.iterrows():
         table.add_row(str(rank), *(f"{row[c]:.1f}" for c in ("step_ms", *PART_COLUMNS)))
     out.print(table)
@@ -53,10 +56,17 @@ def print_findings(findings: list[dict], out: Console | None = None) -> None:
         ranks = ",".join(map(str, f.get("ranks") or [])) or "-"
         # finding text is data (an exception's message, a path): never rich markup
         hours = (f.get("metrics") or {}).get("gpu_hours_per_day")
-        table.add_row(f["severity"], kind_text(f["kind"]), f"{f.get('impact_ms_per_step', 0):.1f}",
-                      "-" if hours is None else f"{hours:,.1f}", ranks,
-                      "-" if f.get("stage") is None else str(f["stage"]), escape(f.get("callsite") or "-"),
-                      f"{escape(f['title'])}\n[dim]{escape(f['recommendation'])}[/dim]", end_section=True)
+        table.add_row(
+            f["severity"],
+            kind_text(f["kind"]),
+            f"{f.get('impact_ms_per_step', 0):.1f}",
+            "-" if hours is None else f"{hours:,.1f}",
+            ranks,
+            "-" if f.get("stage") is None else str(f["stage"]),
+            escape(f.get("callsite") or "-"),
+            f"{escape(f['title'])}\n[dim]{escape(f['recommendation'])}[/dim]",
+            end_section=True,
+        )
     out.print(table, markup=True)
 
 
@@ -71,9 +81,11 @@ def print_step_figures(figures: dict | None, out: Console | None = None) -> None
         return
     out = out or console()
     window = figures.get("window")  # --every-step: the last window's figures
-    out.print(("" if not window else f"steps {window[0]}-{window[1]}: ") +
-              f"step: measured {figures['measured_step_ms']:.1f} ms (median rank), replayed "
-              f"{figures['replay_step_ms']:.1f} ms (job), ideal {figures['ideal_step_ms']:.1f} ms "
-              "(every rank's compute at most its stage's median); impacts are what-if savings"
-              + ("" if figures.get("impact_from_replay") else " where the replay holds: here it does not"),
-              markup=False)
+    out.print(
+        ("" if not window else f"steps {window[0]}-{window[1]}: ")
+        + f"step: measured {figures['measured_step_ms']:.1f} ms (median rank), replayed "
+        f"{figures['replay_step_ms']:.1f} ms (job), ideal {figures['ideal_step_ms']:.1f} ms "
+        "(every rank's compute at most its stage's median); impacts are what-if savings"
+        + ("" if figures.get("impact_from_replay") else " where the replay holds: here it does not"),
+        markup=False,
+    )

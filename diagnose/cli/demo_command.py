@@ -1,4 +1,5 @@
 """`diagnose demo`: the reference trainer with one injected problem per scenario."""
+
 import sys
 
 from diagnose.errors import UserError
@@ -12,5 +13,14 @@ def demo_command(scenario: str) -> list:
     if scenario not in SCENARIOS:
         raise UserError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
     spec = SCENARIOS[scenario]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", str(spec.nproc), "-m", "reference_trainer", *spec.argv]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(spec.nproc),
+        "-m",
+        "reference_trainer",
+        *spec.argv,
+    ]

@@ -1,4 +1,5 @@
 """Checks of `diagnose` options' values: a wrong one is a UserError (one line, exit 2)."""
+
 from diagnose.errors import UserError
 
 
@@ -18,6 +19,7 @@ def steps_option(spec):
     if spec is None:
         return None
     from collectors.profiler_window import parse_window
+
     try:
         first, last = parse_window(spec)
     except ValueError as exc:
@@ -28,7 +30,10 @@ def steps_option(spec):
 def require_local(command: str, *run_dirs: str) -> None:
     """Only `diagnose analyze` reads a run at a URL (docs/large-runs.md)."""
     from diagnose.rundir.storage import is_url
+
     for run_dir in run_dirs:
         if is_url(run_dir):
-            raise UserError(f"{run_dir}: diagnose {command} needs a local run directory "
-                            "(a run at a URL is analyzed by `diagnose analyze`)")
+            raise UserError(
+                f"{run_dir}: diagnose {command} needs a local run directory "
+                "(a run at a URL is analyzed by `diagnose analyze`)"
+            )

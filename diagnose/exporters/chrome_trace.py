@@ -4,6 +4,7 @@ Lanes (threads) per rank: 0 "main" (steps are drawn on 1 so phases nest
 cleanly), 2 "comm in flight" for async collectives from issue to completion,
 3 "host syncs". Times are microseconds on rank 0's aligned clock.
 """
+
 import gzip
 import json
 
@@ -18,8 +19,14 @@ def chrome_events(run) -> list[dict]:
     trace = []
     for rank in run.ranks:
         host = run.rank_meta.get(rank, {}).get("host", "")
-        trace.append({"ph": "M", "name": "process_name", "pid": rank,
-                      "args": {"name": f"rank {rank}" + (f" ({host})" if host else "")}})
+        trace.append(
+            {
+                "ph": "M",
+                "name": "process_name",
+                "pid": rank,
+                "args": {"name": f"rank {rank}" + (f" ({host})" if host else "")},
+            }
+        )
         trace.append({"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}})
         for tid, name in [MAIN_LANE, *LANES.values()]:
             trace.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}})
@@ -30,9 +37,25 @@ def chrome_events(run) -> list[dict]:
     kinds, names = spans["kind"].astype(str).tolist(), spans["name"].astype(str).tolist()
     # Python lists, not numpy scalars, in the loop: the per-row cost is what
     # counts here (1.5 s -> 0.3 s for 60k events)
-    columns = {c: spans[c].tolist() for c in ("rank", "start_ns", "end_ns", "step", "microbatch",
-                                              "stage", "seq", "peer", "bytes", "async_op",
-                                              "group", "callsite", "detail", "done_ns")}
+    columns = {
+        c: spans[c].tolist()
+        for c in (
+            "rank",
+            "start_ns",
+            "end_ns",
+            "step",
+            "microbatch",
+            "stage",
+            "seq",
+            "peer",
+            "bytes",
+            "async_op",
+            "group",
+            "callsite",
+            "detail",
+            "done_ns",
+        )
+    }
     numbers = [(key, columns[key]) for key in ("microbatch", "stage", "seq", "peer", "bytes")]
     texts = [(key, columns[key]) for key in ("group", "callsite", "detail")]
     starts, ends, ranks, steps = columns["start_ns"], columns["end_ns"], columns["rank"], columns["step"]
@@ -54,14 +77,27 @@ def chrome_events(run) -> list[dict]:
             if not np.isnan(done[i]):
                 end = max(end, int(done[i]))
             tid = comm_lane
-        trace.append({"name": names[i], "cat": kind, "ph": "X", "pid": int(ranks[i]),
-                      "tid": tid, "ts": start / 1000, "dur": max(end - start, 0) / 1000, "args": args})
+        trace.append(
+            {
+                "name": names[i],
+                "cat": kind,
+                "ph": "X",
+                "pid": int(ranks[i]),
+                "tid": tid,
+                "ts": start / 1000,
+                "dur": max(end - start, 0) / 1000,
+                "args": args,
+            }
+        )
     return trace
 
 
 def write_chrome_trace(run, path: str) -> str:
-    payload = {"traceEvents": chrome_events(run), "displayTimeUnit": "ms",
-               "otherData": {"wall_t0_ns": run.wall_t0_ns, "tool": "diagnose"}}
+    payload = {
+        "traceEvents": chrome_events(run),
+        "displayTimeUnit": "ms",
+        "otherData": {"wall_t0_ns": run.wall_t0_ns, "tool": "diagnose"},
+    }
     # one dumps and one write: json.dump into a gzip text stream writes in tiny
     # chunks (3x slower); level 6 compresses 4x faster than the default 9 for
     # 10% more bytes

@@ -5,6 +5,7 @@ smallest world size of a scaling table): the comparison as JSON (and the pair's
 page as HTML) under `compare/`, tags naming the baseline, and the step-time
 ratio (a pair) or the run's scaling efficiency as metrics.
 DIAGNOSE_TRACKING=off turns it off, as for every run."""
+
 import json
 import os
 import shutil
@@ -36,12 +37,12 @@ def log_compare(result: dict, runs: list, html_path: str | None) -> str | None:
     if not tracking.enabled():
         return None
     from mlflow.entities import Metric, RunTag
+
     later, baseline = later_and_baseline(runs, result)
     client = tracking.client_for(later)
     run_id = tracking.ensure_run(client, later)
     name = os.path.basename(os.path.abspath(baseline)) or "baseline"
-    tags = {"diagnose.compare.baseline": os.path.abspath(baseline),
-            "diagnose.compare.baseline_name": name}
+    tags = {"diagnose.compare.baseline": os.path.abspath(baseline), "diagnose.compare.baseline_name": name}
     baseline_run_id = tracking.stored_run_id(baseline)
     if baseline_run_id:
         tags["diagnose.compare.baseline_run_id"] = baseline_run_id
@@ -49,10 +50,16 @@ def log_compare(result: dict, runs: list, html_path: str | None) -> str | None:
     ratio = (result.get("step_time") or {}).get("ratio")
     if later == runs[0] and isinstance(ratio, (int, float)) and ratio:
         ratio = 1.0 / ratio  # the later run's step over its baseline's
-    metrics = [Metric("compare/step_time_ratio", float(ratio), now_ms, 0)] \
-        if isinstance(ratio, (int, float)) and ratio == ratio else []
-    mine = [row for row in result.get("scaling") or []
-            if os.path.abspath(row["root"]) == os.path.abspath(later) and row["efficiency"] is not None]
+    metrics = (
+        [Metric("compare/step_time_ratio", float(ratio), now_ms, 0)]
+        if isinstance(ratio, (int, float)) and ratio == ratio
+        else []
+    )
+    mine = [
+        row
+        for row in result.get("scaling") or []
+        if os.path.abspath(row["root"]) == os.path.abspath(later) and row["efficiency"] is not None
+    ]
     metrics += [Metric("compare/scaling_efficiency", float(mine[0]["efficiency"]), now_ms, 0)] if mine else []
     client.log_batch(run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in tags.items()])
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,12 +1,13 @@
 """The numbers logged into a run's MLflow run (diagnose/exporters/mlflow_run.py):
 per-step metrics stamped with each step's end, and the run's summary/*,
 finding/*, waterfall/* and mfu/* metrics."""
+
 MAX_BATCH = 1000
 
 
 def log_metrics(client, run_id: str, metrics: list) -> None:
     for i in range(0, len(metrics), MAX_BATCH):
-        client.log_batch(run_id, metrics=metrics[i:i + MAX_BATCH])
+        client.log_batch(run_id, metrics=metrics[i : i + MAX_BATCH])
 
 
 def step_metrics(run) -> list:
@@ -14,13 +15,17 @@ def step_metrics(run) -> list:
     from mlflow.entities import Metric
 
     from diagnose.analysis.tables.step_tables import bubbles, pipeline_blocks, step_summary
+
     blocks = pipeline_blocks(run.events())
     summary = step_summary(run.breakdown(), run.steps(), bubbles(blocks) if len(blocks) else None)
     if summary.empty:
         return []
     wall0 = run.wall_t0_ns or 0
-    names = [c for c in ("step_time_p50_ms", "step_time_max_ms", "data_wait_frac",
-                         "exposed_comm_frac", "bubble_frac") if c in summary.columns]
+    names = [
+        c
+        for c in ("step_time_p50_ms", "step_time_max_ms", "data_wait_frac", "exposed_comm_frac", "bubble_frac")
+        if c in summary.columns
+    ]
     metrics = []
     for row in summary.itertuples(index=False):
         end = row.end_ns
@@ -36,18 +41,23 @@ def summary_metrics(run, findings) -> dict:
     from diagnose.analysis.tables import mfu
     from diagnose.analysis.tables.breakdown import PARTS
     from diagnose.analysis.tables.step_tables import bubble_frac, bubbles, pipeline_blocks, steady
-    out = {"summary/steps_recorded": float(run.steps()["step"].nunique()) if len(run.steps()) else 0.0,
-           "summary/findings": float(len(findings))}
+
+    out = {
+        "summary/steps_recorded": float(run.steps()["step"].nunique()) if len(run.steps()) else 0.0,
+        "summary/findings": float(len(findings)),
+    }
     breakdown = steady(run.breakdown(), run.steady_steps())
     if breakdown is not None and len(breakdown):
         total = breakdown["step_ms"].sum()
         per_step_max = breakdown.groupby("step")["step_ms"].max()
-        out.update({
-            "summary/step_time_median_ms": float(breakdown["step_ms"].median()),
-            "summary/step_time_max_median_ms": float(per_step_max.median()),
-            "summary/data_wait_frac": float(breakdown["data_wait_ms"].sum() / total) if total else 0.0,
-            "summary/exposed_comm_frac": float(breakdown["exposed_comm_ms"].sum() / total) if total else 0.0,
-        })
+        out.update(
+            {
+                "summary/step_time_median_ms": float(breakdown["step_ms"].median()),
+                "summary/step_time_max_median_ms": float(per_step_max.median()),
+                "summary/data_wait_frac": float(breakdown["data_wait_ms"].sum() / total) if total else 0.0,
+                "summary/exposed_comm_frac": float(breakdown["exposed_comm_ms"].sum() / total) if total else 0.0,
+            }
+        )
         # each phase's ms per step (the mean rank's), to chart across runs in MLflow's compare view
         for part in PARTS:
             column = f"{part}_ms"
@@ -83,11 +93,17 @@ def finding_impacts(findings: list) -> dict:
     diagnose reports (diagnose/analysis/detectors/finding_kinds.py): the worst finding's, 0
     when the run has none (so a fixed cause charts as 0, not as a missing point)."""
     from diagnose.analysis.detectors import finding_kinds
-    out = {f"finding/{kind}_{what}": 0.0 for kind in finding_kinds.names()
-           for what in ("impact_ms_per_step", "gpu_hours_per_day")}
+
+    out = {
+        f"finding/{kind}_{what}": 0.0
+        for kind in finding_kinds.names()
+        for what in ("impact_ms_per_step", "gpu_hours_per_day")
+    }
     for f in findings:
-        for what, value in (("impact_ms_per_step", f.get("impact_ms_per_step")),
-                            ("gpu_hours_per_day", (f.get("metrics") or {}).get("gpu_hours_per_day"))):
+        for what, value in (
+            ("impact_ms_per_step", f.get("impact_ms_per_step")),
+            ("gpu_hours_per_day", (f.get("metrics") or {}).get("gpu_hours_per_day")),
+        ):
             key = f"finding/{f.get('kind')}_{what}"
             if key in out and isinstance(value, (int, float)) and value == value:
                 out[key] = max(out[key], float(value))

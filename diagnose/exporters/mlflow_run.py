@@ -32,6 +32,7 @@ analysis twice stores nothing new. DIAGNOSE_TRACKING=off turns tracking off.
 Here: log_run, the finding tags and the Description; the store, the experiment
 and the run of a run dir are in mlflow_store.py, the metrics in mlflow_metrics.py.
 """
+
 import os
 
 from diagnose import rundir
@@ -52,7 +53,7 @@ TAG_TEXT_MAX = 500
 
 
 NOTE_TAG = "mlflow.note.content"  # the run's Description in MLflow's overview
-NOTE_MARK = "**diagnose**"        # a note starting so is ours to rewrite; a user's own is kept
+NOTE_MARK = "**diagnose**"  # a note starting so is ours to rewrite; a user's own is kept
 TOP_FINDINGS = 3
 
 
@@ -60,15 +61,20 @@ def overview_note(run, findings: list, summary: dict) -> str:
     """Markdown for the run's Description: layout, world size, step time, top findings."""
     manifest = run.manifest or {}
     step = summary.get("summary/step_time_median_ms")
-    lines = [f"{NOTE_MARK}: {run.world_size} ranks, layout {layout_text(manifest.get('layout'))}"
-             + (f"; step {step:.1f} ms (median rank, steady steps)" if step is not None else ""), ""]
+    lines = [
+        f"{NOTE_MARK}: {run.world_size} ranks, layout {layout_text(manifest.get('layout'))}"
+        + (f"; step {step:.1f} ms (median rank, steady steps)" if step is not None else ""),
+        "",
+    ]
     serious = [f for f in findings if f.get("severity") != "info"][:TOP_FINDINGS]
     if serious:
         lines.append("Top findings (report.html in Artifacts has the evidence):")
         for i, f in enumerate(serious, 1):
             ranks = ",".join(map(str, f.get("ranks") or [])) or "-"
-            lines.append(f"{i}. **{f.get('severity')}** {f.get('kind')} (ranks {ranks}, "
-                         f"{float(f.get('impact_ms_per_step') or 0):.1f} ms/step): {f.get('title', '')}")
+            lines.append(
+                f"{i}. **{f.get('severity')}** {f.get('kind')} (ranks {ranks}, "
+                f"{float(f.get('impact_ms_per_step') or 0):.1f} ms/step): {f.get('title', '')}"
+            )
     else:
         lines.append("No finding above info.")
     return "\n".join(lines)[:5000]
@@ -81,7 +87,9 @@ def finding_tags(findings: list) -> dict:
     worst: dict = {}
     for f in findings:
         kind = str(f.get("kind") or "unknown")
-        if kind not in worst or SEVERITY_RANK.get(f.get("severity"), 3) < SEVERITY_RANK.get(worst[kind].get("severity"), 3):
+        if kind not in worst or SEVERITY_RANK.get(f.get("severity"), 3) < SEVERITY_RANK.get(
+            worst[kind].get("severity"), 3
+        ):
             worst[kind] = f
     for kind, f in worst.items():
         tags[f"finding.{kind}"] = str(f.get("severity"))
@@ -93,13 +101,14 @@ def finding_tags(findings: list) -> dict:
 
 def _set_tags(client, run_id: str, tags: dict, prune: bool = True) -> None:
     from mlflow.entities import RunTag
+
     current = client.get_run(run_id).data.tags if prune else {}
     for key in current:  # a finding (or its culprit) the re-analysis no longer makes
         if key.startswith(("finding.", repeat_offenders.TAG, repeat_offenders.LINE_TAG)) and key not in tags:
             client.delete_tag(run_id, key)
     items = [RunTag(k, v) for k, v in tags.items()]
     for i in range(0, len(items), 100):
-        client.log_batch(run_id, tags=items[i:i + 100])
+        client.log_batch(run_id, tags=items[i : i + 100])
 
 
 def _terminal_status(manifest: dict) -> str | None:
@@ -116,6 +125,7 @@ def log_run(run, findings) -> str | None:
     if not enabled():
         return None
     from mlflow.entities import Metric
+
     client = client_for(run.root)
     manifest = run.manifest or {}
     run_id = ensure_run(client, run.root, manifest)
@@ -146,6 +156,5 @@ def log_run(run, findings) -> str | None:
     status = _terminal_status(manifest)
     if status:
         end_ns = manifest.get("end_wall_ns")
-        client.set_terminated(run_id, status,
-                              end_time=int(end_ns // 1_000_000) if isinstance(end_ns, int) else None)
+        client.set_terminated(run_id, status, end_time=int(end_ns // 1_000_000) if isinstance(end_ns, int) else None)
     return run_id

@@ -4,6 +4,7 @@ unless MLFLOW_TRACKING_URI is set), the "diagnose" experiment, the MLflow run
 of a run dir (its id kept in `<run>/mlflow_run_id`) with the job's params, and
 the MLflow UI over that store. DIAGNOSE_TRACKING=off turns tracking off.
 """
+
 import logging
 import os
 import pathlib
@@ -52,16 +53,18 @@ def client_for(run_dir: str):
     for seconds; the live thread and the analysis must not do it at once."""
     _prepare_mlflow()
     from mlflow.tracking import MlflowClient
+
     uri = tracking_uri(run_dir)
     if not uri.startswith("sqlite:///"):
         return MlflowClient(tracking_uri=uri)
-    db = uri[len("sqlite:///"):]
+    db = uri[len("sqlite:///") :]
     os.makedirs(os.path.dirname(db) or ".", exist_ok=True)
     lock_path = os.path.join(os.path.dirname(db), f".{os.path.basename(db)}.lock")
     with _STORE_LOCK, open(lock_path, "a") as lock:
         # Also across processes: the live monitor, the analysis, a second node's launcher.
         try:
             import fcntl
+
             fcntl.flock(lock, fcntl.LOCK_EX)
         except (ImportError, OSError):
             pass
@@ -72,6 +75,7 @@ def client_for(run_dir: str):
 
 def experiment_id(client, run_dir: str) -> str:
     from mlflow.exceptions import MlflowException
+
     experiment = client.get_experiment_by_name(EXPERIMENT)
     if experiment is not None:
         if experiment.lifecycle_stage == "deleted":
@@ -100,6 +104,7 @@ def ensure_run(client, run_dir: str, manifest: dict | None = None) -> str:
     """The MLflow run of this run dir: the one recorded in <run>/mlflow_run_id
     if the store still has it, else a new one (whose id is then recorded)."""
     from mlflow.exceptions import MlflowException
+
     run_id = stored_run_id(run_dir)
     if run_id:
         try:
@@ -110,11 +115,17 @@ def ensure_run(client, run_dir: str, manifest: dict | None = None) -> str:
             pass  # another store (MLFLOW_TRACKING_URI changed) or deleted: start a new one
     manifest = manifest if manifest is not None else rundir.read_manifest(run_dir)
     start = manifest.get("start_wall_ns")
-    tags = {"diagnose.run_dir": os.path.abspath(run_dir),
-            "mlflow.source.name": "diagnose", "mlflow.source.type": "LOCAL"}
-    run = client.create_run(experiment_id(client, run_dir),
-                            start_time=int(start // 1_000_000) if isinstance(start, int) else None,
-                            tags=tags, run_name=_run_name(run_dir, manifest))
+    tags = {
+        "diagnose.run_dir": os.path.abspath(run_dir),
+        "mlflow.source.name": "diagnose",
+        "mlflow.source.type": "LOCAL",
+    }
+    run = client.create_run(
+        experiment_id(client, run_dir),
+        start_time=int(start // 1_000_000) if isinstance(start, int) else None,
+        tags=tags,
+        run_name=_run_name(run_dir, manifest),
+    )
     atomic_write_bytes(os.path.join(run_dir, RUN_ID_FILE), (run.info.run_id + "\n").encode())
     return run.info.run_id
 
@@ -144,10 +155,11 @@ def manifest_params(manifest: dict) -> dict:
 def log_params_once(client, run_id: str, params: dict) -> None:
     """Params are immutable in MLflow: log the ones not there yet, keep the rest."""
     from mlflow.entities import Param
+
     existing = client.get_run(run_id).data.params
     new = [Param(k, str(v)[:6000]) for k, v in params.items() if k not in existing]
     for i in range(0, len(new), 100):
-        client.log_batch(run_id, params=new[i:i + 100])
+        client.log_batch(run_id, params=new[i : i + 100])
 
 
 def experiment_link(root: str, host: str, port: int) -> str:
@@ -158,10 +170,11 @@ def experiment_link(root: str, host: str, port: int) -> str:
     base = f"http://{host}:{port}/#/experiments"
     uri = os.environ.get("MLFLOW_TRACKING_URI") or default_uri(root)
     experiment = None
-    if not uri.startswith("sqlite:///") or os.path.exists(uri[len("sqlite:///"):]):
+    if not uri.startswith("sqlite:///") or os.path.exists(uri[len("sqlite:///") :]):
         try:
             _prepare_mlflow()
             from mlflow.tracking import MlflowClient
+
             experiment = MlflowClient(tracking_uri=uri).get_experiment_by_name(EXPERIMENT)
         except Exception:
             experiment = None
@@ -172,7 +185,21 @@ def experiment_link(root: str, host: str, port: int) -> str:
 def ui_command(root: str, port: int, host: str = "127.0.0.1", python: str | None = None) -> list:
     """The MLflow UI over the same store as log_run uses for runs under root."""
     import sys
+
     uri = os.environ.get("MLFLOW_TRACKING_URI") or default_uri(root)
-    return [python or sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
-            "--artifacts-destination", os.path.abspath(os.path.join(root, ARTIFACTS_DIR)),
-            "--host", host, "--port", str(port), "--workers", "1"]
+    return [
+        python or sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        uri,
+        "--artifacts-destination",
+        os.path.abspath(os.path.join(root, ARTIFACTS_DIR)),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]

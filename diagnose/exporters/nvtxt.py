@@ -21,14 +21,14 @@ imported one. Thread ids are lanes as in the Chrome export: 0 main, 1 steps,
 2 communication in flight, 3 host syncs, 4 GPU kernels. Categories: one id per
 event kind, listed in each file's header.
 """
+
 import os
 
 from collectors.schema import KINDS, rank_dir_name
 
 LANES = {"step": 1, "sync": 3, "kernel": 4}
 CATEGORY_IDS = {kind: i + 1 for i, kind in enumerate(KINDS)}
-INSTRUCTIONS = {"RangeStartEnd": ("Start", "End", "ThreadId", "Message"),
-                "Marker": ("Time", "ThreadId", "Message")}
+INSTRUCTIONS = {"RangeStartEnd": ("Start", "End", "ThreadId", "Message"), "Marker": ("Time", "ThreadId", "Message")}
 
 
 def quote(text: str) -> str:
@@ -45,19 +45,27 @@ def rank_lines(run, rank: int) -> list[str]:
     to_rank_clock = int(run.t0_ns) + int(run.offsets_ns.get(rank, 0))
     meta = run.rank_meta.get(rank, {})
     pid = meta.get("pid") if isinstance(meta.get("pid"), int) else rank
-    lines = [f"# diagnose NVTXT export: run {os.path.basename(run.root)}, rank {rank}",
-             "# times: ns on this rank's recorded clock (CLOCK_MONOTONIC for a native run)",
-             "# threads: 0 main, 1 steps, 2 communication in flight, 3 host syncs, 4 GPU kernels",
-             "# categories: " + ", ".join(f"{i} {k}" for k, i in CATEGORY_IDS.items()),
-             f"SetFileDisplayName, diagnose rank {rank}",
-             "@RangeStartEnd, Start, End, ThreadId, Message",
-             "@Marker, Time, ThreadId, Message",
-             f"ProcessId = {pid}",
-             "TimeBase = Manual"]
+    lines = [
+        f"# diagnose NVTXT export: run {os.path.basename(run.root)}, rank {rank}",
+        "# times: ns on this rank's recorded clock (CLOCK_MONOTONIC for a native run)",
+        "# threads: 0 main, 1 steps, 2 communication in flight, 3 host syncs, 4 GPU kernels",
+        "# categories: " + ", ".join(f"{i} {k}" for k, i in CATEGORY_IDS.items()),
+        f"SetFileDisplayName, diagnose rank {rank}",
+        "@RangeStartEnd, Start, End, ThreadId, Message",
+        "@Marker, Time, ThreadId, Message",
+        f"ProcessId = {pid}",
+        "TimeBase = Manual",
+    ]
     category = None
-    rows = zip(ev["kind"].astype(str), ev["name"].astype(str), ev["start_ns"].tolist(),
-               ev["end_ns"].tolist(), ev["group"].astype(str), ev["seq"].tolist(),
-               ev["async_op"].tolist())
+    rows = zip(
+        ev["kind"].astype(str),
+        ev["name"].astype(str),
+        ev["start_ns"].tolist(),
+        ev["end_ns"].tolist(),
+        ev["group"].astype(str),
+        ev["seq"].tolist(),
+        ev["async_op"].tolist(),
+    )
     for kind, name, start, end, group, seq, async_op in sorted(rows, key=lambda r: r[2]):
         if CATEGORY_IDS.get(kind) != category:
             category = CATEGORY_IDS.get(kind, CATEGORY_IDS["mark"])

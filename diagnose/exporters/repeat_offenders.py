@@ -15,6 +15,7 @@ Description. Why 3: on a cluster of N machines a culprit drawn at random
 repeats three times in a row with odds 1/N^2 (under 2% from 8 machines), twice
 with 1/N; a real bad machine keeps coming back.
 """
+
 from diagnose.analysis.detectors import finding_kinds
 
 LAST_RUNS = 5
@@ -63,12 +64,15 @@ def repeat_lines(client, experiment_id: str, tags: dict, said: dict) -> dict:
     runs = client.search_runs([experiment_id], order_by=["attributes.start_time DESC"], max_results=LAST_RUNS)
     lines = {}
     for tag, keys in tags.items():
-        kind = tag[len(TAG):]
+        kind = tag[len(TAG) :]
         for key in keys.split(";"):
             count = sum(1 for r in runs if key in r.data.tags.get(tag, "").split(";"))
             if count >= REPEAT_MIN:
-                line = (f"{said.get(key, key)} was the {kind.replace('_', ' ')} culprit in {count} of the "
-                        f"last {len(runs)} runs" if kind != "straggler" else
-                        f"{said.get(key, key)} was the straggler in {count} of the last {len(runs)} runs")
+                line = (
+                    f"{said.get(key, key)} was the {kind.replace('_', ' ')} culprit in {count} of the "
+                    f"last {len(runs)} runs"
+                    if kind != "straggler"
+                    else f"{said.get(key, key)} was the straggler in {count} of the last {len(runs)} runs"
+                )
                 lines[LINE_TAG + kind] = "; ".join(filter(None, [lines.get(LINE_TAG + kind), line]))
     return lines

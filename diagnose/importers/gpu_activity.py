@@ -9,6 +9,7 @@ sync, with its class in `detail`: "compute" | "communication" | "memory" |
 reproduced: communication = NCCL kernels, memory = Memcpy/Memset/DMA, other =
 GPU syncs and kernels HTA leaves unclassified.
 """
+
 import bisect
 import re
 
@@ -19,18 +20,50 @@ _MEMORY_RE = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
 _NOT_COMPUTE_RE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
 _NCCL_OP_RE = re.compile(r"Kernel_([A-Za-z]+)")
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
-_OP_ALIASES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
-               "alltoall": "all_to_all", "all_to_allv": "all_to_all", "alltoallv": "all_to_all",
-               "_allgather_base": "all_gather", "_reduce_scatter_base": "reduce_scatter",
-               "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-               "_all_gather_base": "all_gather", "sendrecv": "send_recv"}
-DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8,
-               "float64": 8, "long": 8, "int64": 8, "int": 4, "int32": 4, "short": 2, "byte": 1,
-               "char": 1, "bool": 1, "uint8": 1, "int8": 1,
-               # the profiler's "Input type" spellings (C++ type names)
-               "c10::half": 2, "c10::bfloat16": 2, "long int": 8, "short int": 2, "signed char": 1,
-               "unsigned char": 1, "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1,
-               "c10::complex<float>": 8, "c10::complex<double>": 16}
+_OP_ALIASES = {
+    "allreduce": "all_reduce",
+    "allgather": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "alltoall": "all_to_all",
+    "all_to_allv": "all_to_all",
+    "alltoallv": "all_to_all",
+    "_allgather_base": "all_gather",
+    "_reduce_scatter_base": "reduce_scatter",
+    "all_gather_into_tensor": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "_all_gather_base": "all_gather",
+    "sendrecv": "send_recv",
+}
+DTYPE_BYTES = {
+    "float": 4,
+    "float32": 4,
+    "half": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "double": 8,
+    "float64": 8,
+    "long": 8,
+    "int64": 8,
+    "int": 4,
+    "int32": 4,
+    "short": 2,
+    "byte": 1,
+    "char": 1,
+    "bool": 1,
+    "uint8": 1,
+    "int8": 1,
+    # the profiler's "Input type" spellings (C++ type names)
+    "c10::half": 2,
+    "c10::bfloat16": 2,
+    "long int": 8,
+    "short int": 2,
+    "signed char": 1,
+    "unsigned char": 1,
+    "c10::float8_e4m3fn": 1,
+    "c10::float8_e5m2": 1,
+    "c10::complex<float>": 8,
+    "c10::complex<double>": 16,
+}
 
 
 def kernel_class(name: str) -> str:
@@ -71,8 +104,18 @@ def collective_op(collective_name: str | None, kernel_name: str) -> str:
     return _OP_ALIASES.get(snake.replace("_", ""), snake)
 
 
-_NCCL_CALLS = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send", "recv",
-               "all_to_all", "gather", "scatter"}
+_NCCL_CALLS = {
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "reduce",
+    "send",
+    "recv",
+    "all_to_all",
+    "gather",
+    "scatter",
+}
 
 
 def nccl_call_op(text: str) -> str | None:
@@ -141,7 +184,7 @@ def launching_ranges(launches: list, ranges: list) -> list:
         spans = by_thread.get(launch[1]) if launch is not None else None
         if spans:
             at = bisect.bisect_right(starts[launch[1]], launch[0])
-            for _, end, candidate in reversed(spans[max(at - _NESTING, 0):at]):  # innermost first
+            for _, end, candidate in reversed(spans[max(at - _NESTING, 0) : at]):  # innermost first
                 if end >= launch[0]:
                     index = candidate
                     break
@@ -150,7 +193,7 @@ def launching_ranges(launches: list, ranges: list) -> list:
 
 
 def ranks_string(ranks) -> str:
-    """ "[0, 1, 2]" or a list -> "0,1,2"; anything unparsable -> "". """
+    """ "[0, 1, 2]" or a list -> "0,1,2"; anything unparsable -> ""."""
     if isinstance(ranks, (list, tuple)):
         items = ranks
     elif isinstance(ranks, str):

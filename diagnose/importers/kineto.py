@@ -38,6 +38,7 @@ in worker processes, each of which also writes its file's events as Parquet
 (the parent only moves the files into the run dir). The table is built
 column by column (kineto_columns.py), not as a tuple per kernel.
 """
+
 import functools
 import glob
 import os
@@ -68,8 +69,12 @@ from diagnose.importers.run_writer import RunDirWriter, append_rank_events, cloc
 
 _STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
 _DATA_RE = re.compile(r"^enumerate\(DataLoader\)#.*__next__$")
-_PHASE_NAMES = {"forward": "forward", "backward": "backward", "optimizer": "optimizer",
-                "distributeddataparallel.forward": "forward"}
+_PHASE_NAMES = {
+    "forward": "forward",
+    "backward": "backward",
+    "optimizer": "optimizer",
+    "distributeddataparallel.forward": "forward",
+}
 
 
 def file_table(path: str, gpu_only: bool = False) -> tuple[pa.Table, dict]:
@@ -86,8 +91,9 @@ def file_table(path: str, gpu_only: bool = False) -> tuple[pa.Table, dict]:
 
 def trace_table(trace: dict, gpu_only: bool = False) -> tuple[pa.Table, dict]:
     """The events (collectors.schema's table, in start order) and facts for meta.json."""
-    return table_and_facts(trace.get("baseTimeNanoseconds"), trace.get("distributedInfo"),
-                           *_scan_events(trace["traceEvents"], gpu_only))
+    return table_and_facts(
+        trace.get("baseTimeNanoseconds"), trace.get("distributedInfo"), *_scan_events(trace["traceEvents"], gpu_only)
+    )
 
 
 def _scan_events(events, gpu_only: bool):
@@ -108,8 +114,18 @@ def _scan_events(events, gpu_only: bool):
             dur = 0
         stream = args.get("stream")
         if stream is not None and as_int(stream) >= 0:
-            gpu.append((name, ts, dur, int(stream), as_int(args.get("correlation")),
-                        max(as_int(args.get("bytes"), 0), 0), "Collective name" in args, args))
+            gpu.append(
+                (
+                    name,
+                    ts,
+                    dur,
+                    int(stream),
+                    as_int(args.get("correlation")),
+                    max(as_int(args.get("bytes"), 0), 0),
+                    "Collective name" in args,
+                    args,
+                )
+            )
             continue
         cat = e.get("cat")
         pid = e.get("pid")
@@ -125,8 +141,18 @@ def _scan_events(events, gpu_only: bool):
             continue
         if name.startswith(NCCL_RANGE_PREFIX):
             if cat in NCCL_RANGE_CATS:
-                ranges.append(nccl_range(name, ts, dur, e.get("tid"), args.get("Input Dims"), args.get("Input type"),
-                                         args.get("Dst Rank"), args.get("Src Rank")))
+                ranges.append(
+                    nccl_range(
+                        name,
+                        ts,
+                        dur,
+                        e.get("tid"),
+                        args.get("Input Dims"),
+                        args.get("Input type"),
+                        args.get("Dst Rank"),
+                        args.get("Src Rank"),
+                    )
+                )
             continue
         row = _classify(name, cat, ts, dur)
         if row is not None:
@@ -143,8 +169,7 @@ def _classify(name: str, cat, ts, dur):
             return ("step", "step", ts, dur, m.group(1))
     elif first == "e" and _DATA_RE.match(name):
         # as the native dataloader collector: "workers=0" for a single-process loader
-        return ("data", "data_wait", ts, dur,
-                "workers=0" if "_SingleProcessDataLoaderIter" in name else name)
+        return ("data", "data_wait", ts, dur, "workers=0" if "_SingleProcessDataLoaderIter" in name else name)
     elif first == "O" and name.startswith("Optimizer.step#"):
         return ("optimizer", "optimizer", ts, dur, name)
     elif first in PHASE_FIRST and cat in ("user_annotation", "cpu_op", "Operator"):
@@ -172,26 +197,39 @@ def import_kineto(paths: list, out_dir: str) -> tuple[str, dict]:
     staging_dir = tempfile.mkdtemp(prefix="diagnose-import-")
     try:
         parsed = []
-        for index, (path, staged) in enumerate(zip(paths, map_files(functools.partial(_stage_file, staging_dir),
-                                                                     paths))):
+        for index, (path, staged) in enumerate(
+            zip(paths, map_files(functools.partial(_stage_file, staging_dir), paths))
+        ):
             facts = staged[2]
             rank = facts["rank_in_trace"] if facts["rank_in_trace"] is not None else index
             parsed.append((rank, path, staged))
         seen = {}
         for rank, path, _ in parsed:
             if rank in seen:
-                raise UserError(f"rank {rank} is in both {_display(seen[rank])} and {_display(path)}; "
-                                "import traces of different jobs separately")
+                raise UserError(
+                    f"rank {rank} is in both {_display(seen[rank])} and {_display(path)}; "
+                    "import traces of different jobs separately"
+                )
             seen[rank] = path
         writer = RunDirWriter(out_dir, "kineto", paths)
         for rank, path, (staged, events, facts) in parsed:
-            writer.adopt_rank(rank, staged, events, {
-                "world_size": facts["world_size"] or len(parsed), "pid": facts["pid"], "host": "",
-                "clock": clock_meta(), "source": {"format": "kineto", "file": os.path.abspath(path)},
-                "profiler_steps": facts["steps"], "gpu_activities": facts["gpu_activities"],
-                **({"process_groups": facts["process_groups"]} if facts.get("process_groups") else {}),
-                # what the trace's exchanges and passes could not say (kineto_structure.py)
-                **({"device_structure": facts["device_structure"]} if facts.get("device_structure") else {})})
+            writer.adopt_rank(
+                rank,
+                staged,
+                events,
+                {
+                    "world_size": facts["world_size"] or len(parsed),
+                    "pid": facts["pid"],
+                    "host": "",
+                    "clock": clock_meta(),
+                    "source": {"format": "kineto", "file": os.path.abspath(path)},
+                    "profiler_steps": facts["steps"],
+                    "gpu_activities": facts["gpu_activities"],
+                    **({"process_groups": facts["process_groups"]} if facts.get("process_groups") else {}),
+                    # what the trace's exchanges and passes could not say (kineto_structure.py)
+                    **({"device_structure": facts["device_structure"]} if facts.get("device_structure") else {}),
+                },
+            )
     finally:
         shutil.rmtree(staging_dir, ignore_errors=True)
     run_dir = writer.finish()
@@ -206,6 +244,7 @@ def import_profiler_windows(run_dir: str, warn=print) -> dict:
     {rank: its kernel rows}."""
     from diagnose import rundir
     from diagnose.rundir import rank_reader
+
     done = {}
     for rank_dir in rundir.rank_dirs(run_dir):
         files = sorted(glob.glob(os.path.join(glob.escape(rank_dir), PROFILER_DIR, "*.json*")))
@@ -223,8 +262,9 @@ def import_profiler_windows(run_dir: str, warn=print) -> dict:
             # the GPU side: its activities, and the waits between its streams
             table = table.filter(pc.is_in(table.column("kind"), pa.array(["kernel", "stream_wait"])))
             for column in ("start_ns", "end_ns"):
-                table = table.set_column(table.schema.get_field_index(column), column,
-                                         pc.add(table.column(column), shift))
+                table = table.set_column(
+                    table.schema.get_field_index(column), column, pc.add(table.column(column), shift)
+                )
             tables.append(table)
         table = pa.concat_tables(tables) if tables else events_table([])
         append_rank_events(rank_dir, table, "kineto")

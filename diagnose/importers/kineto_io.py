@@ -12,6 +12,7 @@ a fifth of a file's import. libdeflate takes a whole buffer and decodes one
 gzip member: unless the output's size and CRC are those in the file's last
 trailer (a concatenation of several members), zlib reads the file again.
 """
+
 import contextlib
 import gc
 import gzip
@@ -63,8 +64,9 @@ def _gunzip(raw: bytes) -> bytes:
             pass  # zlib says what is wrong with it
         else:
             # one member, so all of it: its CRC and size are those of the file's last trailer
-            if (len(out) % 2**32 == int.from_bytes(raw[-4:], "little")
-                    and _libdeflate_crc32(out) == int.from_bytes(raw[-8:-4], "little")):
+            if len(out) % 2**32 == int.from_bytes(raw[-4:], "little") and _libdeflate_crc32(out) == int.from_bytes(
+                raw[-8:-4], "little"
+            ):
                 return out
     return gzip.decompress(raw)
 

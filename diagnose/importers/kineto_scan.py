@@ -21,6 +21,7 @@ gets the text when it is ASCII: the same result at ~0.10 s instead of ~0.25 s
 per 216k-event file, as it builds objects only for the events it keeps. It
 hands anything unusual to msgspec (native_scan returns None).
 """
+
 from typing import Any, Union
 
 from diagnose.importers.gpu_activity import as_int, collective_op, tensor_bytes
@@ -38,8 +39,16 @@ except ImportError:
 # What the importer keeps of a trace's CPU side (kineto.py classifies the rest):
 # runtime calls that launch GPU work or block the host on it, and the first
 # letters of the names kineto._classify can return a row for.
-SYNC_CALLS = {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-              "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize", "hipMemcpy"}
+SYNC_CALLS = {
+    "cudaDeviceSynchronize",
+    "cudaStreamSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+    "hipDeviceSynchronize",
+    "hipStreamSynchronize",
+    "hipEventSynchronize",
+    "hipMemcpy",
+}
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "privateuse1_runtime", "hip_runtime"}
 PHASE_FIRST = frozenset("#fbFBoD")
 # the CPU ranges PyTorch records around each NCCL call, "nccl:<op>" with the
@@ -54,8 +63,30 @@ STREAM_WAIT = "Stream Wait Event"
 
 # the phases of the Trace Event Format besides complete events ("X"); the C scan
 # accepts the same ones
-OTHER_PHASES = ("B", "E", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P",
-                "N", "O", "D", "M", "V", "v", "R", "c", "(", ")")
+OTHER_PHASES = (
+    "B",
+    "E",
+    "i",
+    "I",
+    "C",
+    "b",
+    "n",
+    "e",
+    "s",
+    "t",
+    "f",
+    "P",
+    "N",
+    "O",
+    "D",
+    "M",
+    "V",
+    "v",
+    "R",
+    "c",
+    "(",
+    ")",
+)
 
 if msgspec is not None:
     UNSET = msgspec.UNSET
@@ -66,6 +97,7 @@ if msgspec is not None:
     class _Args(msgspec.Struct, gc=False):
         """The args keys the importer reads; get() and `in` answer for the
         trace's own key names, as the args dict of the dict path does."""
+
         stream: int | None = None
         correlation: int | msgspec.UnsetType = UNSET
         collective_name: Any = msgspec.field(default=UNSET, name="Collective name")
@@ -112,8 +144,9 @@ if msgspec is not None:
         args: _Args | None = None
 
     # every other phase of the Trace Event Format
-    _OTHER_PHASES = tuple(msgspec.defstruct(f"_Phase{i}", [], tag_field="ph", tag=ph, gc=False)
-                          for i, ph in enumerate(OTHER_PHASES))
+    _OTHER_PHASES = tuple(
+        msgspec.defstruct(f"_Phase{i}", [], tag_field="ph", tag=ph, gc=False) for i, ph in enumerate(OTHER_PHASES)
+    )
 
     class _Trace(msgspec.Struct):
         traceEvents: list[Union[(_Event, *_OTHER_PHASES)]]
@@ -152,9 +185,16 @@ def native_scan(raw: bytes, gpu_only: bool, classify):
     """_scan's result through the C scan (_kineto_c.c); False for a trace
     with no complete event; None where the C scan leaves the text to msgspec.
     Raises msgspec's errors where _scan's decode would."""
-    scanned = _kineto_c.scan(raw, gpu_only, "".join(OTHER_PHASES).encode(), tuple(c.encode() for c in LAUNCH_CATS),
-                             tuple(c.encode() for c in SYNC_CALLS), "".join(CLASSIFIED_FIRST).encode(),
-                             _NO_ARGS, msgspec.json.decode)
+    scanned = _kineto_c.scan(
+        raw,
+        gpu_only,
+        "".join(OTHER_PHASES).encode(),
+        tuple(c.encode() for c in LAUNCH_CATS),
+        tuple(c.encode() for c in SYNC_CALLS),
+        "".join(CLASSIFIED_FIRST).encode(),
+        _NO_ARGS,
+        msgspec.json.decode,
+    )
     if scanned is None:
         return None
     any_complete, base_time, dist, gpu, args_to_decode, launches, candidates, pids, found = scanned
@@ -165,14 +205,17 @@ def native_scan(raw: bytes, gpu_only: bool, classify):
             args = _ARGS.decode(text[start:end])
             name, ts, dur, stream, correlation, _, collective, _ = gpu[index]
             gpu[index] = (name, ts, dur, stream, correlation, _bytes(args.bytes), collective, args)
-        facts = {"baseTimeNanoseconds": None if base_time is None else msgspec.json.decode(text[slice(*base_time)]),
-                 "distributedInfo": None if dist is None else msgspec.json.decode(text[slice(*dist)])}
+        facts = {
+            "baseTimeNanoseconds": None if base_time is None else msgspec.json.decode(text[slice(*base_time)]),
+            "distributedInfo": None if dist is None else msgspec.json.decode(text[slice(*dist)]),
+        }
         ranges = []
         for name, cat, ts, dur, tid, span in found:
             if cat in NCCL_RANGE_CATS:
                 args = _RangeArgs() if span is None else _RANGE_ARGS.decode(text[slice(*span)])
-                ranges.append(nccl_range(name, ts, dur, tid, args.input_dims, args.input_type, args.dst_rank,
-                                         args.src_rank))
+                ranges.append(
+                    nccl_range(name, ts, dur, tid, args.input_dims, args.input_type, args.dst_rank, args.src_rank)
+                )
     cpu = []
     for candidate in candidates:
         row = candidate if len(candidate) == 5 else classify(*candidate)
@@ -187,9 +230,15 @@ def nccl_range(name: str, ts, dur, tid, dims, types, dst=None, src=None) -> tupl
     ranks, a number or a numeric string), else -1. Megatron's batched p2p is one
     fused kernel under `nccl:coalesced`: its peers are only in these ops
     (diagnose/importers/kineto_structure.py)."""
-    op = collective_op(name[len(NCCL_RANGE_PREFIX):], "")
-    return op, ts, dur, tid, tensor_bytes(dims, types), peer_rank(dst if op == "send" else src if op == "recv"
-                                                                  else None)
+    op = collective_op(name[len(NCCL_RANGE_PREFIX) :], "")
+    return (
+        op,
+        ts,
+        dur,
+        tid,
+        tensor_bytes(dims, types),
+        peer_rank(dst if op == "send" else src if op == "recv" else None),
+    )
 
 
 def peer_rank(value) -> int:
@@ -223,9 +272,18 @@ def _scan(trace, gpu_only: bool, classify):
         if stream is not None and stream >= 0:
             correlation = args.correlation
             nbytes = args.bytes
-            gpu.append((name, ts, dur, stream, -1 if correlation is UNSET else correlation,
-                        _bytes(nbytes),
-                        args.collective_name is not UNSET, args))
+            gpu.append(
+                (
+                    name,
+                    ts,
+                    dur,
+                    stream,
+                    -1 if correlation is UNSET else correlation,
+                    _bytes(nbytes),
+                    args.collective_name is not UNSET,
+                    args,
+                )
+            )
             continue
         pid = e.pid
         if isinstance(pid, int):
@@ -241,9 +299,18 @@ def _scan(trace, gpu_only: bool, classify):
             if cat in NCCL_RANGE_CATS:
                 dims, types = (UNSET, UNSET) if args is None else (args.input_dims, args.input_type)
                 dst, src = (UNSET, UNSET) if args is None else (args.dst_rank, args.src_rank)
-                ranges.append(nccl_range(name, ts, dur, e.tid, None if dims is UNSET else msgspec.json.decode(dims),
-                                         None if types is UNSET else msgspec.json.decode(types),
-                                         None if dst is UNSET else dst, None if src is UNSET else src))
+                ranges.append(
+                    nccl_range(
+                        name,
+                        ts,
+                        dur,
+                        e.tid,
+                        None if dims is UNSET else msgspec.json.decode(dims),
+                        None if types is UNSET else msgspec.json.decode(types),
+                        None if dst is UNSET else dst,
+                        None if src is UNSET else src,
+                    )
+                )
             continue
         if gpu_only or not name or name[0] not in classified_first or cat == "gpu_user_annotation":
             continue  # ("aten::..." and most operators: classify would say None)

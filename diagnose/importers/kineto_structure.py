@@ -42,6 +42,7 @@ unnamed exchange then stays a collective ("coalesced"), with the reason in
 `note`, and pipeline_topology reads no pipeline while one rank's batched p2p is
 unread: never a guessed peer, so never a wrong stage.
 """
+
 import bisect
 from dataclasses import dataclass, field
 
@@ -56,16 +57,15 @@ _P2P_OPS = ("send", "recv")
 @dataclass
 class Structure:
     exchanges: dict = field(default_factory=dict)  # NCCL kernel index -> [(op, peer, bytes)]
-    rows: list = field(default_factory=list)       # (kind, start_ns, end_ns, step, microbatch)
-    notes: list = field(default_factory=list)      # what could not be read, one line each
+    rows: list = field(default_factory=list)  # (kind, start_ns, end_ns, step, microbatch)
+    notes: list = field(default_factory=list)  # what could not be read, one line each
 
     @property
     def note(self) -> str:
         return "; ".join(self.notes)
 
 
-def device_structure(gpu, launches: dict, ranges: list, cpu: list, kernels: dict, rank: int,
-                     groups: dict) -> Structure:
+def device_structure(gpu, launches: dict, ranges: list, cpu: list, kernels: dict, rank: int, groups: dict) -> Structure:
     """The exchanges and passes of one trace (see the module docstring).
     gpu/launches/ranges/cpu: a scan's; kernels: kineto_columns' kernel block;
     groups: process_groups() of the trace's pg_config."""
@@ -79,9 +79,16 @@ def device_structure(gpu, launches: dict, ranges: list, cpu: list, kernels: dict
     # a trace that records its passes (## forward ##, DDP.forward) keeps its own rows
     recorded = any(kind in ("forward", "backward") for kind, *_ in cpu)
     blocks = _blocks(gpu, launch, kernels, classes, codes, cpu, exchange_ts, [] if recorded else out.notes)
-    for kind, members, _, _, mb in ([] if recorded else blocks):
-        out.rows.append((kind, int(min(kernels["start_ns"][j] for j in members)),
-                         int(max(kernels["end_ns"][j] for j in members)), int(kernels["step"][members[0]]), mb))
+    for kind, members, _, _, mb in [] if recorded else blocks:
+        out.rows.append(
+            (
+                kind,
+                int(min(kernels["start_ns"][j] for j in members)),
+                int(max(kernels["end_ns"][j] for j in members)),
+                int(kernels["step"][members[0]]),
+                mb,
+            )
+        )
     if not ops_of:
         return out
     unnamed = [j for j, ops in ops_of.items() if any(peer < 0 for _, peer, _ in ops)]
@@ -117,7 +124,7 @@ def _exchange_ops(nccl: list, launch: list, ranges: list) -> dict:
         if tid not in by_thread:
             continue
         upto = bisect.bisect_right(starts[tid], ts)
-        ops = [(op, peer, nbytes) for _, op, peer, nbytes in by_thread[tid][previous.get(tid, 0):upto]]
+        ops = [(op, peer, nbytes) for _, op, peer, nbytes in by_thread[tid][previous.get(tid, 0) : upto]]
         previous[tid] = upto
         if ops:
             out[j] = ops
@@ -127,8 +134,14 @@ def _exchange_ops(nccl: list, launch: list, ranges: list) -> dict:
 def _blocks(gpu, launch, kernels, classes, codes, cpu, exchange_ts, notes) -> list:
     """[(kind, kernel indexes, first launch ts, last launch ts, micro-batch)] in launch order."""
     optimizer = sorted((ts, ts + dur) for kind, _, ts, dur, _ in cpu if kind == "optimizer")
-    compute = [j for j in range(len(gpu)) if classes[codes[j]] == COMPUTE and launch[j] is not None
-               and kernels["step"][j] >= 0 and not _inside(launch[j][0], optimizer)]
+    compute = [
+        j
+        for j in range(len(gpu))
+        if classes[codes[j]] == COMPUTE
+        and launch[j] is not None
+        and kernels["step"][j] >= 0
+        and not _inside(launch[j][0], optimizer)
+    ]
     if not compute:
         return []
     compute.sort(key=lambda j: launch[j][0])
@@ -145,8 +158,12 @@ def _blocks(gpu, launch, kernels, classes, codes, cpu, exchange_ts, notes) -> li
         kind = "forward" if launch[j][1] == main else "backward"
         ts, step = launch[j][0], int(kernels["step"][j])
         last = blocks[-1] if blocks else None
-        if (last is not None and last[0] == kind and last[5] == step
-                and bisect.bisect_right(exchange_ts, last[3]) == bisect.bisect_left(exchange_ts, ts)):
+        if (
+            last is not None
+            and last[0] == kind
+            and last[5] == step
+            and bisect.bisect_right(exchange_ts, last[3]) == bisect.bisect_left(exchange_ts, ts)
+        ):
             last[1].append(j)
             last[3] = ts
         else:
@@ -198,8 +215,10 @@ def _resolve(unnamed: list, ops_of: dict, gpu, launch, blocks, rank: int, groups
             # reverse; anything else goes round a ring: an interleaved schedule's)
             produces, consumes = ("forward", "backward") if up is None else ("backward", "forward")
             if (sends and before != produces) or (recvs and not sends and after != consumes):
-                return (f"rank {rank}, an end stage of its pipeline group, exchanges what only a ring "
-                        "carries (an interleaved schedule?)")
+                return (
+                    f"rank {rank}, an end stage of its pipeline group, exchanges what only a ring "
+                    "carries (an interleaved schedule?)"
+                )
             filled[j] = [(op, up if down is None else down, b) for op, _, b in ops]
             continue
         if (sends and before is None) or (recvs and after is None):

@@ -51,6 +51,7 @@ with NVTX ranges) get the next free ranks, ordered by GPU then pid.
 
 The export's tables are read in diagnose.importers.nsys_export; here they become rows.
 """
+
 import bisect
 import os
 import re
@@ -73,8 +74,15 @@ from diagnose.importers.nsys_export import (
 )
 from diagnose.importers.run_writer import RunDirWriter, assign_steps, clock_meta
 
-_SYNC_CALLS = {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-               "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize"}
+_SYNC_CALLS = {
+    "cudaDeviceSynchronize",
+    "cudaStreamSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+    "cuCtxSynchronize",
+    "cuStreamSynchronize",
+    "cuEventSynchronize",
+}
 _STEP_RE = re.compile(r"^(?:ProfilerStep\s*#\s*|(?:train[_ ])?step[ _:#-]*)(\d+)$", re.IGNORECASE)
 _DATA_RE = re.compile(r"^(data_wait|data|enumerate\(DataLoader\)#.*__next__)$")
 _RANK_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
@@ -85,8 +93,10 @@ NcclCall = namedtuple("NcclCall", "start end thread op group bytes peer own")  #
 
 def _rows_for(export, pid: int, single: bool, world: str = "", rank: int = -1) -> list:
     """The rows of one process (every process of the export if single), by start."""
+
     def mine(gid):
         return single or (gid is not None and decode_global_id(gid)[0] == pid)
+
     # calls: the NcclCall of each NCCL call's range
     cpu, calls = [], []
     launches = {}  # correlation -> (start, thread)
@@ -124,17 +134,31 @@ def _wait_rows(export, pid, single, launches, step_starts, step_numbers) -> list
     """The process's cudaStreamWaitEvent calls as "stream_wait" rows, their
     step the one their call ran in, as a kernel's is its launch's."""
     waits = [w for w in export.waits if single or pid_of(w.globalPid) == pid]
-    calls = np.array([launches[w.correlationId][0] if w.correlationId in launches else w.start for w in waits],
-                     dtype=np.int64)
+    calls = np.array(
+        [launches[w.correlationId][0] if w.correlationId in launches else w.start for w in waits], dtype=np.int64
+    )
     rows = []
-    for (s, e, stream, corr, gpid, context, event, _), st in zip(waits, assign_steps(step_starts, step_numbers,
-                                                                                       calls).tolist()):
+    for (s, e, stream, corr, gpid, context, event, _), st in zip(
+        waits, assign_steps(step_starts, step_numbers, calls).tolist()
+    ):
         corr = -1 if corr is None else corr
         recorded = export.records.get((pid_of(gpid), context, event), ())
         at = bisect.bisect_left(recorded, (corr,))  # the last record before the wait call
         record, peer = recorded[at - 1] if at else (-1, -1)
-        rows.append(event_row("stream_wait", STREAM_WAIT, s, e, st, group=str(stream), seq=corr,
-                              peer=-1 if peer is None else peer, nbytes=record, detail="nsys"))
+        rows.append(
+            event_row(
+                "stream_wait",
+                STREAM_WAIT,
+                s,
+                e,
+                st,
+                group=str(stream),
+                seq=corr,
+                peer=-1 if peer is None else peer,
+                nbytes=record,
+                detail="nsys",
+            )
+        )
     return rows
 
 
@@ -172,8 +196,16 @@ def _nccl_call(export, row):
     group = f"nccl:{comm}" if isinstance(comm, (int, str)) and not isinstance(comm, bool) and comm != "" else ""
     nbytes = payload.get("Message size [bytes]")
     peer = payload.get("Peer rank") if op in ("send", "recv") else None
-    return NcclCall(row.start, row.end, row.globalTid, op, group, nbytes if _count(nbytes) and nbytes > 0 else 0,
-                    peer if _count(peer) else -1, own)
+    return NcclCall(
+        row.start,
+        row.end,
+        row.globalTid,
+        op,
+        group,
+        nbytes if _count(nbytes) and nbytes > 0 else 0,
+        peer if _count(peer) else -1,
+        own,
+    )
 
 
 def _gpu_rows(export, pid, single, launches, calls, step_starts, step_numbers, world: str, rank: int) -> list:
@@ -187,15 +219,43 @@ def _gpu_rows(export, pid, single, launches, calls, step_starts, step_numbers, w
     # ncclGroupEnd launches a group's kernel and names no op, PyTorch's range does
     own, torch = [c for c in calls if c.own], [c for c in calls if not c.own]
     nccl_launches = [launches.get(gpu[i].corr) for i in nccl]
-    call_of = dict(zip(nccl, zip(launching_ranges(nccl_launches, [(c.start, c.end, c.thread) for c in own]),
-                                 launching_ranges(nccl_launches, [(c.start, c.end, c.thread) for c in torch]))))
+    call_of = dict(
+        zip(
+            nccl,
+            zip(
+                launching_ranges(nccl_launches, [(c.start, c.end, c.thread) for c in own]),
+                launching_ranges(nccl_launches, [(c.start, c.end, c.thread) for c in torch]),
+            ),
+        )
+    )
     rows, seqs, last_call = [], {}, {}  # last_call: stream -> (call, its done row's index)
     for i, ((s, e, _, stream, corr, _, name, nbytes), st) in enumerate(zip(gpu, step_of)):
         cls = MEMORY if name.startswith(("Memcpy", "Memset")) else kernel_class(name)
         launched = corr if corr in launches else -1
         # queued_ns: launch to start (~0: the GPU waited for the host), as Kineto imports keep it
-        rows.append(new_row(EventRow, ("kernel", name, s, e, st, -1, -1, str(stream), "", launched, -1, int(nbytes),
-                                       False, "", cls, max(s - int(launch[i]), 0) if launched >= 0 else -1)))
+        rows.append(
+            new_row(
+                EventRow,
+                (
+                    "kernel",
+                    name,
+                    s,
+                    e,
+                    st,
+                    -1,
+                    -1,
+                    str(stream),
+                    "",
+                    launched,
+                    -1,
+                    int(nbytes),
+                    False,
+                    "",
+                    cls,
+                    max(s - int(launch[i]), 0) if launched >= 0 else -1,
+                ),
+            )
+        )
         if cls != COMMUNICATION:
             continue
         c = call_of[i]  # (NCCL's range, PyTorch's range), -1: none
@@ -218,10 +278,27 @@ def _gpu_rows(export, pid, single, launches, calls, step_starts, step_numbers, w
         group = group or f"nccl:comm{streams.index(stream)}"
         seq = seqs.get(group, 0)
         seqs[group] = seq + 1
-        rows.append(event_row(kind, op, s, s, st, group=group, group_ranks=members, seq=seq, peer=peer,
-                              nbytes=sent, async_op=True, detail=detail))
-        rows.append(event_row("done", op, e, e, st, group=group, group_ranks=members, seq=seq, peer=peer,
-                              async_op=True, detail=detail))
+        rows.append(
+            event_row(
+                kind,
+                op,
+                s,
+                s,
+                st,
+                group=group,
+                group_ranks=members,
+                seq=seq,
+                peer=peer,
+                nbytes=sent,
+                async_op=True,
+                detail=detail,
+            )
+        )
+        rows.append(
+            event_row(
+                "done", op, e, e, st, group=group, group_ranks=members, seq=seq, peer=peer, async_op=True, detail=detail
+            )
+        )
         last_call[stream] = (c, len(rows) - 1)
     return rows
 
@@ -252,7 +329,7 @@ def import_nsys(paths: list, out_dir: str) -> tuple[str, dict]:
     if not paths:
         raise UserError("no SQLite exports given")
     exports = [Export(p) for p in paths]
-    planned, taken = [], set()   # (rank or None, export, pid, the file's only process)
+    planned, taken = [], set()  # (rank or None, export, pid, the file's only process)
     for export in exports:
         pids = export.processes()
         if not pids:
@@ -275,9 +352,16 @@ def import_nsys(paths: list, out_dir: str) -> tuple[str, dict]:
     world = ",".join(str(r) for r in sorted(r for r, _, _, _ in ranks))
     for rank, export, pid, single in sorted(ranks, key=lambda x: x[0]):
         rows = _rows_for(export, pid, single, world, rank)
-        writer.write_rank(rank, rows, {
-            "world_size": len(ranks), "pid": pid, "host": "",
-            "clock": clock_meta(wall_anchor_ns=export.session_start_ns),
-            "source": {"format": "nsys", "file": os.path.abspath(export.path)}})
+        writer.write_rank(
+            rank,
+            rows,
+            {
+                "world_size": len(ranks),
+                "pid": pid,
+                "host": "",
+                "clock": clock_meta(wall_anchor_ns=export.session_start_ns),
+                "source": {"format": "nsys", "file": os.path.abspath(export.path)},
+            },
+        )
     run_dir = writer.finish()
     return run_dir, {"ranks": writer.ranks, "events": writer.events_total}

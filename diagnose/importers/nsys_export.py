@@ -3,6 +3,7 @@ lists: the kernel, memcpy, memset, runtime, synchronization, CUDA event and NVTX
 tables, read by column name (absent columns None), and how Nsight's serialized
 globalTid/globalPid decode. diagnose.importers.nsys turns them into a run
 directory's rows."""
+
 import json
 import os
 import pathlib
@@ -12,7 +13,7 @@ from collections import namedtuple
 from collectors.schema import new_row
 from diagnose.errors import UserError
 
-NVTX_RANGE_TYPES = (59, 60)      # NvtxPushPopRange, NvtxStartEndRange
+NVTX_RANGE_TYPES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange
 NVTX_CATEGORY, NVTX_DOMAIN = 33, 75
 _MEMCPY_NAMES = {1: "HtoD", 2: "DtoH", 8: "DtoD", 9: "HtoH", 10: "PtoP"}
 _STREAM_WAIT_EVENT = 2  # CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT (the export's ENUM_CUPTI_SYNC_TYPE)
@@ -42,8 +43,7 @@ def open_export(path: str) -> sqlite3.Connection:
         con = sqlite3.connect(pathlib.Path(os.path.abspath(path)).as_uri() + "?mode=ro", uri=True)
         tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     except sqlite3.DatabaseError:
-        raise UserError(f"{name}: not an SQLite database (export a report with "
-                        "`nsys export --type sqlite`)") from None
+        raise UserError(f"{name}: not an SQLite database (export a report with `nsys export --type sqlite`)") from None
     if not tables & {"CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS"}:
         con.close()
         raise UserError(f"{name}: an SQLite file without Nsight Systems kernel or NVTX tables")
@@ -72,28 +72,38 @@ class Export:
         self.path = path
         con = open_export(path)
         try:
-            self.strings = dict(con.execute("SELECT id, value FROM StringIds")) \
-                if _columns(con, "StringIds") else {}
+            self.strings = dict(con.execute("SELECT id, value FROM StringIds")) if _columns(con, "StringIds") else {}
             start = _select(con, "TARGET_INFO_SESSION_START_TIME", ["utcEpochNs"])
             self.session_start_ns = int(start[0][0]) if start and start[0][0] is not None else 0
             self.gpu = _select(con, "CUPTI_ACTIVITY_KIND_KERNEL", _ACTIVITY + ["demangledName", "shortName"])
             memcpy = _select(con, "CUPTI_ACTIVITY_KIND_MEMCPY", _ACTIVITY + ["bytes", "copyKind"])
             memset = _select(con, "CUPTI_ACTIVITY_KIND_MEMSET", _ACTIVITY + ["bytes"])
-            self.waits = [w for w in _select(con, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", StreamWait)
-                          if w.syncType == _STREAM_WAIT_EVENT]
-            events = _select(con, "CUPTI_ACTIVITY_KIND_CUDA_EVENT",
-                             ["globalPid", "contextId", "eventId", "correlationId", "streamId"])
-            self.runtime = _select(con, "CUPTI_ACTIVITY_KIND_RUNTIME",
-                                   ["start", "end", "globalTid", "correlationId", "nameId"])
+            self.waits = [
+                w
+                for w in _select(con, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", StreamWait)
+                if w.syncType == _STREAM_WAIT_EVENT
+            ]
+            events = _select(
+                con,
+                "CUPTI_ACTIVITY_KIND_CUDA_EVENT",
+                ["globalPid", "contextId", "eventId", "correlationId", "streamId"],
+            )
+            self.runtime = _select(
+                con, "CUPTI_ACTIVITY_KIND_RUNTIME", ["start", "end", "globalTid", "correlationId", "nameId"]
+            )
             self.nvtx = _select(con, "NVTX_EVENTS", NvtxRange)
         except sqlite3.DatabaseError as exc:
             raise UserError(f"{display_name(path)}: unreadable Nsight export ({exc})") from None
         finally:
             con.close()
-        self.gpu = [new_row(GpuActivity, (s, e, d, st, c, gp, self.string(dn) or self.string(sn), 0))
-                    for s, e, d, st, c, gp, dn, sn in self.gpu]
-        self.gpu += [new_row(GpuActivity, (s, e, d, st, c, gp, f"Memcpy {_MEMCPY_NAMES.get(k, 'copy')}", b or 0))
-                     for s, e, d, st, c, gp, b, k in memcpy]
+        self.gpu = [
+            new_row(GpuActivity, (s, e, d, st, c, gp, self.string(dn) or self.string(sn), 0))
+            for s, e, d, st, c, gp, dn, sn in self.gpu
+        ]
+        self.gpu += [
+            new_row(GpuActivity, (s, e, d, st, c, gp, f"Memcpy {_MEMCPY_NAMES.get(k, 'copy')}", b or 0))
+            for s, e, d, st, c, gp, b, k in memcpy
+        ]
         self.gpu += [new_row(GpuActivity, (s, e, d, st, c, gp, "Memset", b or 0)) for s, e, d, st, c, gp, b in memset]
         self.domains = {r.domainId: self.text(r) for r in self.nvtx if r.eventType == NVTX_DOMAIN}
         self.categories = {(r.domainId, r.category): self.text(r) for r in self.nvtx if r.eventType == NVTX_CATEGORY}
@@ -121,8 +131,11 @@ class Export:
                 with_gpu[pid] = min(with_gpu.get(pid, 1 << 30), g.device if g.device is not None else 0)
         if with_gpu:
             return sorted(with_gpu, key=lambda p: (with_gpu[p], p))
-        pids = {decode_global_id(r.globalTid)[0] for r in self.nvtx
-                if r.eventType in NVTX_RANGE_TYPES and r.globalTid is not None}
+        pids = {
+            decode_global_id(r.globalTid)[0]
+            for r in self.nvtx
+            if r.eventType in NVTX_RANGE_TYPES and r.globalTid is not None
+        }
         if not pids and self.gpu:
             return [0]  # an older export without globalPid: the whole file is one process
         return sorted(pids)

@@ -7,6 +7,7 @@ backend. Stored in the rank's meta.json as `process_groups`
 ({name: {"desc", "ranks", "backend"}}) so that findings can name a group's role.
 Data, not code: ranks given as a string are read as JSON; anything else malformed
 leaves that group out."""
+
 import json
 
 
@@ -29,6 +30,9 @@ def process_groups(pg_config) -> dict:
                 continue
         if name is None or not isinstance(ranks, list) or not all(isinstance(r, int) for r in ranks):
             continue
-        groups[str(name)] = {"desc": str(entry.get("pg_desc") or ""), "ranks": ranks,
-                             "backend": str(entry.get("backend_config") or "")}
+        groups[str(name)] = {
+            "desc": str(entry.get("pg_desc") or ""),
+            "ranks": ranks,
+            "backend": str(entry.get("backend_config") or ""),
+        }
     return groups

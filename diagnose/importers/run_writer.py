@@ -7,6 +7,7 @@ async) and a "done" row at kernel end, keyed by process group and per-group
 sequence number, so cross-rank matching (diagnose.analysis.tables.matching) runs on GPU
 times: arrival = when the rank's GPU reached the collective.
 """
+
 import os
 import time
 
@@ -34,8 +35,13 @@ def assign_steps(step_starts_ns: np.ndarray, step_numbers: np.ndarray, t_ns: np.
 def clock_meta(wall_anchor_ns: int = 0, mono_anchor_ns: int = 0) -> dict:
     """Imported times are absolute (wall clock or the profiler's session base);
     ranks are put on one clock through these anchors (diagnose.analysis.load.clock_align)."""
-    return {"mono_anchor_ns": int(mono_anchor_ns), "wall_anchor_ns": int(wall_anchor_ns),
-            "offset_to_rank0_ns": None, "offset_error_ns": None, "offset_method": "import"}
+    return {
+        "mono_anchor_ns": int(mono_anchor_ns),
+        "wall_anchor_ns": int(wall_anchor_ns),
+        "offset_to_rank0_ns": None,
+        "offset_error_ns": None,
+        "offset_method": "import",
+    }
 
 
 class RunDirWriter:
@@ -72,11 +78,22 @@ class RunDirWriter:
 
     def finish(self, extra: dict | None = None) -> str:
         now = time.time_ns()
-        rundir.write_manifest(self.run_dir, {
-            "name": os.path.basename(self.run_dir), "command": f"diagnose import {self.fmt}",
-            "argv": ["diagnose", "import", self.fmt, *self.sources], "imported_from": self.sources,
-            "format": self.fmt, "world_size": len(self.ranks), "ranks_seen": sorted(self.ranks),
-            "start_wall_ns": now, "end_wall_ns": now, "exit_status": 0, **(extra or {})})
+        rundir.write_manifest(
+            self.run_dir,
+            {
+                "name": os.path.basename(self.run_dir),
+                "command": f"diagnose import {self.fmt}",
+                "argv": ["diagnose", "import", self.fmt, *self.sources],
+                "imported_from": self.sources,
+                "format": self.fmt,
+                "world_size": len(self.ranks),
+                "ranks_seen": sorted(self.ranks),
+                "start_wall_ns": now,
+                "end_wall_ns": now,
+                "exit_status": 0,
+                **(extra or {}),
+            },
+        )
         return self.run_dir
 
 

@@ -19,18 +19,19 @@ balanced 2-rank job on 2 cores one rank arrived 1-3 ms later than the other in
 Not the lowest index among ranks tied on step count (what the progress line
 said before): in a synchronous job every rank finishes every step, so step
 counts tie and only arrivals tell the straggler."""
+
 import collections
 import statistics
 
-LAG_STEPS = 8            # a rank's figure: the median over its last complete steps
-MAX_OPEN = 4096          # instances waiting for a member; the oldest are dropped first
-WAITED_FOR_FRAC = 0.10   # of the median step time, to name a rank the others wait for
+LAG_STEPS = 8  # a rank's figure: the median over its last complete steps
+MAX_OPEN = 4096  # instances waiting for a member; the oldest are dropped first
+WAITED_FOR_FRAC = 0.10  # of the median step time, to name a rank the others wait for
 LAG_FLOOR_MS = 1.0
 
 
 class ArrivalLags:
     def __init__(self):
-        self.open: dict = {}   # (group, seq) -> [expected ranks, {rank: arrival_ns}, step]
+        self.open: dict = {}  # (group, seq) -> [expected ranks, {rank: arrival_ns}, step]
         self.step_lag: dict = collections.defaultdict(dict)  # step -> rank -> lag ms summed
         self.newest_step = -1
 
@@ -40,6 +41,7 @@ class ArrivalLags:
         import pandas as pd  # (as compute_reader: the child imports pandas at its first poll)
 
         from diagnose.analysis.tables.device_collectives import timed_on_device
+
         rows = events[(events["kind"] == "collective") & (events["seq"] >= 0)]
         if rows.empty:
             return
@@ -51,8 +53,13 @@ class ArrivalLags:
             rows = rows[device | ~keys.isin(keys[device])]
         local = set(ranks)
         for rank, group, group_ranks, seq, start_ns, step in zip(
-                rows["rank"].to_numpy(), rows["group"].to_numpy(), rows["group_ranks"].to_numpy(),
-                rows["seq"].to_numpy(), rows["start_ns"].to_numpy(), rows["step"].to_numpy()):
+            rows["rank"].to_numpy(),
+            rows["group"].to_numpy(),
+            rows["group_ranks"].to_numpy(),
+            rows["seq"].to_numpy(),
+            rows["start_ns"].to_numpy(),
+            rows["step"].to_numpy(),
+        ):
             key = (str(group), int(seq))
             entry = self.open.get(key)
             if entry is None:
@@ -104,4 +111,3 @@ def _members(group_ranks) -> set:
         return {int(r) for r in str(group_ranks).split(",") if r.strip()}
     except ValueError:
         return set()
-

@@ -1,12 +1,13 @@
 """A series' normal, from its own recent values: the live monitor's departures
 (diagnose/live/monitor.py) and node health's (node_health.py) share the window
 and the confirmation rule."""
+
 import collections
 import statistics
 
-WINDOW = 32               # a series' own recent values that define its normal
+WINDOW = 32  # a series' own recent values that define its normal
 MIN_HISTORY = 5
-CONFIRM = 2               # consecutive departing values before an alert
+CONFIRM = 2  # consecutive departing values before an alert
 
 
 class Baseline:
@@ -50,6 +51,8 @@ class Baseline:
 
 def rank_baselines() -> dict:
     """A rank's watched series: its own compute, step time and data wait."""
-    return {"compute": Baseline(k=5.0, rel_floor=0.25, abs_floor=5.0),
-            "step": Baseline(k=5.0, rel_floor=0.25, abs_floor=5.0),
-            "data_wait": Baseline(k=5.0, rel_floor=0.5, abs_floor=10.0)}
+    return {
+        "compute": Baseline(k=5.0, rel_floor=0.25, abs_floor=5.0),
+        "step": Baseline(k=5.0, rel_floor=0.25, abs_floor=5.0),
+        "data_wait": Baseline(k=5.0, rel_floor=0.5, abs_floor=10.0),
+    }

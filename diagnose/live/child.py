@@ -3,13 +3,14 @@ is the child (`python -m diagnose.live.child RUN_DIR [--metrics-port N]`), which
 ticks a diagnose.live.monitor.LiveMonitor with the ranks' progress.json every
 TICK_S until the launcher sends the job's exit status, and with a port serves
 the monitor's state as Prometheus metrics (diagnose.live.prometheus_metrics)."""
+
 import os
 import sys
 
 from diagnose import rundir
 
 TICK_S = 0.25
-CLOSE_TIMEOUT_S = 90.0    # creating a new sqlite store can take ~10 s on a busy machine
+CLOSE_TIMEOUT_S = 90.0  # creating a new sqlite store can take ~10 s on a busy machine
 
 
 class LiveProcess:
@@ -33,11 +34,16 @@ class LiveProcess:
 
     def _spawn(self) -> None:
         import subprocess
+
         # its own session: see yield_to_the_job
         port = [] if self.metrics_port is None else ["--metrics-port", str(self.metrics_port)]
-        self.proc = subprocess.Popen([sys.executable, "-m", "diagnose.live.child", self.run_dir, *port],
-                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "diagnose.live.child", self.run_dir, *port],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
 
     def tick(self, progress) -> None:
         if self.proc is None:
@@ -52,11 +58,14 @@ class LiveProcess:
             return
         if not self.reported and self.proc.poll() not in (None, 0):
             self.reported = True
-            sys.stderr.write(f"diagnose: warning: live monitor exited with status "
-                             f"{self.proc.returncode}; no more live alerts or metrics\n")
+            sys.stderr.write(
+                f"diagnose: warning: live monitor exited with status "
+                f"{self.proc.returncode}; no more live alerts or metrics\n"
+            )
 
     def close(self, exit_status=None, timeout: float = CLOSE_TIMEOUT_S) -> None:
         import subprocess
+
         if not self.proc:
             return  # the job ended before the first tick, or the child could not start
         try:
@@ -69,12 +78,10 @@ class LiveProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-            sys.stderr.write(f"diagnose: warning: live monitor did not finish within "
-                             f"{timeout:.0f} s; stopped\n")
+            sys.stderr.write(f"diagnose: warning: live monitor did not finish within {timeout:.0f} s; stopped\n")
 
 
-def start(run_dir: str, manifest: dict | None = None,
-          metrics_port: int | None = None) -> "LiveProcess | NullMonitor":
+def start(run_dir: str, manifest: dict | None = None, metrics_port: int | None = None) -> "LiveProcess | NullMonitor":
     """For the launcher: the live monitor's process, or a do-nothing stand-in if
     even starting it fails. `manifest` is already on disk; the child reads it.
     metrics_port: serve Prometheus metrics there (0: any free port)."""
@@ -141,15 +148,18 @@ def main(argv=None) -> int:
     (or goes away: stdin closes)."""
     import select
     import signal
+
     argv = sys.argv[1:] if argv is None else argv
     run_dir = argv[0]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
     yield_to_the_job()
     from diagnose.live.monitor import LiveMonitor
     from diagnose.rundir.progress import read_progress
+
     monitor = LiveMonitor(run_dir, rundir.read_manifest(run_dir))
     if "--metrics-port" in argv[1:-1]:
         from diagnose.live.prometheus_metrics import serve
+
         # its thread is SCHED_IDLE too (inherited): a scrape never takes a rank's core
         serve(run_dir, argv[argv.index("--metrics-port") + 1], monitor.gauges, monitor._say)
     exit_status = None

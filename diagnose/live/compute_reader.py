@@ -10,6 +10,7 @@ One poll reads every rank's new parts and runs one breakdown for all of them:
 the breakdown's cost is almost all fixed per call (pandas), so a call per rank
 made a poll of a 2-rank job cost ~50 ms of CPU here, which a saturated machine
 takes from the job."""
+
 import glob
 import os
 
@@ -21,16 +22,15 @@ class ComputeReader:
     """Per rank, compute ms (not waiting) of each completed step, read from the
     event part files the ranks write (parts are whole files, renamed into place)."""
 
-    COLUMNS = ["kind", "name", "start_ns", "end_ns", "step", "detail", "async_op", "group", "group_ranks",
-               "seq"]
+    COLUMNS = ["kind", "name", "start_ns", "end_ns", "step", "detail", "async_op", "group", "group_ranks", "seq"]
     STRINGS = ("kind", "name", "detail", "group", "group_ranks")
 
     def __init__(self, run_dir: str, warn=lambda message: None):
         self.run_dir, self.warn = run_dir, warn
-        self.parts_read: dict = {}        # rank -> set of part names
-        self.pending = None               # DataFrame: events of steps not yet computed
-        self.done_step: dict = {}         # rank -> last step computed
-        self.arrivals = ArrivalLags()     # who the others wait for (None once it failed)
+        self.parts_read: dict = {}  # rank -> set of part names
+        self.pending = None  # DataFrame: events of steps not yet computed
+        self.done_step: dict = {}  # rank -> last step computed
+        self.arrivals = ArrivalLags()  # who the others wait for (None once it failed)
         self.exposed_comm_frac: dict = {}  # rank -> exposed comm / step of its newest step computed
 
     def _new_parts(self, ranks):
@@ -39,12 +39,12 @@ class ComputeReader:
 
         from collectors.part_writer import read_part
         from collectors.schema import EVENT_PART_GLOBS
+
         tables = []
         for rank in ranks:
             rank_dir = os.path.join(self.run_dir, rundir.TRACES, f"rank-{rank:05d}")
             seen = self.parts_read.setdefault(rank, set())
-            paths = [p for pattern in EVENT_PART_GLOBS
-                     for p in glob.glob(os.path.join(glob.escape(rank_dir), pattern))]
+            paths = [p for pattern in EVENT_PART_GLOBS for p in glob.glob(os.path.join(glob.escape(rank_dir), pattern))]
             for path in sorted(paths):
                 name = os.path.basename(path)
                 if name in seen:
@@ -62,6 +62,7 @@ class ComputeReader:
         import pandas as pd
 
         from diagnose.analysis.tables.breakdown import busy_ms, step_breakdown
+
         new = self._new_parts(ranks)
         if new is None or new.num_rows == 0:
             return {}
@@ -88,11 +89,18 @@ class ComputeReader:
         table = step_breakdown(events, steps[["rank", "step", "start_ns", "end_ns"]])
         table["compute_ms"] = busy_ms(table)
         newest = table.sort_values("step").groupby("rank").tail(1)
-        self.exposed_comm_frac.update({int(r): float(e / m) if m > 0 else 0.0 for r, e, m in
-                                       zip(newest["rank"], newest["exposed_comm_ms"], newest["step_ms"])})
-        out = {int(rank): [(int(s), float(c), float(m)) for s, c, m in
-                           zip(rows["step"], rows["compute_ms"], rows["step_ms"])]
-               for rank, rows in table.groupby("rank")}
+        self.exposed_comm_frac.update(
+            {
+                int(r): float(e / m) if m > 0 else 0.0
+                for r, e, m in zip(newest["rank"], newest["exposed_comm_ms"], newest["step_ms"])
+            }
+        )
+        out = {
+            int(rank): [
+                (int(s), float(c), float(m)) for s, c, m in zip(rows["step"], rows["compute_ms"], rows["step_ms"])
+            ]
+            for rank, rows in table.groupby("rank")
+        }
         self.done_step.update({int(r): int(s) for r, s in steps.groupby("rank")["step"].max().items()})
         cutoff = events["rank"].map(steps.groupby("rank")["end_ns"].max()).fillna(-1)
         self.pending = events[events["end_ns"] > cutoff].reset_index(drop=True)

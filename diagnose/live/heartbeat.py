@@ -3,6 +3,7 @@ while as the other ranks went on ("stalled": stuck), and a rank whose recorder
 stopped writing progress.json while the others still write ("heartbeat": the
 process is frozen, stopped or gone). A rank that ended its script is neither.
 """
+
 import json
 import os
 
@@ -17,11 +18,11 @@ class HeartbeatWatch:
 
     def __init__(self, run_dir: str, baselines, last_step: dict, alert, wall_ns):
         self.run_dir = run_dir
-        self.baselines = baselines    # the monitor's: rank -> its baselines (the step time's typical length)
-        self.last_step = last_step    # the monitor's: rank -> last step seen in progress
-        self.alert = alert            # the monitor's _alert(rank, kind, step, value, median, limit, text)
+        self.baselines = baselines  # the monitor's: rank -> its baselines (the step time's typical length)
+        self.last_step = last_step  # the monitor's: rank -> last step seen in progress
+        self.alert = alert  # the monitor's _alert(rank, kind, step, value, median, limit, text)
         self.wall_ns = wall_ns
-        self.heartbeat: dict = {}     # rank -> [events_total, changed_at, alerted]
+        self.heartbeat: dict = {}  # rank -> [events_total, changed_at, alerted]
         self.stale_alerted: set = set()
 
     def tick(self, progress: dict, now: float) -> None:
@@ -46,11 +47,17 @@ class HeartbeatWatch:
                 self.heartbeat[rank][2] = True
                 if self.rank_finished(rank):
                     continue  # it ended its script earlier than the others: not stuck
-                self.alert(rank, "stalled", self.last_step.get(rank, -1) + 1, (now - changed_at) * 1000,
-                           typical_s * 1000, stall_s * 1000,
-                           f"recorded nothing for {now - changed_at:.0f} s (in step "
-                           f"{self.last_step.get(rank, -1) + 1}) while the other ranks went on "
-                           f"for {max(others) - changed_at:.0f} s more: it is stuck")
+                self.alert(
+                    rank,
+                    "stalled",
+                    self.last_step.get(rank, -1) + 1,
+                    (now - changed_at) * 1000,
+                    typical_s * 1000,
+                    stall_s * 1000,
+                    f"recorded nothing for {now - changed_at:.0f} s (in step "
+                    f"{self.last_step.get(rank, -1) + 1}) while the other ranks went on "
+                    f"for {max(others) - changed_at:.0f} s more: it is stuck",
+                )
         fresh = {r: (wall - int(s.get("wall_ns") or 0)) / 1e9 for r, s in progress.items()}
         for rank, age in fresh.items():
             if age < 15.0 or rank in self.stale_alerted:
@@ -60,9 +67,16 @@ class HeartbeatWatch:
             if self.rank_finished(rank):
                 continue
             self.stale_alerted.add(rank)
-            self.alert(rank, "heartbeat", self.last_step.get(rank, -1) + 1, age * 1000, 500.0,
-                       15000.0, f"its recorder has not written for {age:.0f} s while the others "
-                       "do: the process is frozen, stopped or gone")
+            self.alert(
+                rank,
+                "heartbeat",
+                self.last_step.get(rank, -1) + 1,
+                age * 1000,
+                500.0,
+                15000.0,
+                f"its recorder has not written for {age:.0f} s while the others "
+                "do: the process is frozen, stopped or gone",
+            )
 
     def rank_finished(self, rank) -> bool:
         """Whether the rank's recorder closed its run (meta.json's end time)."""

@@ -2,6 +2,7 @@
 the job's MLflow run and sends queued metrics and tags in one batch per
 FLUSH_INTERVAL_S, so that creating a store (seconds on a busy machine) never
 delays an alert."""
+
 import threading
 import time
 
@@ -36,10 +37,10 @@ class MlflowStreamer:
     def _main(self) -> None:
         try:
             from diagnose.exporters import mlflow_store as tracking
+
             self.client = tracking.client_for(self.run_dir)
             self.run_id = tracking.ensure_run(self.client, self.run_dir, self.manifest)
-            tracking.log_params_once(self.client, self.run_id,
-                                     tracking.manifest_params(self.manifest))
+            tracking.log_params_once(self.client, self.run_id, tracking.manifest_params(self.manifest))
             with self.lock:  # a short job's close() may have said "done" while the store was made
                 self.tags.setdefault("diagnose.live", "running")
             while not self.stop.wait(FLUSH_INTERVAL_S):
@@ -54,6 +55,7 @@ class MlflowStreamer:
 
     def _flush(self) -> None:
         from mlflow.entities import Metric, RunTag
+
         with self.lock:
             metrics, self.metrics = self.metrics, []
             tags, self.tags = self.tags, {}
@@ -61,8 +63,11 @@ class MlflowStreamer:
             return
         metrics = [Metric(*m) for m in metrics]
         for i in range(0, max(len(metrics), 1), 1000):
-            self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000],
-                                  tags=[RunTag(k, v) for k, v in tags.items()] if i == 0 else [])
+            self.client.log_batch(
+                self.run_id,
+                metrics=metrics[i : i + 1000],
+                tags=[RunTag(k, v) for k, v in tags.items()] if i == 0 else [],
+            )
 
     def close(self, exit_status=None, timeout: float = 60.0) -> None:
         self.exit_status = exit_status
@@ -71,4 +76,3 @@ class MlflowStreamer:
         self.thread.join(timeout)
         if self.thread.is_alive():
             self.warn(f"live MLflow tracking did not finish within {timeout:.0f} s; left behind")
-

@@ -29,6 +29,7 @@ launcher's progress line, the rank the others wait for (arrivals.py).
 An alert is a `diagnose: ALERT rank R: ...` line, a line of `<run>/alerts.jsonl` and an
 MLflow tag + metric. Cadence, priority and cost: docs/outputs.md#live-alerts.
 """
+
 import collections
 import json
 import os
@@ -45,11 +46,11 @@ from diagnose.live.mlflow_stream import MlflowStreamer
 from diagnose.live.node_health import NodeHealth
 from diagnose.live.rank_gauges import RankGauges
 
-WARMUP_STEPS = 2          # the first steps of a job are always slow
-MAX_EVENT_RANKS = 64      # above this, alerts use progress.json only
-EVENT_POLL_S = 2.0        # a poll costs ~20 ms of CPU (pandas), almost all fixed per call...
-QUIET_POLL_S = 10.0       # ...so while nothing departs, polls are rarer (see _poll_interval_s),
-DEPARTING_POLL_S = 1.0    # and while a step departs, more frequent: the first alert within 3 s
+WARMUP_STEPS = 2  # the first steps of a job are always slow
+MAX_EVENT_RANKS = 64  # above this, alerts use progress.json only
+EVENT_POLL_S = 2.0  # a poll costs ~20 ms of CPU (pandas), almost all fixed per call...
+QUIET_POLL_S = 10.0  # ...so while nothing departs, polls are rarer (see _poll_interval_s),
+DEPARTING_POLL_S = 1.0  # and while a step departs, more frequent: the first alert within 3 s
 # A step WATCH_RATIO x its rank's median polls at DEPARTING_POLL_S for WATCH_S: a rank
 # whose compute doubled raised the step ~2x, under the step alert's limit (median + 5 x
 # 25%), and waited for a quiet poll: 5 s on average (bench/live_alert_latency.py). At
@@ -59,9 +60,16 @@ UNITS = {"gpu_util": "pct", "network": "mb_per_s"}  # an alert's values; ms for 
 
 
 class LiveMonitor:
-    def __init__(self, run_dir: str, manifest: dict | None = None, stream=None,
-                 track: bool | None = None, read_events: bool = True,
-                 now=time.monotonic, wall_ns=time.time_ns):
+    def __init__(
+        self,
+        run_dir: str,
+        manifest: dict | None = None,
+        stream=None,
+        track: bool | None = None,
+        read_events: bool = True,
+        now=time.monotonic,
+        wall_ns=time.time_ns,
+    ):
         self.run_dir = run_dir
         self.stream = stream or sys.stderr
         self.now, self.wall_ns = now, wall_ns
@@ -69,15 +77,15 @@ class LiveMonitor:
         self.disabled = False
         self.alerts: list = []
         self.baselines: dict = collections.defaultdict(rank_baselines)
-        self.last_step: dict = {}                 # rank -> last step seen in progress
-        self.step_ms: dict = collections.defaultdict(dict)   # step -> rank -> (step_ms, dw)
+        self.last_step: dict = {}  # rank -> last step seen in progress
+        self.step_ms: dict = collections.defaultdict(dict)  # step -> rank -> (step_ms, dw)
         self.logged_step = -1
-        self.compute_ok: set = set()              # ranks whose compute we can follow
-        self.compute_alert_step = -10**9          # last step a compute alert fired
+        self.compute_ok: set = set()  # ranks whose compute we can follow
+        self.compute_alert_step = -(10**9)  # last step a compute alert fired
         self.compute_over: dict = collections.defaultdict(set)  # step -> ranks whose compute departed
-        self.pending_compute_alerts: dict = {}    # rank -> (step, value, median, limit, step_ms, t, polls)
-        self.jobwide_noted_step = -10**9          # last step of a job-wide slowdown noted
-        self.pending_step_alerts: dict = {}       # rank -> (step, value, median, limit, t, event polls)
+        self.pending_compute_alerts: dict = {}  # rank -> (step, value, median, limit, step_ms, t, polls)
+        self.jobwide_noted_step = -(10**9)  # last step of a job-wide slowdown noted
+        self.pending_step_alerts: dict = {}  # rank -> (step, value, median, limit, t, event polls)
         self.reader = ComputeReader(run_dir, warn=self._warn) if read_events else None
         self.gauges = RankGauges(run_dir, now=now, wall_ns=wall_ns, warn=self._warn)
         self.heartbeats = HeartbeatWatch(run_dir, self.baselines, self.last_step, self._alert, wall_ns)
@@ -88,10 +96,16 @@ class LiveMonitor:
         self.manifest = manifest
         if track is None:
             from diagnose.exporters.mlflow_store import enabled
+
             track = enabled()
         self.track = track  # the MLflow run is created at the first tick, before the first step
-        self.health = NodeHealth(run_dir, lambda key, value, step: self.streamer is not None and
-                                 self.streamer.metric(key, value, step), self._alert, now=now, warn=self._warn)
+        self.health = NodeHealth(
+            run_dir,
+            lambda key, value, step: self.streamer is not None and self.streamer.metric(key, value, step),
+            self._alert,
+            now=now,
+            warn=self._warn,
+        )
 
     # -- plumbing --------------------------------------------------------------
     def _warn(self, message: str) -> None:
@@ -127,6 +141,7 @@ class LiveMonitor:
         try:
             if not self.disabled:
                 from diagnose.rundir.progress import read_progress
+
                 self._tick(read_progress(self.run_dir), final=True)
         except Exception as exc:
             self._warn(f"live monitor stopped: {type(exc).__name__}: {exc}")
@@ -140,9 +155,9 @@ class LiveMonitor:
     def _start_streamer(self) -> None:
         self.track = False
         try:
-            self.streamer = MlflowStreamer(self.run_dir,
-                                           self.manifest or rundir.read_manifest(self.run_dir),
-                                           self._warn)
+            self.streamer = MlflowStreamer(
+                self.run_dir, self.manifest or rundir.read_manifest(self.run_dir), self._warn
+            )
         except Exception as exc:
             self._warn(f"live MLflow tracking off: {type(exc).__name__}: {exc}")
 
@@ -158,8 +173,11 @@ class LiveMonitor:
                     continue
                 self.last_step[rank] = step
                 self._new_step(rank, step, step_ms, data_wait_ms, now)
-        if self.reader is not None and len(progress) <= MAX_EVENT_RANKS and \
-                (final or now - self.last_event_poll >= self._poll_interval_s(now)):
+        if (
+            self.reader is not None
+            and len(progress) <= MAX_EVENT_RANKS
+            and (final or now - self.last_event_poll >= self._poll_interval_s(now))
+        ):
             self.last_event_poll = now
             self.event_polls += 1
             for rank, rows in self.reader.poll(sorted(progress)).items():
@@ -179,8 +197,12 @@ class LiveMonitor:
         step time departs (in a synchronous job a slow rank slows every step): the
         quiet polls just feed the compute baselines, which lose no step by waiting.
         Half of this process's CPU was the 2 s polls (py-spy, ddp_mlp)."""
-        if self.pending_step_alerts or self.pending_compute_alerts or now < self.watch_until or \
-                any(b["step"].streak or b["compute"].streak for b in self.baselines.values()):
+        if (
+            self.pending_step_alerts
+            or self.pending_compute_alerts
+            or now < self.watch_until
+            or any(b["step"].streak or b["compute"].streak for b in self.baselines.values())
+        ):
             return DEPARTING_POLL_S  # (bench/live_alert_latency.py: 2 s polls gave up to 3.5 s)
         return EVENT_POLL_S if not self.compute_ok else QUIET_POLL_S
 
@@ -192,10 +214,17 @@ class LiveMonitor:
         hit = base["data_wait"].update(data_wait_ms)
         if hit and data_wait_ms >= 0.1 * step_ms:
             _, median, limit = hit
-            self._alert(rank, "data_wait", step, data_wait_ms, median, limit,
-                        f"data wait {data_wait_ms:.0f} ms in step {step} "
-                        f"({data_wait_ms / step_ms:.0%} of it; its usual {median:.0f} ms, "
-                        f"alert above {limit:.0f} ms): its input pipeline stalls")
+            self._alert(
+                rank,
+                "data_wait",
+                step,
+                data_wait_ms,
+                median,
+                limit,
+                f"data wait {data_wait_ms:.0f} ms in step {step} "
+                f"({data_wait_ms / step_ms:.0%} of it; its usual {median:.0f} ms, "
+                f"alert above {limit:.0f} ms): its input pipeline stalls",
+            )
         hit = base["step"].update(step_ms)
         if base["step"].median and step_ms > WATCH_RATIO * base["step"].median:
             self.watch_until = now + WATCH_S
@@ -212,15 +241,15 @@ class LiveMonitor:
             self.compute_over[step].add(rank)
         if hit:
             _, median, limit = hit
-            self.pending_compute_alerts[rank] = (step, compute_ms, median, limit, step_ms, self.now(),
-                                                 self.event_polls)
+            self.pending_compute_alerts[rank] = (step, compute_ms, median, limit, step_ms, self.now(), self.event_polls)
 
     def _resolve_compute_alerts(self, now, final) -> None:
         """A confirmed compute departure names its rank once the other ranks'
         compute of that step is known (or two polls later): if more than half the
         ranks departed in the same steps, the job or the machine slowed, not a rank."""
-        for rank, (step, compute_ms, median, limit, step_ms, seen_at, polls_at) in \
-                list(self.pending_compute_alerts.items()):
+        for rank, (step, compute_ms, median, limit, step_ms, seen_at, polls_at) in list(
+            self.pending_compute_alerts.items()
+        ):
             known = all(self.reader.done_step.get(r, -1) >= step for r in self.compute_ok)
             waited = now - seen_at > 2 * EVENT_POLL_S + 1.0 and self.event_polls - polls_at >= 2
             if not (known or final or waited):
@@ -235,16 +264,25 @@ class LiveMonitor:
                     self.baselines[r]["compute"].active = False
                     self.baselines[r]["compute"].streak = 0
                 if step > self.jobwide_noted_step + CONFIRM:
-                    self._say(f"diagnose: note: ranks {','.join(map(str, sorted(together)))} of "
-                              f"{len(self.compute_ok)} slowed down together in step {step} (rank {rank}'s own "
-                              f"compute {compute_ms:.0f} ms, usually {median:.0f} ms): the machine or the whole "
-                              "job slowed, not one rank")
+                    self._say(
+                        f"diagnose: note: ranks {','.join(map(str, sorted(together)))} of "
+                        f"{len(self.compute_ok)} slowed down together in step {step} (rank {rank}'s own "
+                        f"compute {compute_ms:.0f} ms, usually {median:.0f} ms): the machine or the whole "
+                        "job slowed, not one rank"
+                    )
                 self.jobwide_noted_step = step
                 continue
-            self._alert(rank, "compute", step, compute_ms, median, limit,
-                        f"slowed down: its own compute (step minus waiting) took "
-                        f"{compute_ms:.0f} ms in step {step}, usually {median:.0f} ms (alert above "
-                        f"{limit:.0f} ms); step time {step_ms:.0f} ms. The other ranks wait for it")
+            self._alert(
+                rank,
+                "compute",
+                step,
+                compute_ms,
+                median,
+                limit,
+                f"slowed down: its own compute (step minus waiting) took "
+                f"{compute_ms:.0f} ms in step {step}, usually {median:.0f} ms (alert above "
+                f"{limit:.0f} ms); step time {step_ms:.0f} ms. The other ranks wait for it",
+            )
 
     def _resolve_step_alerts(self, now, n_ranks, final) -> None:
         """A step-time departure is reported only when no rank's compute explains it:
@@ -257,23 +295,30 @@ class LiveMonitor:
         reading = self.reader is not None and n_ranks <= MAX_EVENT_RANKS
         for rank, (step, step_ms, median, limit, seen_at, polls_at) in list(self.pending_step_alerts.items()):
             followed = rank in self.compute_ok
-            known = all(self.reader.done_step.get(r, -1) >= step + 1 for r in self.compute_ok) \
-                if followed else not reading
+            known = (
+                all(self.reader.done_step.get(r, -1) >= step + 1 for r in self.compute_ok) if followed else not reading
+            )
             patience_s = 2 * EVENT_POLL_S + 1.0 + 4 * step_ms / 1000
             # and two polls at least: a starved monitor must not outwait its own reader
             waited = now - seen_at > patience_s and (not reading or self.event_polls - polls_at >= 2)
             if not (known or final or waited):
                 continue
             del self.pending_step_alerts[rank]
-            departing = any(b["compute"].streak > 0 or b["compute"].active
-                            for b in self.baselines.values())
+            departing = any(b["compute"].streak > 0 or b["compute"].active for b in self.baselines.values())
             if self.compute_ok and (departing or self.compute_alert_step >= step - CONFIRM - 1):
                 continue  # explained: a straggler's compute alert names the cause
-            cause = (" while no rank's own compute grew: time goes to communication, data or "
-                     "the host" if followed else "")
-            self._alert(rank, "step_time", step, step_ms, median, limit,
-                        f"step {step} took {step_ms:.0f} ms, usually {median:.0f} ms (alert above "
-                        f"{limit:.0f} ms){cause}")
+            cause = (
+                " while no rank's own compute grew: time goes to communication, data or the host" if followed else ""
+            )
+            self._alert(
+                rank,
+                "step_time",
+                step,
+                step_ms,
+                median,
+                limit,
+                f"step {step} took {step_ms:.0f} ms, usually {median:.0f} ms (alert above {limit:.0f} ms){cause}",
+            )
 
     def _stream_steps(self, n_ranks, final) -> None:
         """Per-step metrics across ranks, once every rank reported the step (or a
@@ -294,17 +339,25 @@ class LiveMonitor:
             waits = np.array([v[1] for v in ranks.values()])
             self.streamer.metric("live/step_time_p50_ms", float(np.median(times)), step)
             self.streamer.metric("live/step_time_max_ms", float(times.max()), step)
-            self.streamer.metric("live/data_wait_frac",
-                                 float(waits.sum() / times.sum()) if times.sum() > 0 else 0.0, step)
+            self.streamer.metric(
+                "live/data_wait_frac", float(waits.sum() / times.sum()) if times.sum() > 0 else 0.0, step
+            )
             self.streamer.metric("live/ranks_reporting", float(len(ranks)), step)
             self.health.job_step(step, float(np.median(times)))
 
     # -- alerts ----------------------------------------------------------------
     def _alert(self, rank, kind, step, value, median, limit, text) -> None:
         unit = UNITS.get(kind, "ms")
-        record = {"wall_ns": self.wall_ns(), "rank": int(rank), "kind": kind, "step": int(step),
-                  f"value_{unit}": round(float(value), 3), f"median_{unit}": round(float(median), 3),
-                  f"threshold_{unit}": round(float(limit), 3), "message": f"rank {rank} {text}"}
+        record = {
+            "wall_ns": self.wall_ns(),
+            "rank": int(rank),
+            "kind": kind,
+            "step": int(step),
+            f"value_{unit}": round(float(value), 3),
+            f"median_{unit}": round(float(median), 3),
+            f"threshold_{unit}": round(float(limit), 3),
+            "message": f"rank {rank} {text}",
+        }
         self.alerts.append(record)
         self.gauges.alert(kind, rank)
         self._say(f"diagnose: ALERT rank {rank}: {text}")
@@ -319,4 +372,3 @@ class LiveMonitor:
             self.streamer.tag(f"alert.{n}", record["message"])
             self.streamer.metric("live/alerts", float(n), max(step, 0))
             self.streamer.metric("live/alert_rank", float(rank), max(step, 0))
-

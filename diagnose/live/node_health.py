@@ -28,6 +28,7 @@ Alerts, checked every ALERT_INTERVAL_S on the newest samples:
   collapsed or stalled and the job slowed with it (a quiet link while steps
   keep their pace is a phase of the job, not a fault).
 """
+
 import collections
 import json
 import os
@@ -42,9 +43,13 @@ ALERT_INTERVAL_S = 1.0
 GPU_DROP_FRAC, GPU_MIN_PCT, PEER_KEEP_FRAC = 0.5, 20.0, 0.8
 NET_DROP_FRAC, NET_MIN_MB_S, STEP_RISE_FRAC = 0.2, 1.0, 1.25
 
-GPU_KEYS = {"gpu_util_pct": "utilization_percentage", "mem_used_mb": "memory_usage_megabytes",
-            "power_w": "power_usage_watts", "sm_clock_mhz": "sm_clock_mhz",
-            "clock_event_reasons": "clock_event_reasons"}
+GPU_KEYS = {
+    "gpu_util_pct": "utilization_percentage",
+    "mem_used_mb": "memory_usage_megabytes",
+    "power_w": "power_usage_watts",
+    "sm_clock_mhz": "sm_clock_mhz",
+    "clock_event_reasons": "clock_event_reasons",
+}
 RANK_KEYS = {"cpu_pct": "cpu_utilization_percentage", "rss_mb": "rss_megabytes"}
 NET_KEYS = {"net_rx_mb_per_s": "receive_megabytes_per_second", "net_tx_mb_per_s": "transmit_megabytes_per_second"}
 
@@ -58,7 +63,7 @@ class NodeHealth:
         """metric(key, value, step) streams; alert(rank, kind, step, value, median, limit, text)."""
         self.run_dir, self.metric, self.alert, self.now, self.warn = run_dir, metric, alert, now, warn
         self.off = False
-        self.where: dict = {}        # rank -> (host, gpu index or None), from its meta.json
+        self.where: dict = {}  # rank -> (host, gpu index or None), from its meta.json
         self.last_system = self.last_check = -1e18
         self.published = 0
         self.gpu_history: dict = collections.defaultdict(lambda: collections.deque(maxlen=WINDOW))
@@ -87,8 +92,11 @@ class NodeHealth:
 
     def _tick(self, progress: dict) -> None:
         now = self.now()
-        samples = {r: {k: v for k, v in s["samples"].items() if isinstance(v, (int, float))}
-                   for r, s in progress.items() if isinstance(s.get("samples"), dict)}
+        samples = {
+            r: {k: v for k, v in s["samples"].items() if isinstance(v, (int, float))}
+            for r, s in progress.items()
+            if isinstance(s.get("samples"), dict)
+        }
         if not samples:
             return
         for rank in samples:
@@ -142,8 +150,13 @@ class NodeHealth:
         for rank, util in utils.items():
             median = usual.get(rank)
             peers = [utils[p] >= PEER_KEEP_FRAC * usual[p] for p in usual if p != rank]
-            dropped = (median is not None and median >= GPU_MIN_PCT and util < GPU_DROP_FRAC * median
-                       and peers and sum(peers) > len(peers) / 2)
+            dropped = (
+                median is not None
+                and median >= GPU_MIN_PCT
+                and util < GPU_DROP_FRAC * median
+                and peers
+                and sum(peers) > len(peers) / 2
+            )
             if not dropped:
                 self.gpu_streak[rank] = 0
                 self.gpu_alerted.discard(rank)
@@ -153,20 +166,30 @@ class NodeHealth:
             if self.gpu_streak[rank] >= CONFIRM and rank not in self.gpu_alerted:
                 self.gpu_alerted.add(rank)
                 host, gpu = self.where.get(rank, ("node", None))
-                self.alert(rank, "gpu_util", self.step + 1, util, median, GPU_DROP_FRAC * median,
-                           f"GPU {gpu if gpu is not None else '?'} on {host} dropped to {util:.0f}% busy, "
-                           f"usually {median:.0f}%, while the other GPUs keep theirs: it stopped getting "
-                           "work (its rank is stuck on the host, waits for data, or lost its clocks)")
+                self.alert(
+                    rank,
+                    "gpu_util",
+                    self.step + 1,
+                    util,
+                    median,
+                    GPU_DROP_FRAC * median,
+                    f"GPU {gpu if gpu is not None else '?'} on {host} dropped to {util:.0f}% busy, "
+                    f"usually {median:.0f}%, while the other GPUs keep theirs: it stopped getting "
+                    "work (its rank is stuck on the host, waits for data, or lost its clocks)",
+                )
 
     def _check_network(self, samples: dict) -> None:
         per_node: dict = {}
         for rank, values in samples.items():
             host = self.where.get(rank, ("node", None))[0]
             if "net_rx_mb_per_s" in values or "net_tx_mb_per_s" in values:
-                per_node[host] = (rank, float(values.get("net_rx_mb_per_s", 0.0)) +
-                                  float(values.get("net_tx_mb_per_s", 0.0)))
-        slow = (len(self.step_history) >= MIN_HISTORY and
-                self.step_history[-1] > STEP_RISE_FRAC * _median(list(self.step_history)[:-1]))
+                per_node[host] = (
+                    rank,
+                    float(values.get("net_rx_mb_per_s", 0.0)) + float(values.get("net_tx_mb_per_s", 0.0)),
+                )
+        slow = len(self.step_history) >= MIN_HISTORY and self.step_history[-1] > STEP_RISE_FRAC * _median(
+            list(self.step_history)[:-1]
+        )
         for host, (rank, mb_s) in per_node.items():
             history = self.net_history[host]
             median = _median(history) if len(history) >= MIN_HISTORY else None
@@ -179,7 +202,14 @@ class NodeHealth:
             self.net_streak[host] += 1
             if self.net_streak[host] >= CONFIRM and host not in self.net_alerted:
                 self.net_alerted.add(host)
-                self.alert(rank, "network", self.step + 1, mb_s, median, NET_DROP_FRAC * median,
-                           f"node {host}'s network fell to {mb_s:.1f} MB/s, usually {median:.1f} MB/s, "
-                           f"while the job's step time rose to {self.step_history[-1]:.0f} ms: a link "
-                           "collapsed or stalled (check the NIC, the switch port, the fabric's health)")
+                self.alert(
+                    rank,
+                    "network",
+                    self.step + 1,
+                    mb_s,
+                    median,
+                    NET_DROP_FRAC * median,
+                    f"node {host}'s network fell to {mb_s:.1f} MB/s, usually {median:.1f} MB/s, "
+                    f"while the job's step time rose to {self.step_history[-1]:.0f} ms: a link "
+                    "collapsed or stalled (check the NIC, the switch port, the fabric's health)",
+                )

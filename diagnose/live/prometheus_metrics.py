@@ -12,27 +12,30 @@ warning line: the monitor, its alerts and the job go on.
 
 METRICS names every metric with its type, labels and meaning; docs/outputs.md
 ("Prometheus metrics") lists the same."""
+
 import os
 import socket
 
-METRICS_PORT_FILE = "metrics_port"   # in the run directory: the port serving, as text
+METRICS_PORT_FILE = "metrics_port"  # in the run directory: the port serving, as text
 INSTALL_HINT = "pip install 'diagnose[metrics]' (or prometheus-client)"
 
 # name -> (type, labels, help). Seconds and bytes, as Prometheus names its base units.
 METRICS = {
     "diagnose_step_time_seconds": ("gauge", ("rank",), "Wall time of the rank's newest step."),
     "diagnose_steps": ("counter", ("rank",), "Steps the rank completed."),
-    "diagnose_steps_behind": ("gauge", ("rank",),
-                              "Steps completed by the furthest rank minus this rank's."),
+    "diagnose_steps_behind": ("gauge", ("rank",), "Steps completed by the furthest rank minus this rank's."),
     "diagnose_arrival_lag_seconds": (
-        "gauge", ("rank",),
+        "gauge",
+        ("rank",),
         "Lag behind the fastest: how long after the first rank this rank reached the step's "
-        "collectives, summed over a step (median of its last 8 steps; this node's ranks)."),
-    "diagnose_waited_for": ("gauge", ("rank",),
-                            "1 for the rank the others wait for at collectives, 0 for the others."),
-    "diagnose_exposed_comm_ratio": ("gauge", ("rank",),
-                                    "Exposed communication / step time of the rank's newest step read "
-                                    "from its events."),
+        "collectives, summed over a step (median of its last 8 steps; this node's ranks).",
+    ),
+    "diagnose_waited_for": ("gauge", ("rank",), "1 for the rank the others wait for at collectives, 0 for the others."),
+    "diagnose_exposed_comm_ratio": (
+        "gauge",
+        ("rank",),
+        "Exposed communication / step time of the rank's newest step read from its events.",
+    ),
     "diagnose_input_wait_seconds": ("gauge", ("rank",), "Data (input) wait in the rank's newest step."),
     "diagnose_alerts": ("counter", ("kind", "rank"), "Live alerts raised, by kind and rank."),
     "diagnose_gpu_utilization_percent": ("gauge", ("rank", "gpu"), "NVML utilization of the rank's GPU."),
@@ -90,10 +93,10 @@ class GaugeCollector:
 
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
         for name, values in samples(self.gauges.snapshot()).items():
             kind, labels, text = METRICS[name]
-            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
-                name, text, labels=list(labels))
+            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, text, labels=list(labels))
             for label_values, value in values:
                 family.add_metric(list(label_values), float(value))
             yield family
@@ -105,6 +108,7 @@ def serve(run_dir: str, port: int, gauges, say):
     one warning line (say) when it cannot start."""
     try:
         from prometheus_client import CollectorRegistry, start_http_server
+
         registry = CollectorRegistry(auto_describe=False)
         registry.register(GaugeCollector(gauges))
         server, _ = start_http_server(int(port), registry=registry)

@@ -7,6 +7,7 @@ Updated at every tick of the monitor (0.25 s) from the ranks' progress.json
 (every 10 s while steps keep their pace, every 1 s while one departs:
 monitor.py) from the event parts (exposed-communication share, arrival lags:
 diagnose.live.arrivals)."""
+
 import collections
 import json
 import os
@@ -14,8 +15,8 @@ import statistics
 import threading
 import time
 
-LIVE_STATE = "live.json"   # in the run directory: the rank the others wait for, for the progress line
-LIVE_STATE_EVERY_S = 1.0   # rewritten at most this often, and only when it changed or is 5 s old
+LIVE_STATE = "live.json"  # in the run directory: the rank the others wait for, for the progress line
+LIVE_STATE_EVERY_S = 1.0  # rewritten at most this often, and only when it changed or is 5 s old
 # every kind the monitor raises (monitor.py, node_health.py): their counters exist at 0
 # from a rank's first report, so that a rise is a rise and rate() has a start
 ALERT_KINDS = ("compute", "data_wait", "step_time", "stalled", "heartbeat", "gpu_util", "network")
@@ -26,10 +27,10 @@ class RankGauges:
         self.run_dir, self.now, self.wall_ns, self.warn = run_dir, now, wall_ns, warn
         self.off = False
         self.lock = threading.Lock()  # the metrics server reads from its own thread
-        self.ranks: dict = {}         # rank -> {name: value} (see update)
+        self.ranks: dict = {}  # rank -> {name: value} (see update)
         self.alerts = collections.Counter()  # (kind, rank) -> alerts raised
-        self.lags_ms: dict = {}       # rank -> arrival lag (diagnose.live.arrivals)
-        self.waited_for = None        # (rank, lag ms) or None
+        self.lags_ms: dict = {}  # rank -> arrival lag (diagnose.live.arrivals)
+        self.waited_for = None  # (rank, lag ms) or None
         self.written = (None, -1e18)  # (live.json's content, when)
 
     def update(self, progress: dict, reader=None, where: dict | None = None) -> None:
@@ -42,8 +43,10 @@ class RankGauges:
             self._update(progress, reader, where or {})
         except Exception as exc:
             self.off = True
-            self.warn(f"live gauges off (Prometheus metrics, the progress line's waited-for rank): "
-                      f"{type(exc).__name__}: {exc}")
+            self.warn(
+                f"live gauges off (Prometheus metrics, the progress line's waited-for rank): "
+                f"{type(exc).__name__}: {exc}"
+            )
 
     def _update(self, progress: dict, reader, where: dict) -> None:
         fresh = {}
@@ -63,8 +66,9 @@ class RankGauges:
         arrivals = getattr(reader, "arrivals", None)
         lags = arrivals.lags_ms() if arrivals is not None else {}
         step_times = [v["step_ms"] for v in fresh.values() if v.get("step_ms") is not None]
-        waited_for = arrivals.waited_for(statistics.median(step_times) if step_times else None) \
-            if arrivals is not None else None
+        waited_for = (
+            arrivals.waited_for(statistics.median(step_times) if step_times else None) if arrivals is not None else None
+        )
         with self.lock:
             for rank, values in fresh.items():
                 values["exposed_comm_frac"] = exposed.get(rank)
@@ -80,15 +84,22 @@ class RankGauges:
 
     def snapshot(self) -> dict:
         with self.lock:
-            return {"ranks": {r: dict(v) for r, v in self.ranks.items()}, "alerts": dict(self.alerts),
-                    "lags_ms": dict(self.lags_ms), "waited_for": self.waited_for}
+            return {
+                "ranks": {r: dict(v) for r, v in self.ranks.items()},
+                "alerts": dict(self.alerts),
+                "lags_ms": dict(self.lags_ms),
+                "waited_for": self.waited_for,
+            }
 
     def _write_state(self) -> None:
         """<run>/live.json: {wall_ns, waited_for: {rank, lag_ms} or null}, replaced
         whole (a reader never sees half of it)."""
         now = self.now()
-        content = None if self.waited_for is None else \
-            {"rank": int(self.waited_for[0]), "lag_ms": round(float(self.waited_for[1]), 1)}
+        content = (
+            None
+            if self.waited_for is None
+            else {"rank": int(self.waited_for[0]), "lag_ms": round(float(self.waited_for[1]), 1)}
+        )
         last, at = self.written
         if now - at < LIVE_STATE_EVERY_S or (content == last and now - at < 5.0):
             return

@@ -13,6 +13,7 @@ rank itself when diagnose asks (collectors/instrument/flight_recorder_dump.py).
 TORCH_NCCL_ENABLE_TIMING records when each collective started on the device:
 without it a dump cannot tell "stuck in the kernel" from "not started".
 """
+
 import glob
 import os
 import shutil
@@ -55,8 +56,9 @@ def flight_recorder_env(run_dir: str, environ=os.environ, torch_version: str | N
         for name in [names[0]] if len(names) == 1 else [names[g] for g in use]:
             extra[name] = value
             record["set_by_diagnose"].append(name)
-    prefix = next((environ[n] for n in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
-                   if n in environ), None)
+    prefix = next(
+        (environ[n] for n in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE") if n in environ), None
+    )
     if prefix:
         record["user_dump_prefix"] = prefix
     return extra, record
@@ -88,7 +90,7 @@ def collect_user_dumps(run_dir: str, record: dict, since_wall_ns: int) -> list[s
         return []
     copied = []
     for path in glob.glob(glob.escape(prefix) + "*"):
-        rest = path[len(prefix):].removesuffix(".json")
+        rest = path[len(prefix) :].removesuffix(".json")
         try:
             if rest.isdigit() and os.path.getmtime(path) * 1e9 >= since_wall_ns:
                 target = os.path.join(run_dir, FOLDER, f"rank_{rest}" + (".json" if path.endswith(".json") else ""))

@@ -4,6 +4,7 @@ into every rank, watch it, pass its exit status through, then analyze.
 The job runs in its own process group, so that Ctrl-C (forwarded), a hang
 (ended by the watchdog) and the job's own children can be signalled as one.
 """
+
 import importlib.metadata
 import os
 import platform
@@ -44,9 +45,9 @@ class RunOptions:
     kill_on_hang: bool = False
     on_hang: Callable[[str], None] | None = None  # run_dir -> None: the analysis while it hangs
     extra_env: dict = field(default_factory=dict)
-    nsys: bool = False                 # --nsys: each rank under `nsys profile` (diagnose.run.profiling_tools)
+    nsys: bool = False  # --nsys: each rank under `nsys profile` (diagnose.run.profiling_tools)
     torch_profiler: str | None = None  # --torch-profiler STEPS, e.g. "10-12"
-    metrics_port: int | None = None    # --metrics-port: Prometheus metrics from the live child (0: any port)
+    metrics_port: int | None = None  # --metrics-port: Prometheus metrics from the live child (0: any port)
 
 
 def _version(package: str) -> str | None:
@@ -87,19 +88,21 @@ def launch(opts: RunOptions) -> tuple[str, int]:
     """Run the job to its end. Returns (run_dir, exit status as a shell reports it)."""
     if not opts.command:
         raise UserError("no command given: use `diagnose run -- torchrun ... train.py`")
-    run_dir = rundir.prepare_out_dir(opts.out_dir or rundir.default_out_dir(name=opts.name),
-                                     force=opts.force)
+    run_dir = rundir.prepare_out_dir(opts.out_dir or rundir.default_out_dir(name=opts.name), force=opts.force)
     manifest = {
         "name": opts.name or os.path.basename(run_dir),
-        "command": shlex.join(opts.command), "argv": list(opts.command), "cwd": os.getcwd(),
-        "start_wall_ns": time.time_ns(), "launcher_host": socket.gethostname(),
+        "command": shlex.join(opts.command),
+        "argv": list(opts.command),
+        "cwd": os.getcwd(),
+        "start_wall_ns": time.time_ns(),
+        "launcher_host": socket.gethostname(),
         "layout": _layout_from_argv(list(opts.command)),
-        "versions": {"python": platform.python_version(), "torch": _version("torch"),
-                     "diagnose": _version("diagnose")},
+        "versions": {"python": platform.python_version(), "torch": _version("torch"), "diagnose": _version("diagnose")},
     }
     environ = {**os.environ, **opts.extra_env}
-    fr_env, manifest["flight_recorder"] = flight_recorder_env(run_dir, environ,
-                                                              torch_version=manifest["versions"]["torch"])
+    fr_env, manifest["flight_recorder"] = flight_recorder_env(
+        run_dir, environ, torch_version=manifest["versions"]["torch"]
+    )
     rundir.write_manifest(run_dir, manifest)
     group_kwargs = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     try:
@@ -116,15 +119,22 @@ def launch(opts: RunOptions) -> tuple[str, int]:
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     progress = ProgressLine(run_dir=run_dir)  # reads the rank dirs and the live child's live.json
+
     def on_hang(report):  # analyze while the job is still hung: the user sees who, now
         manifest["hang"] = report
         rundir.write_manifest(run_dir, manifest)
         if opts.on_hang is not None:
             opts.on_hang(run_dir)
 
-    watchdog = HangWatchdog(run_dir, proc, opts.hang_timeout_s, floor_s=opts.hang_floor_s,
-                            kill_on_hang=opts.kill_on_hang, on_hang=on_hang,
-                            flight_recorder=fr_enabled({**environ, **fr_env}))
+    watchdog = HangWatchdog(
+        run_dir,
+        proc,
+        opts.hang_timeout_s,
+        floor_s=opts.hang_floor_s,
+        kill_on_hang=opts.kill_on_hang,
+        on_hang=on_hang,
+        flight_recorder=fr_enabled({**environ, **fr_env}),
+    )
     liveness = RankLiveness(run_dir)
     # alerts, MLflow and Prometheus metrics while the job runs; never raises
     live = start_live(run_dir, manifest, metrics_port=opts.metrics_port)
@@ -147,10 +157,15 @@ def launch(opts: RunOptions) -> tuple[str, int]:
         merge_row_parts(rank_dir)  # what a killed rank left as JSON rows becomes Parquet
     collect_user_dumps(run_dir, manifest["flight_recorder"], manifest["start_wall_ns"])
     stalled = watchdog.report is not None and "resumed_after_s" in watchdog.report
-    manifest.update(end_wall_ns=time.time_ns(), exit_status=status,
-                    interrupted=bool(interrupted_at), hang=None if stalled else watchdog.report,
-                    stall=watchdog.report if stalled else None, hang_watch=watchdog.summary(),
-                    rank_exits=liveness.close())
+    manifest.update(
+        end_wall_ns=time.time_ns(),
+        exit_status=status,
+        interrupted=bool(interrupted_at),
+        hang=None if stalled else watchdog.report,
+        stall=watchdog.report if stalled else None,
+        hang_watch=watchdog.summary(),
+        rank_exits=liveness.close(),
+    )
     after_job(opts, run_dir, manifest)
     metas = read_progress(run_dir)
     manifest["world_size"] = len(rundir.rank_dirs(run_dir)) or None

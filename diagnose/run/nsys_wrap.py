@@ -12,6 +12,7 @@ so each worker gets its own report, named by the RANK torchrun gives it
 `nsys_command` is a pure function; `torchrun_python` finds the interpreter
 torchrun would have used (its shebang).
 """
+
 import os
 import shutil
 
@@ -19,8 +20,19 @@ NSYS_TRACE = "cuda,nvtx,osrt"
 NSYS_DIR = "nsys"
 # torchrun options that take no value (torch.distributed.run.get_args_parser,
 # checked against it by the tests); every other option takes one.
-TORCHRUN_FLAGS = {"-h", "--help", "--standalone", "-m", "--module", "--no-python", "--no_python",
-                  "--run-path", "--run_path", "--virtual-local-rank", "--virtual_local_rank"}
+TORCHRUN_FLAGS = {
+    "-h",
+    "--help",
+    "--standalone",
+    "-m",
+    "--module",
+    "--no-python",
+    "--no_python",
+    "--run-path",
+    "--run_path",
+    "--virtual-local-rank",
+    "--virtual_local_rank",
+}
 _MODULE = {"-m", "--module"}
 _NO_PYTHON = {"--no-python", "--no_python"}
 _RUN_PATH = {"--run-path", "--run_path"}
@@ -43,7 +55,7 @@ def split_torchrun(argv: list) -> tuple[list, list, list] | None:
     while i < len(rest):
         token = rest[i]
         if token == "--":
-            return prefix, rest[:i], rest[i + 1:]
+            return prefix, rest[:i], rest[i + 1 :]
         if not token.startswith("-") or token == "-":
             break
         if token in TORCHRUN_FLAGS or "=" in token:
@@ -71,8 +83,18 @@ def nsys_command(argv: list, run_dir: str, python: str = "python", nsys: str = "
         worker = [python, "-m", *program]
     else:
         worker = [python, *program]
-    return [*prefix, *kept, "--no-python", nsys, "profile", "-t", NSYS_TRACE,
-            "-o", os.path.join(out_dir, "rank%q{RANK}"), *worker]
+    return [
+        *prefix,
+        *kept,
+        "--no-python",
+        nsys,
+        "profile",
+        "-t",
+        NSYS_TRACE,
+        "-o",
+        os.path.join(out_dir, "rank%q{RANK}"),
+        *worker,
+    ]
 
 
 def torchrun_python(argv0: str, default: str = "python") -> str:

@@ -8,6 +8,7 @@ every rank (DIAGNOSE_TORCH_PROFILER, read by collectors/instrument/torch_profile
 after_job: import the ranks' profiler traces (their GPU kernels) into the run,
 and say where the Nsight reports are and how to import them.
 """
+
 import os
 import shutil
 import sys
@@ -38,6 +39,7 @@ def before_job(opts, run_dir: str, manifest: dict) -> tuple[list, dict]:
             manifest["nsys"] = {"used": False, "reason": "nsys not on PATH"}
         else:
             from diagnose.run.nsys_wrap import NSYS_DIR, nsys_command, torchrun_python
+
             os.makedirs(os.path.join(run_dir, NSYS_DIR), exist_ok=True)
             command = nsys_command(command, run_dir, python=torchrun_python(command[0]), nsys=nsys)
             manifest["nsys"] = {"used": True, "command": command}
@@ -48,6 +50,7 @@ def before_job(opts, run_dir: str, manifest: dict) -> tuple[list, dict]:
 def after_job(opts, run_dir: str, manifest: dict) -> None:
     if getattr(opts, "torch_profiler", None):
         from diagnose.importers.kineto import import_profiler_windows
+
         try:
             done = import_profiler_windows(run_dir, warn=lambda m: print(m, file=sys.stderr))
         except Exception as exc:  # the job's own results must survive a bad trace
@@ -55,11 +58,12 @@ def after_job(opts, run_dir: str, manifest: dict) -> None:
             done = {}
         manifest.setdefault("torch_profiler", {})["imported_kernels"] = {str(r): n for r, n in done.items()}
         if done:
-            say(f"--torch-profiler: imported {sum(done.values())} GPU activities from "
-                f"{len(done)} rank trace(s)")
+            say(f"--torch-profiler: imported {sum(done.values())} GPU activities from {len(done)} rank trace(s)")
         else:
             say("--torch-profiler: no profiler trace was written (did the job reach the window?)")
     if (manifest.get("nsys") or {}).get("used"):
         reports = os.path.join(run_dir, "nsys")
-        say(f"--nsys: to analyse the reports: nsys export --type sqlite {reports}/rankN.nsys-rep, "
-            f"then diagnose import nsys {reports}/rank*.sqlite --out <new run>")
+        say(
+            f"--nsys: to analyse the reports: nsys export --type sqlite {reports}/rankN.nsys-rep, "
+            f"then diagnose import nsys {reports}/rank*.sqlite --out <new run>"
+        )

@@ -6,6 +6,7 @@ for at collectives (arrival lag, diagnose/live/arrivals.py, via <run>/live.json)
 not the lowest index among ranks tied on step count: in a synchronous job every
 rank finishes every step, so step counts tie whoever is slow. Until every rank
 that started (its folder exists) has reported, the line says which it waits for."""
+
 import sys
 import time
 
@@ -45,15 +46,18 @@ class ProgressLine:
             return None
         waiting = sorted(started - set(steps))
         if waiting:
-            return (f"diagnose: {len(steps)} of {len(started)} ranks reporting, waiting for "
-                    f"rank{'s' if len(waiting) > 1 else ''} {rank_spans(waiting)}")
+            return (
+                f"diagnose: {len(steps)} of {len(started)} ranks reporting, waiting for "
+                f"rank{'s' if len(waiting) > 1 else ''} {rank_spans(waiting)}"
+            )
         low, high = min(steps.values()), max(steps.values())
         text = f"diagnose: {len(steps)} ranks, step {low}" + (f"-{high}" if high != low else "")
         state = read_live_state(self.run_dir) if self.run_dir else None
         waited_for = (state or {}).get("waited_for")
         if waited_for and len(steps) > 1:
-            text += (f", the others wait for rank {waited_for['rank']} "
-                     f"(+{waited_for['lag_ms']:.0f} ms/step at collectives)")
+            text += (
+                f", the others wait for rank {waited_for['rank']} (+{waited_for['lag_ms']:.0f} ms/step at collectives)"
+            )
         elif high - low >= 2:  # not a tie: a rank really is steps behind
             text += f", behind: rank {rank_spans(sorted(r for r in steps if steps[r] == low))}"
         step_ms = [p.get("last_step_ms") for p in progress.values() if p.get("last_step_ms")]

@@ -1,5 +1,6 @@
 """When each local rank's process died, watched by `diagnose run` from a thread:
 the first rank to die is the one that failed (rank_failure reads the order)."""
+
 import json
 import os
 import time
@@ -17,12 +18,13 @@ class RankLiveness:
     20 ms (a killed rank stays a zombie until torchrun reaps it, so kill(pid, 0)
     would not do)."""
 
-    POLL_S = 0.02      # /proc fallback
-    DISCOVER_S = 0.5   # new ranks' meta.json
+    POLL_S = 0.02  # /proc fallback
+    DISCOVER_S = 0.5  # new ranks' meta.json
 
     def __init__(self, run_dir: str):
         import socket
         import threading
+
         self.run_dir = run_dir
         self.host = socket.gethostname()
         self.pids: dict[int, int] = {}
@@ -58,9 +60,10 @@ class RankLiveness:
 
     def _run(self) -> None:
         import select
+
         poller = select.poll()
-        pidfd_rank: dict[int, int] = {}    # pidfd -> rank
-        polled: dict[int, int] = {}        # rank -> pid, where no pidfd could be had
+        pidfd_rank: dict[int, int] = {}  # pidfd -> rank
+        polled: dict[int, int] = {}  # rank -> pid, where no pidfd could be had
         next_discover = 0.0
         try:
             while not self._stop.is_set():

@@ -8,6 +8,7 @@ wrote the marker (its start time in /proc matches: a recycled pid is left
 alone) and the marker is not withdrawn (the job put a handler of its own on the
 signal). Once per hang: the signal interrupts sleeping system calls in the rank.
 """
+
 import glob
 import json
 import os
@@ -35,8 +36,13 @@ def signal_marked_ranks(run_dir: str) -> list[int]:
     host, sent = socket.gethostname(), []
     for marker in markers(run_dir):
         pid, sig = marker.get("pid"), marker.get("signal")
-        if marker.get("host") != host or marker.get("withdrawn") or not isinstance(pid, int) \
-                or not isinstance(sig, int) or pid <= 1:
+        if (
+            marker.get("host") != host
+            or marker.get("withdrawn")
+            or not isinstance(pid, int)
+            or not isinstance(sig, int)
+            or pid <= 1
+        ):
             continue
         ticks = marker.get("start_time_ticks")
         if ticks is None or start_time_ticks(pid) != ticks:

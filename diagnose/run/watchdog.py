@@ -18,6 +18,7 @@ analyzes and reports while the job is still hung. The job is not ended: that
 stays with the backend's watchdog or the user, unless `--kill-on-hang` (SIGTERM,
 then SIGKILL). Progress after the report (a stall, not a hang) is noted.
 """
+
 import glob
 import json
 import os
@@ -55,8 +56,16 @@ def kill_rank_processes(run_dir: str) -> None:
 
 
 class HangWatchdog:
-    def __init__(self, run_dir: str, proc, timeout_s: float | None, floor_s: float = HANG_FLOOR_S,
-                 kill_on_hang: bool = False, on_hang=None, flight_recorder: bool = True):
+    def __init__(
+        self,
+        run_dir: str,
+        proc,
+        timeout_s: float | None,
+        floor_s: float = HANG_FLOOR_S,
+        kill_on_hang: bool = False,
+        on_hang=None,
+        flight_recorder: bool = True,
+    ):
         self.run_dir = run_dir
         self.proc = proc
         self.fixed_timeout_s = timeout_s  # None: derived from the job's median step
@@ -83,10 +92,14 @@ class HangWatchdog:
     def summary(self) -> dict:
         """For the manifest: the rule and what it came to."""
         median = self.median_step_s()
-        return {"rule": "fixed" if self.fixed_timeout_s is not None else
-                f"max({self.floor_s:g} s, {HANG_STEP_MULTIPLE:g} x median step); {STARTUP_S:g} s before a step ends",
-                "median_step_s": None if median is None else round(median, 4),
-                "timeout_s": round(self.timeout_s(), 3), "kill_on_hang": self.kill_on_hang}
+        return {
+            "rule": "fixed"
+            if self.fixed_timeout_s is not None
+            else f"max({self.floor_s:g} s, {HANG_STEP_MULTIPLE:g} x median step); {STARTUP_S:g} s before a step ends",
+            "median_step_s": None if median is None else round(median, 4),
+            "timeout_s": round(self.timeout_s(), 3),
+            "kill_on_hang": self.kill_on_hang,
+        }
 
     def _note_steps(self, progress: dict) -> None:
         for rank, p in progress.items():
@@ -129,19 +142,27 @@ class HangWatchdog:
     def handle_hang(self, progress, timeout_s: float, steps_done: int) -> None:
         stalled_s = time.monotonic() - self.last_change
         then = "ending the job" if self.kill_on_hang else "the job is left to its backend's watchdog or you"
-        print(f"diagnose: no progress on any rank for {stalled_s:.0f} s (hang timeout {timeout_s:.0f} s): "
-              f"asking every rank for dumps; {then}", flush=True)
+        print(
+            f"diagnose: no progress on any rank for {stalled_s:.0f} s (hang timeout {timeout_s:.0f} s): "
+            f"asking every rank for dumps; {then}",
+            flush=True,
+        )
         open(os.path.join(self.run_dir, DUMP_REQUEST), "w").close()
         asked = ask_backend_for_dumps(self.run_dir)
         stacks_asked = signal_marked_ranks(self.run_dir)  # every thread, even a GIL holder's
         deadline = time.monotonic() + DUMP_WAIT_S
         while time.monotonic() < deadline and not self._dumps_in(len(progress)):
             time.sleep(0.2)
-        self.report = {"stalled_s": round(stalled_s, 1), "timeout_s": round(timeout_s, 3),
-                       "timeout_rule": self.summary()["rule"],
-                       "wall_ns": time.time_ns(), "pipes_asked": asked, "stacks_asked": len(stacks_asked),
-                       "steps_done": steps_done,
-                       "killed_by_diagnose": self.kill_on_hang}
+        self.report = {
+            "stalled_s": round(stalled_s, 1),
+            "timeout_s": round(timeout_s, 3),
+            "timeout_rule": self.summary()["rule"],
+            "wall_ns": time.time_ns(),
+            "pipes_asked": asked,
+            "stacks_asked": len(stacks_asked),
+            "steps_done": steps_done,
+            "killed_by_diagnose": self.kill_on_hang,
+        }
         if self.on_hang is not None:
             self.on_hang(self.report)
         if self.kill_on_hang:

@@ -8,6 +8,7 @@ tables (rank_reader), each rank's progress (progress), one run merged from
 per-node directories (node_merge). A run directory is a local path or an fsspec
 URL (storage: the file operations of both). Everything that touches a run directory goes
 through this package; the rank side writes it through collectors.part_writer."""
+
 import json
 import os
 import re
@@ -70,8 +71,10 @@ def read_findings(run_dir: str) -> list[dict]:
         with storage.open(path) as f:
             return json.loads(f.read())
     except OSError:
-        raise NotAnalyzed(f"{run_dir} has not been analyzed (no readable {FINDINGS}): "
-                          "diagnose.analyze(run), or `diagnose analyze RUN`") from None
+        raise NotAnalyzed(
+            f"{run_dir} has not been analyzed (no readable {FINDINGS}): "
+            "diagnose.analyze(run), or `diagnose analyze RUN`"
+        ) from None
     except ValueError as exc:
         raise NotAnalyzed(f"{path} is not JSON ({exc}): analyze the run again") from None
 

@@ -16,6 +16,7 @@ A dump that is empty (the rank was never signalled), truncated or foreign
 gives what it could parse, never an error: it is evidence, not input the
 analysis depends on.
 """
+
 import json
 import os
 import re
@@ -36,15 +37,18 @@ def parse_stacks(text: str, names: dict | None = None) -> list[dict]:
         head = _THREAD.match(line)
         if head:
             ident = head.group(2).lower()
-            current = {"ident": ident, "name": names.get(ident), "current": head.group(1) == "Current thread",
-                       "frames": []}
+            current = {
+                "ident": ident,
+                "name": names.get(ident),
+                "current": head.group(1) == "Current thread",
+                "frames": [],
+            }
             threads.pop(ident, None)
             threads[ident] = current
             continue
         frame = _FRAME.match(line)
         if frame and current is not None:
-            current["frames"].append({"file": frame.group(1), "line": int(frame.group(2)),
-                                      "func": frame.group(3)})
+            current["frames"].append({"file": frame.group(1), "line": int(frame.group(2)), "func": frame.group(3)})
     return list(threads.values())
 
 

@@ -16,6 +16,7 @@ pg_status values and `process_group` as a list). A dump carries no rank: it is
 the file name's trailing digits (after a .json/.pkl suffix), as PyTorch's own
 loader takes it from the name after the prefix.
 """
+
 import io
 import json
 import os
@@ -85,12 +86,14 @@ def _entry(raw: dict) -> dict:
     return {
         "record_id": _int(raw.get("record_id", -1), "record_id"),
         "pg_id": str(_int(raw.get("pg_id", -1), "pg_id")),
-        "group": str(group[0]), "group_desc": str(group[1]),
+        "group": str(group[0]),
+        "group_desc": str(group[1]),
         "seq": _int(raw.get("collective_seq_id", 0), "collective_seq_id"),
         "p2p_seq": _int(raw.get("p2p_seq_id", 0), "p2p_seq_id"),
         "is_p2p": bool(raw.get("is_p2p", False)),
         "op": str(raw.get("profiling_name", "")),
-        "input_sizes": sizes, "output_sizes": out_sizes,
+        "input_sizes": sizes,
+        "output_sizes": out_sizes,
         "dtypes": [str(d) for d in (raw.get("input_dtypes") or [])],
         "state": str(raw.get("state", "")),
         # 2.10 keeps finished entries in the ring (retired); 2.9's active-only dumps hold none
@@ -117,14 +120,21 @@ def normalise(raw, rank: int) -> dict:
     for pg_id, s in (raw.get("pg_status") or {}).items():
         if not isinstance(s, dict):
             raise ValueError("pg_status holds a non-object")
-        status[str(pg_id)] = {k: _int(s.get(f"last_{k}_collective", -1), f"last_{k}_collective")
-                              for k in ("enqueued", "started", "completed")}
+        status[str(pg_id)] = {
+            k: _int(s.get(f"last_{k}_collective", -1), f"last_{k}_collective")
+            for k in ("enqueued", "started", "completed")
+        }
     entries = raw.get("entries") or []
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise ValueError("entries is not a list of objects")
-    return {"rank": rank, "version": str(raw["version"]),
-            "comm_lib_version": str(raw.get("comm_lib_version") or raw.get("nccl_version") or ""),
-            "groups": groups, "pg_status": status, "entries": [_entry(e) for e in entries]}
+    return {
+        "rank": rank,
+        "version": str(raw["version"]),
+        "comm_lib_version": str(raw.get("comm_lib_version") or raw.get("nccl_version") or ""),
+        "groups": groups,
+        "pg_status": status,
+        "entries": [_entry(e) for e in entries],
+    }
 
 
 def read_dump(path: str, rank: int | None = None) -> dict:
@@ -136,8 +146,10 @@ def read_dump(path: str, rank: int | None = None) -> dict:
     try:
         size = os.path.getsize(path)
         if size > MAX_DUMP_BYTES:
-            raise DumpError(f"{name}: {size / 2**20:.0f} MiB is over the {MAX_DUMP_BYTES >> 20} MiB "
-                            "a Flight Recorder dump may have: refused")
+            raise DumpError(
+                f"{name}: {size / 2**20:.0f} MiB is over the {MAX_DUMP_BYTES >> 20} MiB "
+                "a Flight Recorder dump may have: refused"
+            )
         with open(path, "rb") as f:
             data = f.read(MAX_DUMP_BYTES + 1)
     except OSError as exc:
@@ -150,8 +162,19 @@ def read_dump(path: str, rank: int | None = None) -> dict:
         return {**normalise(raw, rank), "file": name, "format": form}
     except DumpError:
         raise
-    except (pickle.UnpicklingError, ValueError, EOFError, TypeError, KeyError, IndexError,
-            AttributeError, OverflowError, UnicodeDecodeError, RecursionError, MemoryError) as exc:
+    except (
+        pickle.UnpicklingError,
+        ValueError,
+        EOFError,
+        TypeError,
+        KeyError,
+        IndexError,
+        AttributeError,
+        OverflowError,
+        UnicodeDecodeError,
+        RecursionError,
+        MemoryError,
+    ) as exc:
         why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise DumpError(f"{name}: not a readable Flight Recorder dump: {why}") from None
 
@@ -164,8 +187,12 @@ def dump_files(paths: list[str]) -> list[str]:
         if os.path.isdir(path):
             for name in sorted(os.listdir(path)):
                 full = os.path.join(path, name)
-                if os.path.isfile(full) and not name.startswith(".") and not name.endswith((".txt", ".log", ".md")) \
-                        and rank_of(name) is not None:
+                if (
+                    os.path.isfile(full)
+                    and not name.startswith(".")
+                    and not name.endswith((".txt", ".log", ".md"))
+                    and rank_of(name) is not None
+                ):
                     files.append(full)
         elif os.path.isfile(path):
             files.append(path)
@@ -189,8 +216,10 @@ def read_dumps(paths: list[str], on_error=None) -> dict[int, dict]:
             continue
         previous = dumps.get(dump["rank"])
         if previous is not None and previous["format"] == dump["format"]:
-            raise DumpError(f"{dump['file']}: a second dump of rank {dump['rank']} ({previous['file']}): "
-                            "give one dump set at a time")
+            raise DumpError(
+                f"{dump['file']}: a second dump of rank {dump['rank']} ({previous['file']}): "
+                "give one dump set at a time"
+            )
         if previous is None or dump["format"] == "pickle":
             dumps[dump["rank"]] = dump
     if not dumps and on_error is None:

@@ -4,6 +4,7 @@ stacks its faulthandler wrote on the launcher's signal, which need no GIL
 (diagnose/rundir/fault_stacks_reader.py). A rank with stacks but no watchdog
 dump (its writer thread could not run: some thread held the GIL) gets a dump
 holding the stacks only, `watchdog_dumped` False."""
+
 import json
 
 from diagnose.rundir import storage

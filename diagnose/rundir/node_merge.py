@@ -1,4 +1,5 @@
 """Merge per-node run directories (rank folders named by global rank) into one."""
+
 import os
 import shutil
 
@@ -19,12 +20,15 @@ def merge_runs(run_dirs: list, out: str) -> str:
             seen[name] = source
             shutil.copytree(rank_dir, os.path.join(target, rundir.TRACES, name))
     merged = dict(manifests[0]) if manifests else {}
-    merged.update(merged_from=sources, world_size=len(seen),
-                  nodes=[{"dir": d, "launcher_host": m.get("launcher_host"),
-                          "exit_status": m.get("exit_status")} for d, m in zip(sources, manifests)])
+    merged.update(
+        merged_from=sources,
+        world_size=len(seen),
+        nodes=[
+            {"dir": d, "launcher_host": m.get("launcher_host"), "exit_status": m.get("exit_status")}
+            for d, m in zip(sources, manifests)
+        ],
+    )
     statuses = [m.get("exit_status") for m in manifests if m.get("exit_status") is not None]
     merged["exit_status"] = max(statuses, default=None)
     rundir.write_manifest(target, merged)
     return target
-
-

@@ -2,6 +2,7 @@
 progress.json (rewritten by the rank's writer every 0.25 s and at each flush) and
 its steps-done counter (a mapped file stored at every step end, exact even after
 a SIGKILL). Read by the launcher's progress line, the live monitor and the loader."""
+
 import json
 
 from collectors.part_writer import read_counter

@@ -3,6 +3,7 @@ every one that is not yields one warning line and is skipped. Trace content is
 data: Parquet and JSON only, never pickle or eval. A running or killed rank's
 newest parts are JSON rows (collectors.part_writer says why). The format:
 docs/run-directory.md."""
+
 import json
 import os
 
@@ -13,9 +14,20 @@ from collectors.part_writer import files_to_read, read_part, row_part_table
 from collectors.schema import EVENT_FIELDS, EVENT_PART_GLOBS, SAMPLE_FIELDS, SAMPLE_PART_GLOBS, SCHEMA_VERSION
 from diagnose.rundir import storage
 
-_EVENT_DEFAULTS = {"step": -1, "microbatch": -1, "stage": -1, "group": "", "group_ranks": "",
-                   "seq": -1, "peer": -1, "bytes": 0, "async_op": False, "callsite": "",
-                   "detail": "", "queued_ns": -1}
+_EVENT_DEFAULTS = {
+    "step": -1,
+    "microbatch": -1,
+    "stage": -1,
+    "group": "",
+    "group_ranks": "",
+    "seq": -1,
+    "peer": -1,
+    "bytes": 0,
+    "async_op": False,
+    "callsite": "",
+    "detail": "",
+    "queued_ns": -1,
+}
 REQUIRED_EVENT_COLUMNS = ("kind", "name", "start_ns", "end_ns")
 
 
@@ -38,8 +50,10 @@ def read_meta(rank_dir: str, warn) -> dict:
         return {}
     version = meta.get("schema_version", SCHEMA_VERSION)
     if isinstance(version, int) and version > SCHEMA_VERSION:
-        warn(f"{_safe_name(path)}: schema version {version} is newer than {SCHEMA_VERSION}; "
-             "reading the columns this version knows")
+        warn(
+            f"{_safe_name(path)}: schema version {version} is newer than {SCHEMA_VERSION}; "
+            "reading the columns this version knows"
+        )
     return meta
 
 
@@ -111,10 +125,8 @@ def read_parts(rank_dir: str, patterns, fields, required, defaults, warn) -> pa.
 
 
 def read_events(rank_dir: str, warn) -> pa.Table | None:
-    return read_parts(rank_dir, EVENT_PART_GLOBS, EVENT_FIELDS, REQUIRED_EVENT_COLUMNS,
-                      _EVENT_DEFAULTS, warn)
+    return read_parts(rank_dir, EVENT_PART_GLOBS, EVENT_FIELDS, REQUIRED_EVENT_COLUMNS, _EVENT_DEFAULTS, warn)
 
 
 def read_samples(rank_dir: str, warn) -> pa.Table | None:
-    return read_parts(rank_dir, SAMPLE_PART_GLOBS, SAMPLE_FIELDS, ("ts_ns", "metric", "value"),
-                      {}, warn)
+    return read_parts(rank_dir, SAMPLE_PART_GLOBS, SAMPLE_FIELDS, ("ts_ns", "metric", "value"), {}, warn)

@@ -18,6 +18,7 @@ Several processes that trained without a process group cannot be told apart
 a note in <run>/unrecorded/): none is named, and `why_no_rank` says so. Renaming is one `os.rename` per
 folder (atomic); meta.json is rewritten to the rank it now has.
 """
+
 import os
 
 from collectors.part_writer import atomic_write_json, read_counter
@@ -33,8 +34,11 @@ def solo_dirs(run_dir: str) -> list[str]:
         names = sorted(os.listdir(traces))
     except OSError:
         return []
-    return [os.path.join(traces, n) for n in names
-            if n.startswith(SOLO_DIR_PREFIX) and os.path.isdir(os.path.join(traces, n))]
+    return [
+        os.path.join(traces, n)
+        for n in names
+        if n.startswith(SOLO_DIR_PREFIX) and os.path.isdir(os.path.join(traces, n))
+    ]
 
 
 def unrecorded_pids(run_dir: str) -> list[str]:
@@ -64,9 +68,10 @@ def _pg_rank(meta: dict) -> int | None:
 def _name(folder: str, meta: dict, rank: int, world_size: int) -> None:
     target = os.path.join(os.path.dirname(folder), rank_dir_name(rank))
     os.rename(folder, target)
-    atomic_write_json(os.path.join(target, "meta.json"),
-                      {**meta, "rank": rank, "world_size": world_size, "provisional": False,
-                       "named_from": os.path.basename(folder)})
+    atomic_write_json(
+        os.path.join(target, "meta.json"),
+        {**meta, "rank": rank, "world_size": world_size, "provisional": False, "named_from": os.path.basename(folder)},
+    )
 
 
 def name_solo_ranks(run_dir: str) -> list[str]:
@@ -97,17 +102,22 @@ def name_solo_ranks(run_dir: str) -> list[str]:
 def why_no_rank(run_dir: str) -> str:
     """One line: why a run directory holds no rank folder."""
     solos = solo_dirs(run_dir)
-    trained = [os.path.basename(f)[len(SOLO_DIR_PREFIX):] for f in solos if steps_done(f) > 0]
+    trained = [os.path.basename(f)[len(SOLO_DIR_PREFIX) :] for f in solos if steps_done(f) > 0]
     trained += unrecorded_pids(run_dir)
     if len(trained) > 1:
         pids = ", ".join(trained)
-        return (f"{len(trained)} processes trained without a launcher or a process group (pids {pids}), "
-                "so diagnose cannot tell their ranks: start them with torchrun, srun or mpirun, "
-                "or create a process group (torch.distributed.init_process_group) in each")
+        return (
+            f"{len(trained)} processes trained without a launcher or a process group (pids {pids}), "
+            "so diagnose cannot tell their ranks: start them with torchrun, srun or mpirun, "
+            "or create a process group (torch.distributed.init_process_group) in each"
+        )
     if solos:
-        return (f"{len(solos)} process(es) imported torch but none trained or created a process group "
-                "that names its rank")
-    return ("no process of the job was recorded: diagnose records Python processes started by "
-            "torchrun, srun, mpirun, accelerate or deepspeed, or run directly (`python train.py`); "
-            "check that the job runs Python and that PYTHONPATH or `python -S`/`-I` do not drop "
-            "diagnose's bootstrap")
+        return (
+            f"{len(solos)} process(es) imported torch but none trained or created a process group that names its rank"
+        )
+    return (
+        "no process of the job was recorded: diagnose records Python processes started by "
+        "torchrun, srun, mpirun, accelerate or deepspeed, or run directly (`python train.py`); "
+        "check that the job runs Python and that PYTHONPATH or `python -S`/`-I` do not drop "
+        "diagnose's bootstrap"
+    )

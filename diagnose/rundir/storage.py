@@ -6,6 +6,7 @@ the os module's way, as before; a URL fsspec's (`pip install 'diagnose[cluster]'
 plus the protocol's own package: s3fs, gcsfs, ...). A path built from a URL
 (join, glob) keeps its protocol, so that it is again a URL.
 """
+
 import builtins
 import glob as local_glob
 import os
@@ -64,8 +65,11 @@ def folders(path: str) -> list[str]:
     if not is_url(path):
         return [name for name in os.listdir(path) if os.path.isdir(os.path.join(path, name))]
     fs, inner = _fs(path)
-    return [entry["name"].rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(inner, detail=True)
-            if entry.get("type") == "directory"]
+    return [
+        entry["name"].rstrip("/").rsplit("/", 1)[-1]
+        for entry in fs.ls(inner, detail=True)
+        if entry.get("type") == "directory"
+    ]
 
 
 def glob(folder: str, pattern: str) -> list[str]:

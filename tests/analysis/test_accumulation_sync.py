@@ -2,6 +2,7 @@
 no_sync) is the accumulation_sync finding, naming the user's backward line and
 DDP's own fix; the same job with no_sync() (the ddp_run fixture) has none. The
 reference trainer's accum_sync scenario is in tests/trainer/test_scenarios.py."""
+
 import json
 
 import pytest
@@ -11,8 +12,15 @@ from tests.support.jobs import REPO, run_diagnose, torchrun
 
 def test_ddp_without_no_sync_is_named_with_its_backward_and_the_fix(ddp_run, tmp_path):
     out = tmp_path / "accum"
-    run_diagnose(["run", "--out", out, "--", *torchrun(2, "samples/ddp_mlp.py", "--steps", 12,
-                                                       "--microbatches", 4, "--sync-every-microbatch")])
+    run_diagnose(
+        [
+            "run",
+            "--out",
+            out,
+            "--",
+            *torchrun(2, "samples/ddp_mlp.py", "--steps", 12, "--microbatches", 4, "--sync-every-microbatch"),
+        ]
+    )
     findings = json.loads((out / "analysis" / "findings.json").read_text())
     found = [f for f in findings if f["kind"] == "accumulation_sync"]
     assert len(found) == 1, findings

@@ -2,6 +2,7 @@
 Dask distributed) and the results are the same whatever the engine. Real Dask:
 a LocalCluster of 2 worker processes, its scheduler's task log read back. And
 the event budget: a run over it is analyzed over its last steps, whatever the engine."""
+
 import json
 import os
 import shutil
@@ -22,16 +23,19 @@ TABLES = ("steps", "breakdown", "collectives", "arrivals")
 
 @pytest.fixture(scope="module")
 def cluster():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as local, distributed.Client(local) as client:
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as local,
+        distributed.Client(local) as client,
+    ):
         yield local, client
 
 
 @pytest.fixture(scope="module")
 def synthetic_64(tmp_path_factory):
     """64 data-parallel ranks, rank 37 1.6x slow."""
-    return write_synthetic_run(str(tmp_path_factory.mktemp("engines") / "run64"), ranks=64, steps=30,
-                               slow_rank=37, slow_factor=1.6)
+    return write_synthetic_run(
+        str(tmp_path_factory.mktemp("engines") / "run64"), ranks=64, steps=30, slow_rank=37, slow_factor=1.6
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +66,16 @@ def _assert_same(a, b):
 def _rank_tasks(stream) -> list:
     """The per-rank pass' tasks of a task stream, keyed by their first rank (keys:
     rank_batch-RANK-TOKEN; up to 64 ranks, a task reads one rank)."""
-    return [dict(task, key=str(task["key"]).rsplit("-", 1)[0]) for task in stream.data
-            if str(task["key"]).startswith("rank_batch-")]
+    return [
+        dict(task, key=str(task["key"]).rsplit("-", 1)[0])
+        for task in stream.data
+        if str(task["key"]).startswith("rank_batch-")
+    ]
 
 
 def test_a_dask_cluster_reads_every_rank_and_the_findings_are_the_in_process_ones(
-        synthetic_64, in_process_64, cluster, tmp_path):
+    synthetic_64, in_process_64, cluster, tmp_path
+):
     local, client = cluster
     with distributed.get_task_stream(client) as stream:
         on_dask = _analyzed(synthetic_64, tmp_path / "dask", "--scheduler", local.scheduler_address)
@@ -94,18 +102,25 @@ def test_a_run_over_the_event_budget_is_analyzed_over_its_last_steps(synthetic_6
     per_step = (first_rank["step"] >= 0).sum() / first_rank["step"].nunique()
     keep = int((budget - 64 * (first_rank["step"] < 0).sum()) // (64 * per_step))
     assert 8 <= keep < 30
-    said = (f"64 ranks x 30 steps is ~{len(full.events()):,} events, over the analysis' budget of {budget:,} "
-            f"(--max-events): analyzing the last {keep} steps ({30 - keep}-29) only")
+    said = (
+        f"64 ranks x 30 steps is ~{len(full.events()):,} events, over the analysis' budget of {budget:,} "
+        f"(--max-events): analyzing the last {keep} steps ({30 - keep}-29) only"
+    )
     cut = _analyzed(synthetic_64, tmp_path / "cut", "--max-events", budget, warnings=[said])
     assert set(cut[1]["collectives"]["step"]) <= set(range(30 - keep, 30)) | {-1}
     for name in ("steps", "breakdown"):  # every step, as without a budget
         assert_frame_equal(cut[1][name], in_process_64[1][name], obj=name)
     # none of the window is taken as warm-up: every step of it is a steady one
-    assert load_run(tmp_path / "cut", max_events=budget, expected_warnings=[said]).steady_steps() == \
-        list(range(30 - keep, 30))
+    assert load_run(tmp_path / "cut", max_events=budget, expected_warnings=[said]).steady_steps() == list(
+        range(30 - keep, 30)
+    )
     assert [(f["kind"], f["ranks"]) for f in cut[0] if f["kind"] == "straggler"] == [("straggler", [37])]
-    _assert_same(cut, _analyzed(synthetic_64, tmp_path / "cut_processes", "--max-events", budget,
-                                "--processes", "2", warnings=[said]))
+    _assert_same(
+        cut,
+        _analyzed(
+            synthetic_64, tmp_path / "cut_processes", "--max-events", budget, "--processes", "2", warnings=[said]
+        ),
+    )
     # under the budget, nothing is cut
     _assert_same(in_process_64, _analyzed(synthetic_64, tmp_path / "whole", "--max-events", len(full.events())))
 
@@ -113,8 +128,14 @@ def test_a_run_over_the_event_budget_is_analyzed_over_its_last_steps(synthetic_6
 @pytest.fixture(scope="module")
 def early_straggler(tmp_path_factory):
     """16 ranks x 30 steps, rank 5 1.6x slow in steps 0-14 only."""
-    return write_synthetic_run(str(tmp_path_factory.mktemp("early") / "run"), ranks=16, steps=30,
-                               slow_rank=5, slow_factor=1.6, slow_steps=range(15))
+    return write_synthetic_run(
+        str(tmp_path_factory.mktemp("early") / "run"),
+        ranks=16,
+        steps=30,
+        slow_rank=5,
+        slow_factor=1.6,
+        slow_steps=range(15),
+    )
 
 
 def test_a_window_unlike_the_steps_before_it_is_said(early_straggler):
@@ -128,9 +149,11 @@ def test_a_window_unlike_the_steps_before_it_is_said(early_straggler):
     before, window = per_step.loc[2:19].median(), per_step.loc[20:].median()
     assert before / window - 1 > 0.3  # the planted slowdown, as the step table has it
     budget = len(full.events()) * 10 // 30 + 16  # the last 10 steps
-    said = (f"steps 2-19, before the analyzed window, took a median {before:.1f} ms per step, the window "
-            f"{window:.1f} ms (+{before / window - 1:.0%}): the findings describe the window "
-            "(--max-events 0 analyzes every step)")
+    said = (
+        f"steps 2-19, before the analyzed window, took a median {before:.1f} ms per step, the window "
+        f"{window:.1f} ms (+{before / window - 1:.0%}): the findings describe the window "
+        "(--max-events 0 analyzes every step)"
+    )
     cut = load_run(run_dir, max_events=budget, expected_warnings=["analyzing the last 10 steps (20-29)", said])
     assert sorted(cut.steps()["step"].unique()) == list(range(30))
     assert not [f for f in diagnose.analyze(cut) if f["kind"] == "straggler"]
@@ -143,6 +166,7 @@ def test_every_step_analyzes_the_run_window_by_window_and_finds_the_early_cause(
     in, and its impact is the run's average per step."""
     import diagnose
     from diagnose.analysis.findings.run_detectors import detect
+
     run_dir = str(tmp_path / "run")
     shutil.copytree(early_straggler, run_dir)
     full = load_run(run_dir)
@@ -151,15 +175,17 @@ def test_every_step_analyzes_the_run_window_by_window_and_finds_the_early_cause(
     proc = run_diagnose(["analyze", run_dir, "--quiet", "--no-outputs", "--max-events", budget, "--every-step"])
     assert [line for line in proc.stderr.splitlines() if "warning" in line] == [
         f"diagnose: warning: 16 ranks x 30 steps is ~{events:,} events, over the analysis' budget of {budget:,} "
-        "(--max-events): analyzing it in 3 windows of steps, one after the other (0-9, 10-19, 20-29)"]
+        "(--max-events): analyzing it in 3 windows of steps, one after the other (0-9, 10-19, 20-29)"
+    ]
     analysis = os.path.join(run_dir, "analysis")
     findings = json.loads(open(os.path.join(analysis, "findings.json"), encoding="utf-8").read())
     [straggler] = [f for f in findings if f["kind"] == "straggler"]
     # each window alone, as --every-step loads it
     per_window = {}
     for first in (0, 10, 20):
-        window = diagnose.load(run_dir, warn=None, window={"from_step": first, "last_step": first + 9,
-                                                            "warmup": first == 0})
+        window = diagnose.load(
+            run_dir, warn=None, window={"from_step": first, "last_step": first + 9, "warmup": first == 0}
+        )
         assert set(window.collectives()["step"]) <= set(range(first, first + 10)) | {-1}
         per_window[first] = [f for f in detect(window) if f["kind"] == "straggler"]
     found = [first for first, fs in per_window.items() if fs]
@@ -168,11 +194,16 @@ def test_every_step_analyzes_the_run_window_by_window_and_finds_the_early_cause(
     assert straggler["ranks"] == [5] and straggler["title"].endswith(f"(steps {spans} of 0-29)")
     assert straggler["metrics"]["windows_found"] == spans
     assert straggler["impact_ms_per_step"] == pytest.approx(
-        sum(per_window[a][0]["impact_ms_per_step"] * 10 for a in found) / 30, abs=1e-3)
+        sum(per_window[a][0]["impact_ms_per_step"] * 10 for a in found) / 30, abs=1e-3
+    )
     # the step tables cover every step, as the whole run's
     for name in ("steps", "breakdown"):
-        assert_frame_equal(pd.read_parquet(os.path.join(analysis, f"{name}.parquet")),
-                           getattr(full, name)().reset_index(drop=True), obj=name, check_dtype=False)
+        assert_frame_equal(
+            pd.read_parquet(os.path.join(analysis, f"{name}.parquet")),
+            getattr(full, name)().reset_index(drop=True),
+            obj=name,
+            check_dtype=False,
+        )
     assert sorted(os.listdir(os.path.join(analysis, "windows"))) == ["steps-0-9", "steps-10-19", "steps-20-29"]
     assert not os.path.exists(os.path.join(analysis, "collectives.parquet"))
 
@@ -182,6 +213,7 @@ def test_a_run_is_freed_with_its_tables(synthetic_64):
     let go is freed, tables and all (--every-step loads one window after the other)."""
     import gc
     import weakref
+
     run = load_run(synthetic_64)
     run.collectives(), run.arrivals(), run.steady_steps()
     gone = weakref.ref(run)
@@ -194,15 +226,32 @@ def test_merged_findings_keep_a_crash_critical_and_weigh_a_partial_cause_by_its_
     from diagnose.analysis.findings.window_findings import merge
 
     def finding(kind, severity, impact, ranks=(3,)):
-        return {"kind": kind, "severity": severity, "impact_ms_per_step": impact, "ranks": list(ranks),
-                "stage": None, "callsite": None, "title": kind, "recommendation": "", "metrics": {}}
-    merged = merge([((0, 9), [finding("straggler", "critical", 40.0), finding("exposed_comm", "warning", 4.0, [])]),
-                    ((10, 29), [finding("rank_failure", "critical", 0.0),
-                                finding("exposed_comm", "warning", 7.0, [])])], step_ms=100.0)
+        return {
+            "kind": kind,
+            "severity": severity,
+            "impact_ms_per_step": impact,
+            "ranks": list(ranks),
+            "stage": None,
+            "callsite": None,
+            "title": kind,
+            "recommendation": "",
+            "metrics": {},
+        }
+
+    merged = merge(
+        [
+            ((0, 9), [finding("straggler", "critical", 40.0), finding("exposed_comm", "warning", 4.0, [])]),
+            ((10, 29), [finding("rank_failure", "critical", 0.0), finding("exposed_comm", "warning", 7.0, [])]),
+        ],
+        step_ms=100.0,
+    )
     by_kind = {f["kind"]: f for f in merged}
     # found in 10 of 30 steps: 40 ms there is 13.3 ms per step of the run: warning, not critical
-    assert (by_kind["straggler"]["impact_ms_per_step"], by_kind["straggler"]["severity"],
-            by_kind["straggler"]["title"]) == (13.333, "warning", "straggler (steps 0-9 of 0-29)")
+    assert (
+        by_kind["straggler"]["impact_ms_per_step"],
+        by_kind["straggler"]["severity"],
+        by_kind["straggler"]["title"],
+    ) == (13.333, "warning", "straggler (steps 0-9 of 0-29)")
     assert by_kind["rank_failure"]["severity"] == "critical"  # the job did not end: whatever its steps
     # in every window: one finding, the heaviest window's text, the steps' weighted impact
     assert (by_kind["exposed_comm"]["impact_ms_per_step"], by_kind["exposed_comm"]["title"]) == (6.0, "exposed_comm")
@@ -221,6 +270,7 @@ def test_a_real_run_on_a_local_cluster_of_the_clis_own(tmp_path):
 
 def test_a_worker_killed_mid_pass_is_replaced_and_the_result_is_unchanged(synthetic_64, cluster):
     from diagnose.analysis.load.rank_pass_engines import Dask
+
     local, client = cluster
     expected = load_run(synthetic_64)
     pids = client.run(os.getpid)  # worker address -> its process
@@ -233,12 +283,17 @@ def test_a_worker_killed_mid_pass_is_replaced_and_the_result_is_unchanged(synthe
             killed.append((address, done, total))
 
     import diagnose
+
     # the module's own client (one client per process: two clients' futures in one
     # process wait on each other's event loops)
     with distributed.get_task_stream(client) as stream:
         warnings = []
-        run = _within(120, lambda: diagnose.load(synthetic_64, warn=warnings.append,
-                                                 on_rank=kill_one_worker, engine=Dask(client=client)))
+        run = _within(
+            120,
+            lambda: diagnose.load(
+                synthetic_64, warn=warnings.append, on_rank=kill_one_worker, engine=Dask(client=client)
+            ),
+        )
     assert warnings == []
     address, done_at_kill, total = killed[0]
     assert done_at_kill < total  # killed mid-pass
@@ -271,6 +326,7 @@ def test_a_run_at_a_memory_url_is_analyzed_as_at_its_local_path(synthetic_64, in
     import fsspec
 
     from diagnose.analysis.findings.run_detectors import write_analysis
+
     fs = fsspec.filesystem("memory")
     fs.put(synthetic_64, "/url-run64", recursive=True)
     try:
@@ -280,8 +336,9 @@ def test_a_run_at_a_memory_url_is_analyzed_as_at_its_local_path(synthetic_64, in
         with fs.open("/url-run64/analysis/findings.json") as f:
             assert json.loads(f.read()) == in_process_64[0]
         for name in TABLES:
-            assert_frame_equal(pd.read_parquet(f"memory://url-run64/analysis/{name}.parquet"),
-                               in_process_64[1][name], obj=name)
+            assert_frame_equal(
+                pd.read_parquet(f"memory://url-run64/analysis/{name}.parquet"), in_process_64[1][name], obj=name
+            )
     finally:
         fs.rm("/url-run64", recursive=True)
 
@@ -293,8 +350,9 @@ def test_dask_workers_read_a_run_at_a_file_url(synthetic_64, in_process_64, clus
     dest = tmp_path / "at_url"
     shutil.copytree(synthetic_64, dest)
     with distributed.get_task_stream(client) as stream:
-        proc = run_diagnose(["analyze", f"file://{dest}", "--quiet", "--no-outputs",
-                             "--scheduler", local.scheduler_address])
+        proc = run_diagnose(
+            ["analyze", f"file://{dest}", "--quiet", "--no-outputs", "--scheduler", local.scheduler_address]
+        )
     assert "warning" not in proc.stderr, proc.stderr
     assert {t["key"] for t in _rank_tasks(stream)} == {f"rank_batch-{r}" for r in range(64)}
     findings = json.loads(open(dest / "analysis" / "findings.json", encoding="utf-8").read())
@@ -302,18 +360,28 @@ def test_dask_workers_read_a_run_at_a_file_url(synthetic_64, in_process_64, clus
     # a URL no fsspec protocol serves, a command other than analyze given a URL: one line each
     proc = run_diagnose(["analyze", "nosuchprotocol://runs/x", "--quiet"], check=False)
     assert (proc.returncode, proc.stderr.strip()) == (
-        2, "diagnose: error: nosuchprotocol://runs/x: Protocol not known: nosuchprotocol")
+        2,
+        "diagnose: error: nosuchprotocol://runs/x: Protocol not known: nosuchprotocol",
+    )
     proc = run_diagnose(["report", f"file://{dest}"], check=False)
     assert (proc.returncode, proc.stderr.strip()) == (
-        2, f"diagnose: error: file://{dest}: diagnose report needs a local run directory "
-           "(a run at a URL is analyzed by `diagnose analyze`)")
+        2,
+        f"diagnose: error: file://{dest}: diagnose report needs a local run directory "
+        "(a run at a URL is analyzed by `diagnose analyze`)",
+    )
 
 
-@pytest.mark.parametrize("options, message", [
-    (["--scheduler", "head-node"], "cannot reach the Dask scheduler head-node: missing port number in address 'head-node'"),
-    (["--processes", "2", "--dask-workers", "2"], "give one of --processes, --scheduler and --dask-workers"),
-    (["--max-events", "-1"], "--max-events must be >= 0 (0: no budget)"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            ["--scheduler", "head-node"],
+            "cannot reach the Dask scheduler head-node: missing port number in address 'head-node'",
+        ),
+        (["--processes", "2", "--dask-workers", "2"], "give one of --processes, --scheduler and --dask-workers"),
+        (["--max-events", "-1"], "--max-events must be >= 0 (0: no budget)"),
+    ],
+)
 def test_a_bad_engine_option_is_one_line(synthetic_64, options, message):
     proc = run_diagnose(["analyze", synthetic_64, "--quiet", "--no-outputs", *options], check=False)
     assert (proc.returncode, proc.stderr.strip()) == (2, f"diagnose: error: {message}")

@@ -1,6 +1,7 @@
 """Issue 49, "Run loads; analyze(run) analyzes": `diagnose.load` reads a run,
 `diagnose.analyze(run)` runs the detectors, and `Run.findings` only reads
 (analyze's findings, else analysis/findings.json, else NotAnalyzed)."""
+
 import json
 import shutil
 
@@ -24,6 +25,7 @@ def straggler_copy(tmp_path):
 def _no_detectors(monkeypatch):
     def refuse(run):
         raise AssertionError("the detectors ran")
+
     monkeypatch.setattr(run_detectors, "detect", refuse)
 
 

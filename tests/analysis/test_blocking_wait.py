@@ -3,6 +3,7 @@ into a host sync (without it a wait only orders the streams and returns at
 once). The rank's environment (meta env.nccl_env) is read: its host wait rows
 are then syncs, judged on device time where the run has kernels, else reported
 as the host's blocked time with no saving claimed."""
+
 import pytest
 
 from collectors.schema import event_row
@@ -25,22 +26,30 @@ def _run(tmp_path, nccl_env: dict, on_cuda=True, kernels=False):
             t = (10 + 16 * step) * MS
             rows.append(event_row("step", "step", t, t + 16 * MS, step))
             common = dict(group="0", group_ranks="0,1", seq=step, async_op=True)
-            rows.append(event_row("collective", "all_reduce", t + MS // 10, t + MS // 5, step, nbytes=4096,
-                                  callsite=SITE, **common))
+            rows.append(
+                event_row(
+                    "collective", "all_reduce", t + MS // 10, t + MS // 5, step, nbytes=4096, callsite=SITE, **common
+                )
+            )
             rows.append(event_row("wait", "all_reduce", t + MS // 5, t + 8 * MS, step, callsite=SITE, **common))
             if on_cuda:
                 device = dict(common, detail="gpu:wait")
-                rows.append(event_row("collective", "all_reduce", t + 5 * MS, t + 5 * MS, step, nbytes=4096,
-                                      callsite=SITE, **device))
+                rows.append(
+                    event_row(
+                        "collective", "all_reduce", t + 5 * MS, t + 5 * MS, step, nbytes=4096, callsite=SITE, **device
+                    )
+                )
                 rows.append(event_row("wait", "all_reduce", t + 5 * MS, t + 8 * MS, step, callsite=SITE, **device))
                 rows.append(event_row("done", "all_reduce", t + 8 * MS, t + 8 * MS, step, **device))
             if kernels:
-                for start, end, name, stream, what in ((0, 5, "gemm_kernel", "7", "compute"),
-                                                       (5, 8, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "20",
-                                                        "communication"),
-                                                       (9, 14, "gemm_kernel", "7", "compute")):
-                    rows.append(event_row("kernel", name, t + start * MS, t + end * MS, step, group=stream,
-                                          detail=what))
+                for start, end, name, stream, what in (
+                    (0, 5, "gemm_kernel", "7", "compute"),
+                    (5, 8, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "20", "communication"),
+                    (9, 14, "gemm_kernel", "7", "compute"),
+                ):
+                    rows.append(
+                        event_row("kernel", name, t + start * MS, t + end * MS, step, group=stream, detail=what)
+                    )
                 rows.append(event_row("phase", "launch", t + 9 * MS, t + 9 * MS + 20_000, step))
         meta = {"world_size": 2, "clock": clock_meta(), "env": {"nccl_env": nccl_env}}
         writer.write_rank(rank, sorted(rows, key=lambda r: r[2]), meta)

@@ -1,6 +1,7 @@
 """Issue 47, item 4: checkpoint saves as spans, and the finding when they block
 training. A 2-rank reference-trainer job saves with torch.save every 3 steps,
 rank 1's disk slow (a pause in each write: reference_trainer/checkpointing.py)."""
+
 import json
 
 import pytest
@@ -13,10 +14,38 @@ STEPS, EVERY = 12, 3
 @pytest.fixture(scope="module")
 def saving_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("ckpt") / "run"
-    run_diagnose(["run", "--out", out, "--", *torchrun(
-        2, "-m", "reference_trainer", "--dp", "2", "--steps", STEPS, "--layers", "2", "--d-model", "64",
-        "--heads", "4", "--seq-len", "64", "--micro-batch-size", "2", "--microbatches", "2",
-        "--fault", f"checkpoint:every={EVERY},mode=torch,slow_rank=1,slow_ms=5")], env=job_env())
+    run_diagnose(
+        [
+            "run",
+            "--out",
+            out,
+            "--",
+            *torchrun(
+                2,
+                "-m",
+                "reference_trainer",
+                "--dp",
+                "2",
+                "--steps",
+                STEPS,
+                "--layers",
+                "2",
+                "--d-model",
+                "64",
+                "--heads",
+                "4",
+                "--seq-len",
+                "64",
+                "--micro-batch-size",
+                "2",
+                "--microbatches",
+                "2",
+                "--fault",
+                f"checkpoint:every={EVERY},mode=torch,slow_rank=1,slow_ms=5",
+            ),
+        ],
+        env=job_env(),
+    )
     return out
 
 
@@ -44,7 +73,6 @@ def test_the_finding_names_the_stall_and_the_slow_disk(saving_run):
     # the impact is the slowest saver's blocked time per steady step
     run = load_run(saving_run)
     events = run.events()
-    saves = events[(events["kind"] == "checkpoint") & (events["rank"] == 1)
-                   & events["step"].isin(run.steady_steps())]
+    saves = events[(events["kind"] == "checkpoint") & (events["rank"] == 1) & events["step"].isin(run.steady_steps())]
     blocked_ms = float(((saves["end_ns"] - saves["start_ns"]) / 1e6).sum())
     assert f["impact_ms_per_step"] == pytest.approx(blocked_ms / len(run.steady_steps()), rel=1e-3)

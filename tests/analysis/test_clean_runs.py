@@ -3,6 +3,7 @@ straggler sends a user to the wrong machine, so the straggler's intermittent pat
 (judged on the steps a rank was last in) must beat chance and the rank's own other
 steps (diagnose/analysis/detectors/straggler.py). bench/clean_silence.py counts
 findings over repeated clean launches."""
+
 import json
 
 from diagnose.analysis.detectors import straggler
@@ -23,11 +24,10 @@ def test_a_clean_ddp_run_whose_jitter_was_once_a_straggler_has_none():
     run = load_run(fixture_path("runs", "ddp-clean-jitter"))
     ctx = Context(run)
     caused = waiting_caused(ctx)
-    assert (caused.idxmax() == 0).mean() == 0.8   # the premise: rank 0 is last in most steps
+    assert (caused.idxmax() == 0).mean() == 0.8  # the premise: rank 0 is last in most steps
     assert straggler.detect(ctx) == []
 
 
 def test_the_suites_clean_ddp_run_has_no_straggler(ddp_run):
     findings = json.loads((ddp_run / "analysis" / "findings.json").read_text())
     assert _serious(findings, "straggler") == [], findings
-

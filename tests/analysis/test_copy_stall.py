@@ -13,7 +13,6 @@ RESNET = DATA / "kineto" / "tb_plugin_resnet50" / "resnet50_num_workers_0" / "wo
 PINNED = [DATA / "kineto" / "hta" / "trace_filter" / f"sampled_rank-{r}.json.gz" for r in (0, 1)]
 
 
-
 def test_pageable_input_copies_are_a_copy_stall_with_their_time_per_step(tmp_path):
     found = [f for f in imported_findings(tmp_path / "resnet", [RESNET]) if f["kind"] == "copy_stall"]
     assert len(found) == 1, found

@@ -6,6 +6,7 @@ replay reads only the Kineto export; the truth is the simulation's own re-run
 (all-reduces made ~free for exposed_comm, the slow rank at normal speed for the
 straggler).
 """
+
 import numpy as np
 import pytest
 
@@ -17,7 +18,7 @@ from tests.support import megatron_stream_model as model
 from tests.support.jobs import load_run
 
 TOLERANCE_FRAC = 0.25  # the issue's acceptance: within 25% of the re-run truth
-FIDELITY_FRAC = 0.05   # ... and every steady step replayed within 5% of its record
+FIDELITY_FRAC = 0.05  # ... and every steady step replayed within 5% of its record
 # a backward kernel is 750 us (fwd 3000 us x 2 / 8 kernels), a bucket every 2 of
 # them (1500 us): a 1200 us transfer hides behind the next two kernels but the
 # last bucket's, which only the optimizer waits for, is the step's
@@ -29,8 +30,9 @@ _SIMS, _RUNS = {}, {}
 def _sim(**settings) -> model.Sim:
     key = tuple(sorted((k, str(v)) for k, v in settings.items()))
     if key not in _SIMS:
-        _SIMS[key] = model.simulate(pp=1, dp=4, microbatches=4, steps=6, seed=0, jitter_sigma=0.02,
-                                    record_waits=True, buckets=4, **settings)
+        _SIMS[key] = model.simulate(
+            pp=1, dp=4, microbatches=4, steps=6, seed=0, jitter_sigma=0.02, record_waits=True, buckets=4, **settings
+        )
     return _SIMS[key]
 
 
@@ -122,6 +124,7 @@ def test_a_slow_rank_with_overlapped_buckets_saves_its_rerun(tmp_path_factory):
     assert run.step_figures["replay_max_step_error_frac"] <= FIDELITY_FRAC
     (finding,) = [f for f in found if f["kind"] == "straggler"]
     assert finding["ranks"] == [1] and finding["impact_source"] == "replay"
-    truth = _truth_ms(_sim(allreduce_us=BUCKET_US, rank_factor={1: 1.5}), _sim(allreduce_us=BUCKET_US),
-                      run.steady_steps())
+    truth = _truth_ms(
+        _sim(allreduce_us=BUCKET_US, rank_factor={1: 1.5}), _sim(allreduce_us=BUCKET_US), run.steady_steps()
+    )
     assert abs(finding["impact_ms_per_step"] - truth) <= TOLERANCE_FRAC * truth, (finding["impact_ms_per_step"], truth)

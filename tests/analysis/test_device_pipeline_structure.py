@@ -7,6 +7,7 @@ reads the exchanges and the passes from what the trace holds
 find a slow stage, a bubble and unequal micro-batches on the device's clock,
 and say which phases they read; uniform jittered runs give nothing from them.
 """
+
 import numpy as np
 import pytest
 
@@ -18,7 +19,7 @@ from tests.support import kineto_perturb
 from tests.support import megatron_stream_model as model
 from tests.support.jobs import load_run
 
-FWD_MS = 3.0   # a micro-batch's forward on the device (model default); backward twice that
+FWD_MS = 3.0  # a micro-batch's forward on the device (model default); backward twice that
 DEVICE_PASSES = "device passes inferred from the trace"
 PHASE_READERS = {"stage_imbalance", "pipeline_bubble", "workload_imbalance"}
 CONTROL_SEEDS = range(20)
@@ -46,8 +47,12 @@ def test_a_slow_stage_is_named_from_fused_exchanges(tmp_path, peer_args):
     assert rank2.groupby("peer").size().to_dict() == {0: 8, 4: 8}
     passes = events[events["kind"].isin(["forward", "backward"]) & (events["step"] == 3)]
     assert set(passes["detail"].astype(str)) == {"gpu:inferred"}
-    assert (passes.groupby(["rank", "kind"], observed=True)["microbatch"].apply(sorted)
-            .apply(lambda mbs: mbs == list(range(8))).all())
+    assert (
+        passes.groupby(["rank", "kind"], observed=True)["microbatch"]
+        .apply(sorted)
+        .apply(lambda mbs: mbs == list(range(8)))
+        .all()
+    )
 
     found = _by_kind(detect(run))
     f = found["stage_imbalance"]
@@ -95,7 +100,7 @@ def test_long_micro_batches_are_workload_imbalance(tmp_path):
     assert f["impact_ms_per_step"] > 0 and f["severity"] in ("warning", "critical")
     assert f["metrics"]["phase_rank_corr"] > 0.5 and f["metrics"]["ranks_taking_turns"] >= 2
     assert DEVICE_PASSES in f["metrics"]["phases_from"]
-    assert "straggler" not in found   # the rank that drew the long batches is not slow
+    assert "straggler" not in found  # the rank that drew the long batches is not slow
 
 
 @pytest.mark.parametrize("shape", [(1, 4, 4, 8), (2, 2, 8, 6)], ids=["dp4x4mb", "pp2xdp2x8mb"])
@@ -138,9 +143,11 @@ def test_peers_that_nothing_names_are_refused_with_a_reason(tmp_path):
     assert not PHASE_READERS & {f["kind"] for f in detect(run)}
 
 
-@pytest.mark.parametrize("peer_args, why", [(True, "ring (an interleaved schedule"),
-                                           (False, "batched p2p (nccl:coalesced) names no peer")],
-                         ids=["peers-in-cpu-ops", "no-peer-args"])
+@pytest.mark.parametrize(
+    "peer_args, why",
+    [(True, "ring (an interleaved schedule"), (False, "batched p2p (nccl:coalesced) names no peer")],
+    ids=["peers-in-cpu-ops", "no-peer-args"],
+)
 def test_an_interleaved_schedule_is_refused_not_mis_staged(tmp_path, peer_args, why):
     """Two model chunks per rank: the last stage feeds the first. With peers the
     links form a ring; without, the first and last stages' traffic is a ring's,

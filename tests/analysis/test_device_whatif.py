@@ -4,6 +4,7 @@ fix's own re-run. Each case (tests/support/whatif_sim_cases.py) is an event simu
 hosts, CUDA stream queues and NCCL rendezvous, run with a fault and again with
 only the fault removed; the analysis reads only the faulty run's Kineto export.
 """
+
 import numpy as np
 import pytest
 
@@ -84,6 +85,7 @@ def test_a_kernel_the_host_launched_late_gets_no_inferred_wait(tmp_path):
     them: no inferred edge, however long the gap on their stream."""
     run, _ = _analyzed(tmp_path, CASES["host_sync"].faulty(0, drop_waits_frac=1.0))
     from diagnose.analysis.replay.whatif import WhatIf
+
     model = WhatIf(run, run.steady_steps(), run.rank_stages(), device=True).model
     prev_end = model.k_end[np.maximum(model.k_prev, 0)]
     long_gap = (model.k_prev >= 0) & (model.k_start - prev_end > 1_000_000)
@@ -96,14 +98,21 @@ def test_a_cycle_is_named():
     with pytest.raises(Cycle) as raised:
         OpGraph(4, src=[0, 1, 2, 3], dst=[1, 2, 3, 1], weight_ns=[0] * 4, dur_ns=[1] * 4)
     cycle = raised.value.nodes
-    assert sorted(cycle) == [1, 2, 3] and all((a, b) in {(1, 2), (2, 3), (3, 1)}
-                                               for a, b in zip(cycle, cycle[1:] + cycle[:1]))
+    assert sorted(cycle) == [1, 2, 3] and all(
+        (a, b) in {(1, 2), (2, 3), (3, 1)} for a, b in zip(cycle, cycle[1:] + cycle[:1])
+    )
 
 
 def test_the_graph_replays_the_longest_path_with_delays_and_floors():
     # 0 -> 1 (+2 ns delay) -> 3, 0 -> 2 -> 3; node 2 cannot start before 10
-    graph = OpGraph(4, src=[0, 0, 1, 2], dst=[1, 2, 3, 3], weight_ns=[2, 0, 0, 0], dur_ns=[1, 2, 3, 1],
-                    floor_ns=[0, -np.inf, 10, -np.inf])
+    graph = OpGraph(
+        4,
+        src=[0, 0, 1, 2],
+        dst=[1, 2, 3, 3],
+        weight_ns=[2, 0, 0, 0],
+        dur_ns=[1, 2, 3, 1],
+        floor_ns=[0, -np.inf, 10, -np.inf],
+    )
     assert list(graph.replay()) == [1, 5, 13, 14]
     assert list(graph.replay(dur_ns=[1, 20, 3, 1])) == [1, 23, 13, 24]
 
@@ -116,6 +125,7 @@ def test_real_nccl_traces_are_given_back_by_the_replay(tmp_path, trace):
     import glob
 
     from tests.support.jobs import DATA
+
     paths = sorted(glob.glob(str(DATA / "kineto" / "hta" / trace / "*.json.gz")))
     assert len(paths) >= 1
     # trace_filter is sampled: some of its collectives have no partner (the loader says so)
@@ -136,8 +146,10 @@ def test_a_host_bound_stragglers_fix_is_its_launch_delay_gone(tmp_path):
     from tests.support import megatron_stream_model as model
 
     def simulate(**fault):
-        return model.simulate(pp=1, dp=4, microbatches=4, steps=6, seed=0, jitter_sigma=0.02, record_waits=True,
-                              **fault)
+        return model.simulate(
+            pp=1, dp=4, microbatches=4, steps=6, seed=0, jitter_sigma=0.02, record_waits=True, **fault
+        )
+
     faulty, fixed = simulate(launch_us={3: 1500.0}), simulate()
     run, found = _analyzed(tmp_path, faulty.traces)
     (finding,) = [f for f in found if f["kind"] == "straggler"]

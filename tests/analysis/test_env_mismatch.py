@@ -1,5 +1,6 @@
 """Issue 21, "each rank's environment": the per-rank probe (meta.json: env) and
 the env_mismatch detector, on hand-written metadata and on a real 4-rank gloo job."""
+
 import json
 import subprocess
 import textwrap
@@ -80,11 +81,22 @@ def test_four_rank_job_with_planted_differences_has_one_finding_naming_both(tmp_
 
 # -- the detector on hand-written metadata ---------------------------------------
 def _env(**over):
-    env = {"probed": "first_step", "versions": {"python": "3.12.3", "torch": "2.11.0", "cuda": "13.0",
-                                                "nccl": "2.27.3", "driver": "580.65", "cuda_driver": "13.0"},
-           "nccl_env": {"NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_DEBUG_FILE": "/tmp/x"},
-           "gpu": {"model": "NVIDIA H200", "app_sm_clock_mhz": 1980, "ecc": {"current": True, "pending": True}},
-           "net_interfaces": ["eth0", "ib0"], "ib_devices": ["mlx5_0", "mlx5_1"], "absent": {}}
+    env = {
+        "probed": "first_step",
+        "versions": {
+            "python": "3.12.3",
+            "torch": "2.11.0",
+            "cuda": "13.0",
+            "nccl": "2.27.3",
+            "driver": "580.65",
+            "cuda_driver": "13.0",
+        },
+        "nccl_env": {"NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_DEBUG_FILE": "/tmp/x"},
+        "gpu": {"model": "NVIDIA H200", "app_sm_clock_mhz": 1980, "ecc": {"current": True, "pending": True}},
+        "net_interfaces": ["eth0", "ib0"],
+        "ib_devices": ["mlx5_0", "mlx5_1"],
+        "absent": {},
+    }
     env.update(over)
     return env
 
@@ -103,8 +115,10 @@ def test_identical_ranks_and_legitimate_differences_are_no_finding():
     envs = {r: _env() for r in range(4)}
     assert env_mismatch.mismatch_findings(envs) == []
     # what differs per rank by design, or is merely unknown, is no difference either
-    envs[1] = _env(nccl_env={"NCCL_IB_HCA": "mlx5_1,mlx5_0", "NCCL_DEBUG_FILE": "/tmp/y"},
-                   net_interfaces=["ib0", "eth0", "docker0"])
+    envs[1] = _env(
+        nccl_env={"NCCL_IB_HCA": "mlx5_1,mlx5_0", "NCCL_DEBUG_FILE": "/tmp/y"},
+        net_interfaces=["ib0", "eth0", "docker0"],
+    )
     envs[2] = _env(versions={"python": "3.12.3"}, gpu={}, absent={"torch": "torch not imported yet"})
     envs[3] = _env(ib_devices=["mlx5_0", "mlx5_1", "mlx5_2"])  # more devices than its peers: harmless
     assert env_mismatch.mismatch_findings(envs) == []
@@ -113,8 +127,9 @@ def test_identical_ranks_and_legitimate_differences_are_no_finding():
 def test_warnings_ties_and_rank_ranges():
     envs = {r: _env() for r in range(16)}
     for r in range(8, 16):  # one node of eight set NCCL_ALGO, and has another driver
-        envs[r] = _env(nccl_env={**_env()["nccl_env"], "NCCL_ALGO": "Tree"},
-                       versions={**_env()["versions"], "driver": "570.1"})
+        envs[r] = _env(
+            nccl_env={**_env()["nccl_env"], "NCCL_ALGO": "Tree"}, versions={**_env()["versions"], "driver": "570.1"}
+        )
     [finding] = env_mismatch.mismatch_findings(envs)
     assert finding.severity == "warning" and finding.ranks == list(range(8, 16))  # tie: rank 0's side wins
     assert "NCCL_ALGO=Tree on ranks 8-15 (the others: NCCL_ALGO unset)" in finding.title
@@ -124,8 +139,15 @@ def test_warnings_ties_and_rank_ranges():
 
 def test_detect_reads_rank_meta_and_is_registered():
     assert "env_mismatch" in finding_kinds.names()
-    run = types.SimpleNamespace(rank_meta={0: {"env": _env()}, 1: {"env": _env(versions={"nccl": "2.21.5"})},
-                                           2: {"env": _env()}, 3: {}, 4: {"env": "garbage"}})
+    run = types.SimpleNamespace(
+        rank_meta={
+            0: {"env": _env()},
+            1: {"env": _env(versions={"nccl": "2.21.5"})},
+            2: {"env": _env()},
+            3: {},
+            4: {"env": "garbage"},
+        }
+    )
     [finding] = env_mismatch.detect(types.SimpleNamespace(run=run))
     assert finding.ranks == [1] and "NCCL 2.21.5 on rank 1 (the others: NCCL 2.27.3)" in finding.title
 
@@ -133,21 +155,47 @@ def test_detect_reads_rank_meta_and_is_registered():
 # -- the probe ---------------------------------------------------------------------
 class FakeNvml:
     """pynvml's names, as rank_environment calls them."""
+
     NVML_CLOCK_SM, NVML_CLOCK_MEM = 1, 2
 
-    def nvmlInit(self): pass
-    def nvmlShutdown(self): pass
-    def nvmlSystemGetDriverVersion(self): return b"580.65.06"
-    def nvmlSystemGetCudaDriverVersion(self): return 13000
-    def nvmlDeviceGetHandleByIndex(self, i): return ("gpu", i)
-    def nvmlDeviceGetName(self, h): return "NVIDIA H200"
-    def nvmlDeviceGetMaxClockInfo(self, h, c): return 1980 if c == 1 else 3201
-    def nvmlDeviceGetApplicationsClock(self, h, c): raise RuntimeError("Not Supported")
-    def nvmlDeviceGetEccMode(self, h): return (1, 1)
-    def nvmlDeviceGetUUID(self, h): return "GPU-8f6c1d2e-1b7a-4c1e-9a0b-3d5e7f9a1b2c"
-    def nvmlDeviceGetSerial(self, h): raise RuntimeError("Not Supported")
-    def nvmlDeviceGetIndex(self, h): return h[1]
-    def nvmlDeviceGetPciInfo(self, h): return type("nvmlPciInfo_t", (), {"busId": b"00000000:18:00.0"})()
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlSystemGetDriverVersion(self):
+        return b"580.65.06"
+
+    def nvmlSystemGetCudaDriverVersion(self):
+        return 13000
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return ("gpu", i)
+
+    def nvmlDeviceGetName(self, h):
+        return "NVIDIA H200"
+
+    def nvmlDeviceGetMaxClockInfo(self, h, c):
+        return 1980 if c == 1 else 3201
+
+    def nvmlDeviceGetApplicationsClock(self, h, c):
+        raise RuntimeError("Not Supported")
+
+    def nvmlDeviceGetEccMode(self, h):
+        return (1, 1)
+
+    def nvmlDeviceGetUUID(self, h):
+        return "GPU-8f6c1d2e-1b7a-4c1e-9a0b-3d5e7f9a1b2c"
+
+    def nvmlDeviceGetSerial(self, h):
+        raise RuntimeError("Not Supported")
+
+    def nvmlDeviceGetIndex(self, h):
+        return h[1]
+
+    def nvmlDeviceGetPciInfo(self, h):
+        return type("nvmlPciInfo_t", (), {"busId": b"00000000:18:00.0"})()
 
 
 def test_probe_guards_every_part(tmp_path, monkeypatch):
@@ -155,19 +203,28 @@ def test_probe_guards_every_part(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     facts = rank_environment.nvml_facts(FakeNvml())
     assert facts["versions"] == {"driver": "580.65.06", "cuda_driver": "13.0"}
-    assert facts["gpu"] == {"model": "NVIDIA H200", "uuid": "GPU-8f6c1d2e-1b7a-4c1e-9a0b-3d5e7f9a1b2c",
-                            "index": 0, "pci_bus_id": "00000000:18:00.0", "max_sm_clock_mhz": 1980,
-                            "max_mem_clock_mhz": 3201, "ecc": {"current": True, "pending": True}}
+    assert facts["gpu"] == {
+        "model": "NVIDIA H200",
+        "uuid": "GPU-8f6c1d2e-1b7a-4c1e-9a0b-3d5e7f9a1b2c",
+        "index": 0,
+        "pci_bus_id": "00000000:18:00.0",
+        "max_sm_clock_mhz": 1980,
+        "max_mem_clock_mhz": 3201,
+        "ecc": {"current": True, "pending": True},
+    }
     assert "app_sm_clock_mhz" in facts["absent"] and "serial" in facts["absent"]  # unsupported: absent, why
 
     class Broken:
-        def nvmlInit(self): raise OSError("no driver")
+        def nvmlInit(self):
+            raise OSError("no driver")
+
     monkeypatch.setenv("NCCL_PROTO", "Simple")
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     (tmp_path / "net" / "eth0").mkdir(parents=True)
     (tmp_path / "net" / "lo").mkdir()
-    env = rank_environment.probe("start", rank_environment.nvml_facts(Broken()),
-                                 sys_net=str(tmp_path / "net"), sys_ib=str(tmp_path / "absent"))
+    env = rank_environment.probe(
+        "start", rank_environment.nvml_facts(Broken()), sys_net=str(tmp_path / "net"), sys_ib=str(tmp_path / "absent")
+    )
     assert env["net_interfaces"] == ["eth0"] and env["ib_devices"] == []
     assert env["nccl_env"]["NCCL_PROTO"] == "Simple" and env["nccl_env"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
     assert "gpu" not in env and "driver" not in env["versions"] and "NVML" in env["absent"]["driver"]
@@ -177,9 +234,11 @@ def test_probe_guards_every_part(tmp_path, monkeypatch):
 
 
 def test_probe_never_imports_torch():
-    code = ("import sys; from collectors.instrument import rank_environment as r; "
-            "e = r.probe('start'); assert 'torch' not in sys.modules, 'imported torch'; "
-            "assert e['absent']['torch'] == 'torch not imported yet'; "
-            # once the script has imported it, the same probe reads it (so the check can fail)
-            "import torch; assert r.probe('first_step')['versions']['torch'] == torch.__version__")
+    code = (
+        "import sys; from collectors.instrument import rank_environment as r; "
+        "e = r.probe('start'); assert 'torch' not in sys.modules, 'imported torch'; "
+        "assert e['absent']['torch'] == 'torch not imported yet'; "
+        # once the script has imported it, the same probe reads it (so the check can fail)
+        "import torch; assert r.probe('first_step')['versions']['torch'] == torch.__version__"
+    )
     subprocess.run([PYTHON, "-c", code], cwd=REPO, check=True, env=job_env(), timeout=60)

@@ -2,6 +2,7 @@
 diagnose/analysis/detectors/finding_kinds.py, and the CLI, the report, compare and MLflow
 read it. What an entry must provide, and a kind added here (a detector of this
 module and a registry entry, nothing else) reaching all four."""
+
 import ast
 import importlib
 import re
@@ -20,8 +21,11 @@ from tests.support.jobs import REPO, fixture_path
 
 def _anchors(markdown: str) -> set:
     """The anchors GitHub gives a Markdown file's headings."""
-    return {re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
-            for line in markdown.splitlines() if line.startswith("#")}
+    return {
+        re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        for line in markdown.splitlines()
+        if line.startswith("#")
+    }
 
 
 def _dashboard_anchors() -> set:
@@ -29,8 +33,12 @@ def _dashboard_anchors() -> set:
     found = set()
     for path in (REPO / "dashboards").glob("fig_*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Section" and node.args \
-                    and isinstance(node.args[0], ast.Constant):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) == "Section"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
                 found.add(node.args[0].value)
     return found
 
@@ -41,8 +49,9 @@ def test_every_kind_provides_a_detector_a_label_docs_and_its_evidence(kind):
     assert callable(getattr(module, "detect", None)), f"{kind.module} has no detect(ctx)"
     doc = module.__doc__ or ""
     assert doc.startswith(f"{kind.name}:"), f"{kind.module}'s docstring opens with what {kind.name} is"
-    assert "Signal" in doc and re.search("threshold|severity", doc, re.I), \
+    assert "Signal" in doc and re.search("threshold|severity", doc, re.I), (
         f"{kind.module}'s docstring states its signal and threshold"
+    )
     assert kind.label and kind.label != kind.name and "\n" not in kind.label
     path, _, anchor = kind.docs.partition("#")
     assert anchor in _anchors((REPO / path).read_text(encoding="utf-8")), kind.docs
@@ -57,21 +66,34 @@ def test_the_registry_is_every_detector_once():
     names = finding_kinds.names()
     assert len(set(names)) == len(names)
     modules = {p.stem for p in (REPO / "diagnose" / "analysis" / "detectors").glob("*.py")} - {
-        "__init__", "run_structure", "straggler_waits", "finding_kinds", "finding_record"}  # helpers, the registry, its record
+        "__init__",
+        "run_structure",
+        "straggler_waits",
+        "finding_kinds",
+        "finding_record",
+    }  # helpers, the registry, its record
     assert modules == {k.module.rpartition(".")[2] for k in finding_kinds.KINDS}
 
 
 # -- a kind added here ---------------------------------------------------------
-TEST_KIND = finding_kinds.FindingKind("test_cause", "Test cause", "docs/analysis.md#detectors",
-                                      detector="test_cause_detector")
+TEST_KIND = finding_kinds.FindingKind(
+    "test_cause", "Test cause", "docs/analysis.md#detectors", detector="test_cause_detector"
+)
 
 
 def _detect(ctx):
     """test_cause: rank 1 loses a fifth of every step (the test's own cause).
 
     Signal: none, it is always there. Threshold: none."""
-    return [Finding(kind="test_cause", title="rank 1 loses a fifth of the step to the test",
-                    recommendation="stop the test", impact_ms_per_step=0.2 * ctx.step_ms, ranks=[1])]
+    return [
+        Finding(
+            kind="test_cause",
+            title="rank 1 loses a fifth of the step to the test",
+            recommendation="stop the test",
+            impact_ms_per_step=0.2 * ctx.step_ms,
+            ranks=[1],
+        )
+    ]
 
 
 def _register(monkeypatch):
@@ -83,6 +105,7 @@ def _register(monkeypatch):
 
 def _cli(capsys, *args) -> str:
     from diagnose.cli import main
+
     with pytest.raises(SystemExit) as exit_:
         main(list(map(str, args)))
     out = capsys.readouterr()

@@ -1,6 +1,7 @@
 """Issue 48, item 3: each finding's impact as GPU-hours per day of the job
 (impact per step / step x 24 h x world size), in money with --gpu-hour-cost;
 the CLI summary leads with the biggest; the report and MLflow carry it."""
+
 import json
 
 import pytest
@@ -18,10 +19,13 @@ def test_the_formula_and_the_price():
     assert gpu_hour_cost({"DIAGNOSE_GPU_HOUR_COST": "2.5"}) == 2.5
     for bad in ("", "free", "-1", "0", "inf", "nan"):
         assert gpu_hour_cost({"DIAGNOSE_GPU_HOUR_COST": bad}) is None
-    findings = [{"kind": "hidden_sync", "ranks": [0, 1], "metrics": {"gpu_hours_per_day": 3.0}},
-                {"kind": "straggler", "ranks": [5], "metrics": {"gpu_hours_per_day": 40.0}}]
-    assert worth_line(findings, 2.5) == ("Worth most: straggler (rank 5), 40.0 GPU-hours/day of this job "
-                                         "($100.00/day at $2.50/GPU-hour)")
+    findings = [
+        {"kind": "hidden_sync", "ranks": [0, 1], "metrics": {"gpu_hours_per_day": 3.0}},
+        {"kind": "straggler", "ranks": [5], "metrics": {"gpu_hours_per_day": 40.0}},
+    ]
+    assert worth_line(findings, 2.5) == (
+        "Worth most: straggler (rank 5), 40.0 GPU-hours/day of this job ($100.00/day at $2.50/GPU-hour)"
+    )
     assert worth_line([{"kind": "x", "metrics": {}}]) is None
 
 
@@ -38,11 +42,14 @@ def test_analyze_prints_writes_and_tracks_gpu_hours(tmp_path):
     assert hours == pytest.approx(straggler["impact_ms_per_step"] / step_ms * 24 * 8, rel=1e-3)
     lines = proc.stdout.splitlines()
     lead = next(line for line in lines if line.startswith("Worth most:"))
-    assert lead == f"Worth most: straggler (rank 5), {hours:,.1f} GPU-hours/day of this job " \
-                   f"(${hours * 2.5:,.2f}/day at $2.50/GPU-hour)"
+    assert (
+        lead == f"Worth most: straggler (rank 5), {hours:,.1f} GPU-hours/day of this job "
+        f"(${hours * 2.5:,.2f}/day at $2.50/GPU-hour)"
+    )
     report = (tmp_path / "run" / "report.html").read_text()
     assert f'<p class="worth">{lead}</p>' in report and "<th>GPU-h/day</th>" in report
     from diagnose.exporters import mlflow_store
+
     client = mlflow_store.client_for(out)
     (run,) = client.search_runs([mlflow_store.experiment_id(client, out)])
     assert run.data.metrics["finding/straggler_gpu_hours_per_day"] == pytest.approx(hours)

@@ -5,6 +5,7 @@ equal to its peers'), on the asynchronous-stream model written as Kineto
 (tests/support/async_stream_model.py): its NCCL kernels start as soon as they are
 launched (the GPU's queue is empty), later than its peers', whose kernels wait.
 The kernel rows keep how long each waited after its launch (queued_ns)."""
+
 import pytest
 
 from diagnose.analysis.findings.run_detectors import detect
@@ -18,8 +19,11 @@ WORLD = 8
 def _run(tmp_path, before_each: tuple, first=("data", 100), step_kernel_us=200):
     """Per step: `first`, then 5 x (a compute kernel, `before_each` on the host,
     an all-reduce), a last kernel and a stream sync."""
-    program = [first] + [a for _ in range(5) for a in (("kernel", step_kernel_us), before_each,
-                                                       ("all_reduce", 100))] + [("kernel", 60), ("sync",)]
+    program = (
+        [first]
+        + [a for _ in range(5) for a in (("kernel", step_kernel_us), before_each, ("all_reduce", 100))]
+        + [("kernel", 60), ("sync",)]
+    )
     traces = async_stream_model.program_traces(WORLD, 1, program)
     paths = [kineto_perturb.write(t, tmp_path / f"rank{r}.json") for r, t in enumerate(traces)]
     run = load_run(import_kineto(paths, str(tmp_path / "run"))[0])
@@ -32,7 +36,7 @@ def test_a_rank_whose_host_launches_late_is_a_host_bound_straggler_on_one_step(t
     run, found = _run(tmp_path, ("host", {7: 1500}))
     kernels = run.kernels()
     nccl = kernels[kernels["kind"] == "communication"]
-    assert (nccl.loc[nccl["rank"] == 7, "queued_ns"] == 0).all()      # ran as soon as launched
+    assert (nccl.loc[nccl["rank"] == 7, "queued_ns"] == 0).all()  # ran as soon as launched
     assert (nccl.loc[nccl["rank"] != 7, "queued_ns"] > 100_000).all()  # queued behind compute, then waited
     (f,) = [f for f in found if f["kind"] == "straggler"]
     assert f["ranks"] == [7] and f["metrics"]["cause"] == "host-bound"
@@ -56,8 +60,11 @@ def test_a_rank_late_from_its_own_data_loading_is_an_input_stall_not_a_straggler
 
 def test_a_rank_whose_gpu_is_slower_keeps_its_device_cause(tmp_path):
     # rank 7's kernels take 2x as long; its host is on time, so its kernels queue
-    program = [("data", 100)] + [a for _ in range(5) for a in (("kernel", {7: 400, None: 200}),
-                                                              ("all_reduce", 100))] + [("kernel", 60), ("sync",)]
+    program = (
+        [("data", 100)]
+        + [a for _ in range(5) for a in (("kernel", {7: 400, None: 200}), ("all_reduce", 100))]
+        + [("kernel", 60), ("sync",)]
+    )
     traces = async_stream_model.program_traces(WORLD, 1, program)
     paths = [kineto_perturb.write(t, tmp_path / f"rank{r}.json") for r, t in enumerate(traces)]
     run = load_run(import_kineto(paths, str(tmp_path / "run"))[0])

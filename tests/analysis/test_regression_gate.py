@@ -2,6 +2,7 @@
 that fails only beyond the baseline's own noise (diagnose/analysis/compare/regression_gate.py).
 Step series are autocorrelated (AR(1)), as a job's step times are; the gate's
 bootstrap is seeded, so each verdict here is deterministic."""
+
 import shutil
 
 import numpy as np
@@ -12,8 +13,9 @@ from diagnose.analysis.compare.run_compare import finding_key
 from tests.support.jobs import fixture_path, run_diagnose
 
 
-def _steps(seed: int, n: int = 30, mean_ms: float = 100.0, slower: float = 0.0, phi: float = 0.5,
-           noise: float = 0.03) -> list:
+def _steps(
+    seed: int, n: int = 30, mean_ms: float = 100.0, slower: float = 0.0, phi: float = 0.5, noise: float = 0.03
+) -> list:
     """An AR(1) step-time series: noise (3% of the step) that lasts a few steps."""
     rng = np.random.default_rng(seed)
     x, out = 0.0, []
@@ -47,9 +49,14 @@ def test_a_ten_percent_slowdown_fails_and_a_two_percent_one_is_within_noise():
 
 def test_impact_is_tested_per_part_with_holm():
     base = _summary(_steps(0), parts={"data_wait": _steps(10, mean_ms=5.0), "exposed_comm": _steps(11, mean_ms=8.0)})
-    worse = _summary(_steps(1), findings=[{"kind": "input_stall", "severity": "critical", "ranks": [0]},
-                                          {"kind": "exposed_comm", "severity": "warning", "ranks": [0]}],
-                     parts={"data_wait": _steps(12, mean_ms=25.0), "exposed_comm": _steps(13, mean_ms=8.0)})
+    worse = _summary(
+        _steps(1),
+        findings=[
+            {"kind": "input_stall", "severity": "critical", "ranks": [0]},
+            {"kind": "exposed_comm", "severity": "warning", "ranks": [0]},
+        ],
+        parts={"data_wait": _steps(12, mean_ms=25.0), "exposed_comm": _steps(13, mean_ms=8.0)},
+    )
     verdicts = {v["part"]: v for v in regression_gate.gate(base, worse, ["impact"], finding_key)}
     assert verdicts["data_wait"]["regression"] and "over 2 parts" in verdicts["data_wait"]["line"]
     assert not verdicts["exposed_comm"]["regression"]
@@ -85,12 +92,13 @@ def test_the_trainers_slowdown_knob_pauses_its_share_of_the_step_before_the_opti
     import torch
 
     from reference_trainer import faults
+
     assert faults.parse_fault("slowdown:pct=10").params == {"pct": 10.0}
     f = faults.Faults([faults.parse_fault("slowdown:pct=10")], rank=0, stage=0, device=torch.device("cpu"))
     slept = []
     monkeypatch.setattr(faults.time, "sleep", slept.append)
-    f.slow_step()                      # no step measured yet: nothing to size it by
+    f.slow_step()  # no step measured yet: nothing to size it by
     for step_s in (0.20, 0.10, 0.30):  # the steps as measured, each with its own pause in it
         f.after_step(0, step_s + (slept[-1] if slept else 0.0))
         f.slow_step()
-    assert slept == pytest.approx([0.02, 0.02, 0.02])   # 10% of the median unpaused step (0.20)
+    assert slept == pytest.approx([0.02, 0.02, 0.02])  # 10% of the median unpaused step (0.20)

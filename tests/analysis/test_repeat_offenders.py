@@ -1,6 +1,7 @@
 """Issue 47, item 5: the host and GPU that keep being the straggler, named across
 the runs of one MLflow experiment (a real sqlite store). Three synthetic runs
 in one runs root, each with a straggler on rank 5, logged in turn."""
+
 import json
 
 from diagnose.analysis.findings.run_detectors import detect
@@ -22,7 +23,7 @@ def _logged(root, name, start_s, slow_host, slow_uuid):
         path.write_text(json.dumps(meta))
     manifest_path = root / name / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
-    manifest["start_wall_ns"] = int(start_s * 1e9)   # the runs' order in the experiment
+    manifest["start_wall_ns"] = int(start_s * 1e9)  # the runs' order in the experiment
     manifest_path.write_text(json.dumps(manifest))
     run = load_run(out)
     findings = detect(run)

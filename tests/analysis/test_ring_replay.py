@@ -6,6 +6,7 @@ The replay of the faulty run must slow the ring down with its slowest member,
 not deadlock on the batch's sends and receives, and fixing rank 1 must save what
 the fixed run measured. The simulated device case is tests/analysis/test_device_whatif.py's
 ring3."""
+
 import json
 import statistics
 
@@ -40,8 +41,9 @@ def _job_step_ms(run) -> float:
 def ring(recorded_scenario):
     """(faulty run dir, fixed run dir, measured saving ms per step)."""
     slow, fixed = recorded_scenario("ring3-gloo")[0], recorded_scenario("ring3-gloo-fixed")[0]
-    saving = _job_step_ms(load_run(slow, expected_warnings=[RING_WARNING])) \
-        - _job_step_ms(load_run(fixed, expected_warnings=[RING_WARNING]))
+    saving = _job_step_ms(load_run(slow, expected_warnings=[RING_WARNING])) - _job_step_ms(
+        load_run(fixed, expected_warnings=[RING_WARNING])
+    )
     assert saving > 0
     return slow, fixed, saving
 

@@ -3,14 +3,31 @@ dp=4 (the same micro-batches per rank: weak scaling), each under `diagnose run`.
 The scaling table's work per step is the trainer's own tokens per step, its
 efficiency is what the trainer's own step times give, and "what grew" names the
 part of the step that grew most (on 2 cores, 4 ranks share what 2 had)."""
+
 import json
 import statistics
 
 from reference_trainer.scenarios import WARMUP_STEPS
 from tests.support.jobs import load_run, run_diagnose, torchrun
 
-MODEL = ["--d-model", "64", "--heads", "4", "--seq-len", "64", "--micro-batch-size", "2", "--layers", "4",
-         "--microbatches", "4", "--steps", "14", "--seed", "0"]
+MODEL = [
+    "--d-model",
+    "64",
+    "--heads",
+    "4",
+    "--seq-len",
+    "64",
+    "--micro-batch-size",
+    "2",
+    "--layers",
+    "4",
+    "--microbatches",
+    "4",
+    "--steps",
+    "14",
+    "--seed",
+    "0",
+]
 
 
 def _trainer_throughput(log, steps) -> tuple[float, float]:
@@ -28,8 +45,16 @@ def test_scaling_table_from_dp2_to_dp4(tmp_path):
     runs, measured = {}, {}
     for dp in (2, 4):
         out, log = tmp_path / f"dp{dp}", tmp_path / f"dp{dp}.jsonl"
-        run_diagnose(["run", "--out", out, "--", *torchrun(dp, "-m", "reference_trainer", "--dp", dp, *MODEL,
-                                                           "--log-jsonl", log)], timeout=600)
+        run_diagnose(
+            [
+                "run",
+                "--out",
+                out,
+                "--",
+                *torchrun(dp, "-m", "reference_trainer", "--dp", dp, *MODEL, "--log-jsonl", log),
+            ],
+            timeout=600,
+        )
         runs[dp], measured[dp] = out, _trainer_throughput(log, set(load_run(out).steady_steps()))
     result = json.loads(run_diagnose(["compare", runs[2], runs[4], "--json"]).stdout)
     small, large = result["scaling"]
@@ -44,7 +69,9 @@ def test_scaling_table_from_dp2_to_dp4(tmp_path):
     # what grew: the part whose ms per step grew most between the two runs' breakdowns
     parts = {p["part"]: p["delta_ms"] for p in result["parts"]}
     top = max(parts, key=parts.get)
-    assert large["grew"] and large["grew"][0][0] == top and large["grew"][0][2] == parts[top] > 0, \
-        (large["grew"], parts)
+    assert large["grew"] and large["grew"][0][0] == top and large["grew"][0][2] == parts[top] > 0, (
+        large["grew"],
+        parts,
+    )
     text = run_diagnose(["compare", runs[2], runs[4]]).stdout
     assert "Scaling against the smallest run (tokens)" in text and f"{large['efficiency']:.2f}" in text

@@ -1,6 +1,7 @@
 """Issue 23: the step's dependency model, replayed, gives the recorded steps back,
 and a what-if saving is what removing the cause saves (synthetic runs whose
 answer is known; the reference trainer's scenarios in test_scenarios.py)."""
+
 import pandas as pd
 import pytest
 
@@ -33,8 +34,11 @@ def test_a_stragglers_whatif_saving_is_its_excess_compute(tmp_path):
     all-reduces: making it as fast as them saves about its excess compute."""
     run = load_run(write_synthetic_run(str(tmp_path / "run"), ranks=4, steps=30, slow_rank=2, slow_factor=1.6))
     spans = run.spans()
-    compute = spans[(spans["kind"] == "phase") & spans["name"].isin(["forward", "backward", "optimizer"])
-                    & spans["step"].isin(run.steady_steps())]
+    compute = spans[
+        (spans["kind"] == "phase")
+        & spans["name"].isin(["forward", "backward", "optimizer"])
+        & spans["step"].isin(run.steady_steps())
+    ]
     per_rank = compute.groupby(["rank", "step"])["dur_ms"].sum().groupby("rank").mean()
     excess_ms = float(per_rank[2] - per_rank.drop(2).median())
     w = WhatIf(run, run.steady_steps(), rank_stages(run.events()))
@@ -50,11 +54,22 @@ def test_a_stragglers_whatif_saving_is_its_excess_compute(tmp_path):
 
 
 def _call(rank, name, group, seq, issue, ret, async_op=False, wait=None, exit_ns=None, peers="0,1"):
-    return {"rank": rank, "kind": "p2p" if name in ("send", "recv") else "collective", "name": name,
-            "group": group, "group_ranks": peers, "seq": seq, "async_op": async_op, "step": 0,
-            "callsite": "", "issue_ns": issue, "return_ns": ret,
-            "wait_start_ns": None if wait is None else wait[0], "wait_end_ns": None if wait is None else wait[1],
-            "exit_ns": exit_ns if exit_ns is not None else (ret if wait is None else wait[1])}
+    return {
+        "rank": rank,
+        "kind": "p2p" if name in ("send", "recv") else "collective",
+        "name": name,
+        "group": group,
+        "group_ranks": peers,
+        "seq": seq,
+        "async_op": async_op,
+        "step": 0,
+        "callsite": "",
+        "issue_ns": issue,
+        "return_ns": ret,
+        "wait_start_ns": None if wait is None else wait[0],
+        "wait_end_ns": None if wait is None else wait[1],
+        "exit_ns": exit_ns if exit_ns is not None else (ret if wait is None else wait[1]),
+    }
 
 
 def test_a_send_and_its_receive_are_a_rendezvous():
@@ -62,10 +77,12 @@ def test_a_send_and_its_receive_are_a_rendezvous():
     receive ends when the send arrives. Shrink rank 0's compute and rank 1's wait
     shrinks with it."""
     ms = 1_000_000
-    calls = pd.DataFrame([
-        _call(0, "send", "0->1", 0, 10 * ms, 11 * ms),
-        _call(1, "recv", "0->1", 0, 2 * ms, 11 * ms),
-    ])
+    calls = pd.DataFrame(
+        [
+            _call(0, "send", "0->1", 0, 10 * ms, 11 * ms),
+            _call(1, "recv", "0->1", 0, 2 * ms, 11 * ms),
+        ]
+    )
     steps = pd.DataFrame({"rank": [0, 1], "step": [0, 0], "start_ns": [0, 0], "end_ns": [12 * ms, 13 * ms]})
     model = StepModel(calls, steps)
     ends = model.replay()
@@ -87,10 +104,14 @@ def test_a_lone_send_waited_at_once_is_waited_at_the_schedules_end():
     frees rank 0 at 10: it receives at 20, gets the answer at 26, and the step ends 6 ms
     sooner. The send still ends only when its receiver arrived."""
     ms = 1_000_000
-    calls = pd.DataFrame([
-        _p2p(0, "send", "0->1", 10 * ms, (10 * ms, 21 * ms), 1), _p2p(0, "recv", "1->0", 31 * ms, (31 * ms, 32 * ms), 1),
-        _p2p(1, "recv", "0->1", 20 * ms, (20 * ms, 21 * ms), 0), _p2p(1, "send", "1->0", 25 * ms, (25 * ms, 32 * ms), 0),
-    ])
+    calls = pd.DataFrame(
+        [
+            _p2p(0, "send", "0->1", 10 * ms, (10 * ms, 21 * ms), 1),
+            _p2p(0, "recv", "1->0", 31 * ms, (31 * ms, 32 * ms), 1),
+            _p2p(1, "recv", "0->1", 20 * ms, (20 * ms, 21 * ms), 0),
+            _p2p(1, "send", "1->0", 25 * ms, (25 * ms, 32 * ms), 0),
+        ]
+    )
     steps = pd.DataFrame({"rank": [0, 1], "step": [0, 0], "start_ns": [0, 0], "end_ns": [33 * ms, 33 * ms]})
     model = StepModel(calls, steps)
     assert model.replay() == {0: {0: 33 * ms}, 1: {0: 33 * ms}}
@@ -106,10 +127,14 @@ def test_a_send_exchanged_with_its_peers_receive_becomes_one_batch():
     after compute, is no exchange."""
     ms = 1_000_000
     later = 12 * ms + 3 * ms // 10
-    calls = pd.DataFrame([
-        _p2p(0, "send", "0->1", 10 * ms, (10 * ms, 12 * ms), 1), _p2p(0, "recv", "1->0", later, (later, later + 2 * ms), 1),
-        _p2p(1, "recv", "0->1", 10 * ms, (10 * ms, 12 * ms), 0), _p2p(1, "send", "1->0", later, (later, later + 2 * ms), 0),
-    ])
+    calls = pd.DataFrame(
+        [
+            _p2p(0, "send", "0->1", 10 * ms, (10 * ms, 12 * ms), 1),
+            _p2p(0, "recv", "1->0", later, (later, later + 2 * ms), 1),
+            _p2p(1, "recv", "0->1", 10 * ms, (10 * ms, 12 * ms), 0),
+            _p2p(1, "send", "1->0", later, (later, later + 2 * ms), 0),
+        ]
+    )
     steps = pd.DataFrame({"rank": [0, 1], "step": [0, 0], "start_ns": [0, 0], "end_ns": [later + 3 * ms] * 2})
     assert list(exchange_partners(calls)) == [1, -1, 3, -1]
     model = StepModel(calls, steps)
@@ -126,10 +151,13 @@ def test_async_collectives_queue_on_their_group():
     9-17): the second's own length starts at the first's end, not at its issue;
     the rank waits for them at 5 ms and ends its step 1 ms after the second."""
     ms = 1_000_000
-    calls = pd.DataFrame([
-        _call(r, "all_reduce", "g", seq, issue, issue + ms // 10, async_op=True, wait=wait, exit_ns=wait[1])
-        for r in (0, 1) for seq, issue, wait in ((0, 1 * ms, (5 * ms, 9 * ms)),
-                                                 (1, 2 * ms, (9 * ms + ms // 10, 17 * ms)))])
+    calls = pd.DataFrame(
+        [
+            _call(r, "all_reduce", "g", seq, issue, issue + ms // 10, async_op=True, wait=wait, exit_ns=wait[1])
+            for r in (0, 1)
+            for seq, issue, wait in ((0, 1 * ms, (5 * ms, 9 * ms)), (1, 2 * ms, (9 * ms + ms // 10, 17 * ms)))
+        ]
+    )
     steps = pd.DataFrame({"rank": [0, 1], "step": [0, 0], "start_ns": [0, 0], "end_ns": [18 * ms, 18 * ms]})
     model = StepModel(calls, steps)
     assert list(model.length_ns) == [8 * ms, 8 * ms]
@@ -142,5 +170,6 @@ def test_a_bubbles_whatif_is_the_schedules_fill_and_drain():
     """p stages fill and drain in (p - 1) micro-batch times of the slowest stage:
     4 stages busy 80 ms per step in 2 micro-batches idle 3 x 40 ms; in 8, 3 x 10 ms."""
     from diagnose.analysis.detectors.pipeline_bubble import schedule_saving_ms
+
     assert schedule_saving_ms(80.0, 4, 2, 8) == pytest.approx(120.0 - 30.0)
     assert schedule_saving_ms(80.0, 4, 8, 8) == 0.0

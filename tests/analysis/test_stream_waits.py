@@ -8,6 +8,7 @@ Nsight pair (200 STREAM_WAIT_EVENT rows, no CUDA-event trace: the stream
 waited on is not in the export), and on small hand-made cases with a known
 record and wait.
 """
+
 import gzip
 import json
 import shutil
@@ -29,9 +30,16 @@ NSYS = fixture_path("nsys")
 def _waits_in(path) -> list:
     """(stream, waits on, wait correlation, record correlation) of every Stream Wait Event in a trace."""
     events = json.loads(read_trace_bytes(str(path)))["traceEvents"]
-    return sorted((e["args"]["stream"], e["args"]["wait_on_stream"], e["args"]["correlation"],
-                   e["args"].get("wait_on_cuda_event_record_corr_id", -1))
-                  for e in events if e.get("cat") == "cuda_sync" and e["name"] == "Stream Wait Event")
+    return sorted(
+        (
+            e["args"]["stream"],
+            e["args"]["wait_on_stream"],
+            e["args"]["correlation"],
+            e["args"].get("wait_on_cuda_event_record_corr_id", -1),
+        )
+        for e in events
+        if e.get("cat") == "cuda_sync" and e["name"] == "Stream Wait Event"
+    )
 
 
 def _imported(paths, out, importer=import_kineto):
@@ -41,13 +49,15 @@ def _imported(paths, out, importer=import_kineto):
 
 @pytest.mark.parametrize("name", ["alexnet", "simple_add"])
 def test_every_stream_wait_event_is_one_row_with_its_streams_and_correlations(tmp_path, name):
-    path, = (CRITICAL_PATH / name).glob("*.json.gz")
+    (path,) = (CRITICAL_PATH / name).glob("*.json.gz")
     run, waits = _imported([path], tmp_path / name)
     assert list(waits.columns) == WAIT_COLUMNS
     expected = _waits_in(path)
     assert len(expected) == 20
-    assert sorted(waits[["stream", "waits_on_stream", "wait_corr", "record_corr"]].itertuples(index=False,
-                                                                                             name=None)) == expected
+    assert (
+        sorted(waits[["stream", "waits_on_stream", "wait_corr", "record_corr"]].itertuples(index=False, name=None))
+        == expected
+    )
     # not device work: no kernel row; the syncs that block the host stay kernel rows of class "other"
     kernels = run.kernels()
     assert "Stream Wait Event" not in set(kernels["name"])
@@ -64,7 +74,7 @@ def test_a_resolved_wait_joins_a_kernel_that_ended_before_the_waiting_one_starte
     """alexnet: streams 7 and 20 wait on each other (6 edges); the waits of stream 7
     on streams 21-27, which run no kernel, make none. On the device's own clock
     each source kernel has ended when its target starts."""
-    path, = (CRITICAL_PATH / "alexnet").glob("*.json.gz")
+    (path,) = (CRITICAL_PATH / "alexnet").glob("*.json.gz")
     run, waits = _imported([path], tmp_path / "alexnet")
     kernels = run.kernels()
     edges = waited_kernels(kernels, waits)
@@ -75,8 +85,11 @@ def test_a_resolved_wait_joins_a_kernel_that_ended_before_the_waiting_one_starte
     dst_start = by_corr.loc[list(zip(edges["dst_stream"], edges["dst_corr"])), "start_ns"].to_numpy()
     assert (src_end <= dst_start).all()
     for edge in edges.itertuples():  # and each is the nearest launch on either side
-        wait = waits[(waits["stream"] == edge.dst_stream) & (waits["wait_corr"] < edge.dst_corr)
-                     & (waits["waits_on_stream"] == edge.src_stream)].iloc[-1]
+        wait = waits[
+            (waits["stream"] == edge.dst_stream)
+            & (waits["wait_corr"] < edge.dst_corr)
+            & (waits["waits_on_stream"] == edge.src_stream)
+        ].iloc[-1]
         on_src = kernels[(kernels["stream"] == edge.src_stream) & (kernels["correlation"] < wait["record_corr"])]
         on_dst = kernels[(kernels["stream"] == edge.dst_stream) & (kernels["correlation"] > wait["wait_corr"])]
         assert edge.src_corr == on_src["correlation"].max() and edge.dst_corr == on_dst["correlation"].min()
@@ -87,28 +100,73 @@ def _trace(*events) -> bytes:
 
 
 def _call(name, corr, ts):
-    return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": 1,
-            "args": {"correlation": corr}}
+    return {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": name,
+        "pid": 1,
+        "tid": 1,
+        "ts": ts,
+        "dur": 1,
+        "args": {"correlation": corr},
+    }
 
 
 def _kernel(name, stream, corr, ts, dur=10):
-    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
-            "args": {"stream": stream, "correlation": corr}}
+    return {
+        "ph": "X",
+        "cat": "kernel",
+        "name": name,
+        "pid": 0,
+        "tid": stream,
+        "ts": ts,
+        "dur": dur,
+        "args": {"stream": stream, "correlation": corr},
+    }
 
 
 # stream 7 runs A, an event is recorded behind it, stream 20 waits for it and runs
 # B; C is launched on 7 after the record, so B does not wait for it
 HAND_MADE = _trace(
-    _call("cudaLaunchKernel", 1, 100), _kernel("A", 7, 1, 105, 50),
-    _call("cudaEventRecord", 2, 110), _call("cudaStreamWaitEvent", 3, 112),
-    {"ph": "X", "cat": "cuda_sync", "name": "Stream Wait Event", "pid": 0, "tid": 20, "ts": 112, "dur": 0,
-     "args": {"cuda_sync_kind": "Stream Wait Event", "wait_on_stream": 7, "wait_on_cuda_event_record_corr_id": 2,
-              "wait_on_cuda_event_id": 1, "stream": 20, "correlation": 3, "device": 0, "context": 1}},
-    _call("cudaLaunchKernel", 4, 114), _kernel("B", 20, 4, 156),
-    _call("cudaLaunchKernel", 5, 116), _kernel("C", 7, 5, 156),
+    _call("cudaLaunchKernel", 1, 100),
+    _kernel("A", 7, 1, 105, 50),
+    _call("cudaEventRecord", 2, 110),
+    _call("cudaStreamWaitEvent", 3, 112),
+    {
+        "ph": "X",
+        "cat": "cuda_sync",
+        "name": "Stream Wait Event",
+        "pid": 0,
+        "tid": 20,
+        "ts": 112,
+        "dur": 0,
+        "args": {
+            "cuda_sync_kind": "Stream Wait Event",
+            "wait_on_stream": 7,
+            "wait_on_cuda_event_record_corr_id": 2,
+            "wait_on_cuda_event_id": 1,
+            "stream": 20,
+            "correlation": 3,
+            "device": 0,
+            "context": 1,
+        },
+    },
+    _call("cudaLaunchKernel", 4, 114),
+    _kernel("B", 20, 4, 156),
+    _call("cudaLaunchKernel", 5, 116),
+    _kernel("C", 7, 5, 156),
     _call("cudaStreamSynchronize", 6, 120),
-    {"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": 0, "tid": 7, "ts": 120, "dur": 50,
-     "args": {"cuda_sync_kind": "Stream Sync", "stream": 7, "correlation": 6, "device": 0, "context": 1}})
+    {
+        "ph": "X",
+        "cat": "cuda_sync",
+        "name": "Stream Sync",
+        "pid": 0,
+        "tid": 7,
+        "ts": 120,
+        "dur": 50,
+        "args": {"cuda_sync_kind": "Stream Sync", "stream": 7, "correlation": 6, "device": 0, "context": 1},
+    },
+)
 
 
 def test_a_hand_made_record_and_wait_is_one_row_and_one_edge_in_every_scan(tmp_path):
@@ -126,7 +184,8 @@ def test_a_hand_made_record_and_wait_is_one_row_and_one_edge_in_every_scan(tmp_p
     rows = fast.to_pandas()
     wait = rows[rows["kind"] == "stream_wait"]
     assert wait[["name", "group", "peer", "seq", "bytes", "detail"]].values.tolist() == [
-        ["Stream Wait Event", "20", 7, 3, 2, "cuda"]]
+        ["Stream Wait Event", "20", 7, 3, 2, "cuda"]
+    ]
     assert sorted(rows.loc[rows["kind"] == "kernel", "name"]) == ["A", "B", "C", "Stream Sync"]
     run, waits = _imported([path], tmp_path / "run")
     assert waits[["stream", "waits_on_stream", "wait_corr", "record_corr"]].values.tolist() == [[20, 7, 3, 2]]
@@ -141,14 +200,16 @@ def test_nsys_stream_waits_without_cuda_event_trace_name_no_stream_waited_on(tmp
     with gzip.open(NSYS / "nsysai_2gpu_h100" / "mfu_2gpu_before.sqlite.gz", "rb") as src, open(sqlite, "wb") as dst:
         shutil.copyfileobj(src, dst)
     with sqlite3.connect(sqlite) as con:
-        expected = sorted(con.execute("SELECT streamId, correlationId FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION "
-                                      "WHERE syncType = 2").fetchall())
+        expected = sorted(
+            con.execute(
+                "SELECT streamId, correlationId FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION WHERE syncType = 2"
+            ).fetchall()
+        )
         assert con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_CUDA_EVENT").fetchone() == (0,)
     run, waits = _imported([sqlite], tmp_path / "run", import_nsys)
     assert len(expected) == 200
     assert sorted(waits[["stream", "wait_corr"]].itertuples(index=False, name=None)) == expected
-    assert waits.groupby("rank")["stream"].unique().map(sorted).to_dict() == {0: [7, 24, 28, 153],
-                                                                             1: [15, 32, 36, 161]}
+    assert waits.groupby("rank")["stream"].unique().map(sorted).to_dict() == {0: [7, 24, 28, 153], 1: [15, 32, 36, 161]}
     assert (waits["waits_on_stream"] == -1).all() and (waits["record_corr"] == -1).all()
     assert waited_kernels(run.kernels(), waits).empty
 
@@ -160,14 +221,22 @@ def test_nsys_wait_takes_the_last_record_of_its_event_before_the_call(tmp_path):
     sqlite = tmp_path / "report.sqlite"
     shutil.copyfile(NSYS / "tc_report1.sqlite", sqlite)
     with sqlite3.connect(sqlite) as con:
-        assert con.execute("SELECT eventId, correlationId, streamId FROM CUPTI_ACTIVITY_KIND_CUDA_EVENT "
-                           "ORDER BY correlationId").fetchall() == [(1, 130, 7), (2, 147, 7)]
+        assert con.execute(
+            "SELECT eventId, correlationId, streamId FROM CUPTI_ACTIVITY_KIND_CUDA_EVENT ORDER BY correlationId"
+        ).fetchall() == [(1, 130, 7), (2, 147, 7)]
         pid, context = con.execute("SELECT globalPid, contextId FROM CUPTI_ACTIVITY_KIND_CUDA_EVENT").fetchone()
         start = con.execute("SELECT min(start) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
-        con.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_SYNCHRONIZATION (start, end, deviceId, contextId, streamId, "
-                        "correlationId, globalPid, syncType, eventId) VALUES (?, ?, 0, ?, 13, ?, ?, 2, ?)",
-                        [(start + i, start + i + 5, context, corr, pid, event)
-                         for i, (corr, event) in enumerate([(149, 2), (150, 1), (120, 2)])])
+        con.executemany(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_SYNCHRONIZATION (start, end, deviceId, contextId, streamId, "
+            "correlationId, globalPid, syncType, eventId) VALUES (?, ?, 0, ?, 13, ?, ?, 2, ?)",
+            [
+                (start + i, start + i + 5, context, corr, pid, event)
+                for i, (corr, event) in enumerate([(149, 2), (150, 1), (120, 2)])
+            ],
+        )
     _, waits = _imported([sqlite], tmp_path / "run", import_nsys)
     assert sorted(waits[["wait_corr", "stream", "waits_on_stream", "record_corr"]].values.tolist()) == [
-        [120, 13, -1, -1], [149, 13, 7, 147], [150, 13, 7, 130]]
+        [120, 13, -1, -1],
+        [149, 13, 7, 147],
+        [150, 13, 7, 130],
+    ]

@@ -4,6 +4,7 @@ removed, the exported cross-stream waits are the simulation's dependencies
 (all of them unless some are dropped, then fewer), host syncs hold the host
 until the device drains, and the exports import.
 """
+
 import json
 
 import numpy as np
@@ -63,12 +64,19 @@ def _unexplained_starts(trace) -> int:
 
 
 def test_the_cases_are_the_issues():
-    assert list(CASES) == ["replica_slow_stage0", "last_stage_slow", "microbatch_tail", "host_sync",
-                           "blocking_p2p", "ring3"]
+    assert list(CASES) == [
+        "replica_slow_stage0",
+        "last_stage_slow",
+        "microbatch_tail",
+        "host_sync",
+        "blocking_p2p",
+        "ring3",
+    ]
     for case in CASES.values():
         assert case.finding in finding_kinds.names()
         assert (case.ranks != []) == (case.finding == "straggler") and (case.stage is not None) == (
-            case.finding == "stage_imbalance")
+            case.finding == "stage_imbalance"
+        )
     assert len(_sim("replica_slow_stage0").traces) == 16 and len(_sim("ring3").traces) == 3
 
 
@@ -104,12 +112,15 @@ def test_the_fixed_job_is_the_faulty_one_without_the_fault(name):
         assert [(k["name"], k["tid"]) for k in ka] == [(k["name"], k["tid"]) for k in kb]
         for p, q in zip(ka, kb):  # same draws: compute kernels differ by the fault's factor only
             if p["tid"] == faults.COMPUTE_STREAM:
-                x = rank_factor.get(r, 1.0) * (stage_factor.get(r // settings["dp"], 1.0) if p["name"] == queues.GEMM
-                                               else 1.0)
+                x = rank_factor.get(r, 1.0) * (
+                    stage_factor.get(r // settings["dp"], 1.0) if p["name"] == queues.GEMM else 1.0
+                )
                 assert p["dur"] == pytest.approx(x * q["dur"], abs=0.5)  # (times are 0.25 us apart at 1.7e15)
         syncs = [[e for e in t["traceEvents"] if e["name"] == "cudaStreamSynchronize"] for t in (a, b)]
-        expected = {"host_sync": cases.STEPS * settings["microbatches"],
-                    "blocking_p2p": len([k for k in ka if k["tid"] == faults.P2P_STREAM])}
+        expected = {
+            "host_sync": cases.STEPS * settings["microbatches"],
+            "blocking_p2p": len([k for k in ka if k["tid"] == faults.P2P_STREAM]),
+        }
         assert [len(s) for s in syncs] == [expected.get(name, 0), 0]
 
 
@@ -137,8 +148,11 @@ def test_recorded_waits_are_the_simulations_dependencies(name):
         left = [e for e in b["traceEvents"] if e["name"] == faults.STREAM_WAIT]
         assert len(waits) > 0 and len(left) == len(waits) - round(len(waits) / 2)
         gone = {e["args"]["correlation"] for e in waits} - {e["args"]["correlation"] for e in left}
-        kept = [e for e in a["traceEvents"] if not (e["args"].get("correlation") in gone
-                                                    and e["name"] in (faults.STREAM_WAIT, "cudaStreamWaitEvent"))]
+        kept = [
+            e
+            for e in a["traceEvents"]
+            if not (e["args"].get("correlation") in gone and e["name"] in (faults.STREAM_WAIT, "cudaStreamWaitEvent"))
+        ]
         assert json.dumps(kept) == json.dumps(b["traceEvents"])
 
 
@@ -146,9 +160,13 @@ def test_recorded_waits_are_the_simulations_dependencies(name):
 def test_a_host_sync_holds_the_host_until_its_stream_drains(name, stream):
     for trace in _sim(name).traces:
         events = trace["traceEvents"]
-        runtime = {e["args"]["correlation"]: e for e in events if e["cat"] == "cuda_runtime" and "correlation" in e["args"]}
-        launched = sorted(((runtime[k["args"]["correlation"]]["ts"], k) for k in _kernels(trace)
-                           if k["tid"] == stream), key=lambda p: p[0])
+        runtime = {
+            e["args"]["correlation"]: e for e in events if e["cat"] == "cuda_runtime" and "correlation" in e["args"]
+        }
+        launched = sorted(
+            ((runtime[k["args"]["correlation"]]["ts"], k) for k in _kernels(trace) if k["tid"] == stream),
+            key=lambda p: p[0],
+        )
         launches = sorted(e["ts"] for e in events if e["name"] == "cudaLaunchKernel")
         syncs = [e for e in events if e["name"] == faults.STREAM_SYNC]
         assert syncs and all(s["tid"] == s["args"]["stream"] == stream for s in syncs)
@@ -157,7 +175,7 @@ def test_a_host_sync_holds_the_host_until_its_stream_drains(name, stream):
             assert call["name"] == "cudaStreamSynchronize" and call["ts"] < s["ts"] <= call["ts"] + call["dur"]
             last = [k for ts, k in launched if ts < call["ts"]][-1]
             end = call["ts"] + call["dur"]
-            assert end >= last["ts"] + last["dur"]      # it waited for the stream's last op
+            assert end >= last["ts"] + last["dur"]  # it waited for the stream's last op
             assert not [t for t in launches if call["ts"] < t < end]  # and launched nothing meanwhile
 
 
@@ -179,8 +197,15 @@ def test_off_by_default():
     """Without the new arguments nothing new is in the traces (the existing tests' traces)."""
     plain = model.traces(2, 2, 4, steps=2)
     names = {e["name"] for t in plain for e in t["traceEvents"]}
-    assert not names & {faults.STREAM_WAIT, faults.STREAM_SYNC, "cudaEventRecord", "cudaStreamWaitEvent",
-                        "cudaStreamSynchronize", "host_work", "aten::item"}
+    assert not names & {
+        faults.STREAM_WAIT,
+        faults.STREAM_SYNC,
+        "cudaEventRecord",
+        "cudaStreamWaitEvent",
+        "cudaStreamSynchronize",
+        "host_work",
+        "aten::item",
+    }
 
 
 @pytest.mark.parametrize("name", list(CASES))

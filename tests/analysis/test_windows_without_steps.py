@@ -8,6 +8,7 @@ compare` of two such windows gives the figures the pair's authors state in
 SOURCE.txt: GPU kernel time summed 535.20 -> 488.84 ms, exposed communication
 25.4 -> 33.7 ms, SendRecv +8.34 ms, flash_fwd -31.56 ms.
 """
+
 import gzip
 import io
 import shutil
@@ -67,6 +68,7 @@ def test_nsys_pair_send_recv_kernels_match_across_both_devices_without_a_differ_
 
 def test_compare_of_the_nsys_pair_gives_the_authors_kernel_time_and_exposed_communication(pair):
     from diagnose.cli.compare_command import compare_runs, print_comparison
+
     result = compare_runs([pair["before"], pair["after"]])
     assert result["unit"] == "window"
     figures = {row["figure"]: row for row in result["device"]["figures"]}
@@ -77,7 +79,7 @@ def test_compare_of_the_nsys_pair_gives_the_authors_kernel_time_and_exposed_comm
     kernels = {row["family"]: row["delta_ms"] for row in result["device"]["kernels"]}
     assert kernels["flash_fwd_kernel"] == pytest.approx(-31.56, abs=0.05)
     assert kernels["ncclDevKernel_SendRecv"] == pytest.approx(8.34, abs=0.05)
-    assert list(kernels)[0] == "flash_fwd_kernel"   # the largest change first
+    assert list(kernels)[0] == "flash_fwd_kernel"  # the largest change first
     # the window is the capture's span per device: SOURCE's "step time" is the two devices' sum
     assert 2 * result["step_time"]["mean_a_ms"] == pytest.approx(598.52, rel=0.01)
     text = io.StringIO()
@@ -89,8 +91,12 @@ def test_compare_of_the_nsys_pair_gives_the_authors_kernel_time_and_exposed_comm
 
 
 def _shares(findings: list) -> dict:
-    return {f"{f['kind']}.{k}": v for f in findings for k, v in f["metrics"].items()
-            if k.endswith("_frac") and isinstance(v, (int, float))}
+    return {
+        f"{f['kind']}.{k}": v
+        for f in findings
+        for k, v in f["metrics"].items()
+        if k.endswith("_frac") and isinstance(v, (int, float))
+    }
 
 
 @pytest.mark.parametrize("trace, windowed", [("b200_vllm_tp8_rank0", True), ("mi300_ddp_resnet_rank0", False)])
@@ -99,6 +105,7 @@ def test_tracelens_rank_zero_traces_get_steps_or_a_window_and_no_share_above_the
     own metadata (process group "3", ranks 0-7) was "no completed steps
     recorded, findings: none". MI300: profiler steps, kept as steps."""
     from diagnose.cli.after_run import analyze_run
+
     out = import_kineto([str(fixture_path("kineto", "tracelens", f"{trace}.json.gz"))], str(tmp_path / "run"))[0]
     warnings = []
     run, findings = analyze_run([out], outputs=False, warn=warnings.append)
@@ -112,15 +119,17 @@ def test_tracelens_rank_zero_traces_get_steps_or_a_window_and_no_share_above_the
         assert set(calls["group"].astype(str)) == {"3"} and set(calls["name"].astype(str)) == {"all_gather"}
         assert (run.kernels()["step"] == 0).all()
     breakdown = run.breakdown()
-    assert len(breakdown) and (breakdown.filter(like="_ms").drop(columns="step_ms").sum(axis=1)
-                               <= breakdown["step_ms"] + 1e-6).all()
+    assert (
+        len(breakdown)
+        and (breakdown.filter(like="_ms").drop(columns="step_ms").sum(axis=1) <= breakdown["step_ms"] + 1e-6).all()
+    )
     exposed = run.device_exposed_comm()
     assert (exposed["exposed_comm_ms"] <= exposed["comm_ms"] + 1e-9).all()
     assert all(0 <= v <= 1 for v in _shares(findings).values()), _shares(findings)
-    for f in findings:   # from 1 of 8 ranks, nothing critical built on collective-kernel time
+    for f in findings:  # from 1 of 8 ranks, nothing critical built on collective-kernel time
         if f["kind"] == "exposed_comm":
             assert f["severity"] == "info" and "from 1 of 8 ranks" in f["title"]
-            assert "group [0,1,2,3,4,5,6,7] (default_pg)" in f["title"]   # its role, from pg_config
+            assert "group [0,1,2,3,4,5,6,7] (default_pg)" in f["title"]  # its role, from pg_config
     # the groups the trace's pg_config holds, read into the rank's meta
     groups = run.rank_meta[0]["process_groups"]
     assert len(groups) == (15 if windowed else 1) and groups["0"]["desc"] == "default_pg"
@@ -132,32 +141,52 @@ def test_only_ranks_with_kernels_and_no_steps_get_a_window():
     """Rank 0 has steps: kept. Rank 1 has kernels only: one window over them.
     Rank 2 has host rows only (a live rank that never completed a step, a
     hang): no window, as before."""
-    rows = [(0, "step", 0, 100, 5), (0, "step", 100, 200, 6), (0, "kernel", 10, 50, 5),
-            (1, "kernel", 30, 40, -1), (1, "phase", 0, 500, -1), (1, "kernel", 70, 90, -1),
-            (2, "forward", 0, 80, -1)]
+    rows = [
+        (0, "step", 0, 100, 5),
+        (0, "step", 100, 200, 6),
+        (0, "kernel", 10, 50, 5),
+        (1, "kernel", 30, 40, -1),
+        (1, "phase", 0, 500, -1),
+        (1, "kernel", 70, 90, -1),
+        (2, "forward", 0, 80, -1),
+    ]
     events = pd.DataFrame(rows, columns=["rank", "kind", "start_ns", "end_ns", "step"])
     steps = steps_table(events)
     assert steps[["rank", "step", "start_ns", "end_ns", "trace_window"]].values.tolist() == [
-        [0, 5, 0, 100, False], [0, 6, 100, 200, False], [1, 0, 30, 90, True]]
+        [0, 5, 0, 100, False],
+        [0, 6, 100, 200, False],
+        [1, 0, 30, 90, True],
+    ]
     assert steady_state_steps(steps[steps["rank"] == 1]) == [0]
 
 
 def test_kernel_family_drops_return_type_namespaces_templates_and_parameters():
     from diagnose.analysis.compare.device_figures import kernel_family
-    assert kernel_family("void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<(int)128>, (bool)0>"
-                         "(Flash_fwd_params)") == "flash_fwd_kernel"
-    assert kernel_family("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<(unsigned long)4096>)") == \
-        "ncclDevKernel_SendRecv"
-    assert kernel_family("void at::native::<unnamed>::vectorized_layer_norm_kernel<float, float>(int, T2)") == \
-        "vectorized_layer_norm_kernel"
-    assert kernel_family("nvjet_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN") == \
-        "nvjet_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN"
+
+    assert (
+        kernel_family("void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<(int)128>, (bool)0>(Flash_fwd_params)")
+        == "flash_fwd_kernel"
+    )
+    assert (
+        kernel_family("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<(unsigned long)4096>)")
+        == "ncclDevKernel_SendRecv"
+    )
+    assert (
+        kernel_family("void at::native::<unnamed>::vectorized_layer_norm_kernel<float, float>(int, T2)")
+        == "vectorized_layer_norm_kernel"
+    )
+    assert (
+        kernel_family("nvjet_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN")
+        == "nvjet_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN"
+    )
 
 
 def test_the_terminal_breakdown_of_a_windowed_trace_says_window_not_step(tmp_path):
     from diagnose.cli.console import print_breakdown
-    out = import_kineto([str(fixture_path("kineto", "tracelens", "b200_vllm_tp8_rank0.json.gz"))],
-                        str(tmp_path / "run"))[0]
+
+    out = import_kineto(
+        [str(fixture_path("kineto", "tracelens", "b200_vllm_tp8_rank0.json.gz"))], str(tmp_path / "run")
+    )[0]
     text = io.StringIO()
     print_breakdown(load_run(out), Console(file=text, width=300))
     printed = text.getvalue()

@@ -7,6 +7,7 @@ Forward and backward then come from the pipeline's traffic
 (diagnose/analysis/tables/inferred_compute.py), gradient-reduction rounds from their
 waits (accumulation_sync). The scenarios whose signal needs the phase rows are
 in NEEDS_PHASES, with the reason (also in docs/analysis.md)."""
+
 import json
 import os
 import shutil
@@ -51,6 +52,7 @@ def _top(run_dir):
 @pytest.mark.parametrize("name", [n for n in RUNS if n not in NEEDS_PHASES])
 def test_a_recorded_run_without_its_phase_rows_names_the_same_cause(name, recorded_scenario, tmp_path):
     from diagnose.cli.after_run import analyze_run
+
     recorded, _ = recorded_scenario(name)
     stripped = tmp_path / name
     _strip(fixture_path("runs", name), stripped)
@@ -72,7 +74,7 @@ def test_a_recorded_run_without_its_phase_rows_names_the_same_cause(name, record
 def test_the_pipeline_runs_use_inferred_forward_and_backward(recorded_scenario, tmp_path):
     stripped = tmp_path / "bubble"
     _strip(fixture_path("runs", "bubble"), stripped)
-    run = load_run(stripped)   # fails on any loader warning
+    run = load_run(stripped)  # fails on any loader warning
     events = run.events()
     inferred = events[events["detail"] == SOURCE]
     assert set(inferred["kind"].astype(str)) == {"forward", "backward"}
@@ -94,6 +96,7 @@ def test_gaps_are_the_time_outside_blocking_rows_cut_at_step_boundaries():
     import numpy as np
 
     from diagnose.analysis.tables.inferred_compute import _gaps
+
     # steps [0, 10) and [10, 20); blocking rows [2, 3], [5, 7] (nested [6, 6.5]), [8, 12]
     g0, g1 = _gaps(np.array([2, 5, 6, 8]), np.array([3, 7, 6, 12]), np.array([0, 10]), np.array([10, 20]))
     assert list(zip(g0.tolist(), g1.tolist())) == [(0, 2), (3, 5), (7, 8), (12, 20)]

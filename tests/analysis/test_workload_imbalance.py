@@ -1,6 +1,7 @@
 """Issue 23: `workload_imbalance`, micro-batches of unequal work (variable
 sequence lengths) whose slowest rank changes from step to step, told apart
 from a persistent straggler and from a clean run."""
+
 import json
 
 import numpy as np
@@ -17,6 +18,7 @@ def _planted_length(step, microbatch, dp_rank):
 
     from reference_trainer.faults import Faults, parse_fault
     from reference_trainer.scenarios import SCENARIOS
+
     argv = SCENARIOS["varlen"].argv
     spec = parse_fault(argv[argv.index("--fault") + 1])
     return Faults([spec], rank=dp_rank, stage=0, device=torch.device("cpu")).length_factor(step, microbatch)
@@ -40,8 +42,9 @@ def test_varlen_scenario_is_a_workload_imbalance_and_no_straggler(recorded_scena
     # make slowest in some step is measured slowest in some step
     planted = {(s, r): [_planted_length(s, mb, r) for mb in range(4)] for s in range(16) for r in range(4)}
     lengths = np.concatenate([planted[(s, r)] for s in Context(load_run(out)).steady for r in range(4)])
-    assert m["own_median_p50_over_p10_x"] == pytest.approx(np.percentile(lengths, 50) / np.percentile(lengths, 10),
-                                                           rel=0.25)
+    assert m["own_median_p50_over_p10_x"] == pytest.approx(
+        np.percentile(lengths, 50) / np.percentile(lengths, 10), rel=0.25
+    )
     planted_slowest = {max(range(4), key=lambda r: sum(planted[(s, r)])) for s in range(2, 16)}
     assert {r for r in range(4) if m[f"rank{r}_slowest_frac"] > 0} >= planted_slowest
     assert sum(m[f"rank{r}_slowest_frac"] for r in range(4)) == pytest.approx(1.0, abs=1e-3)
@@ -57,8 +60,7 @@ def test_varlen_scenario_is_a_workload_imbalance_and_no_straggler(recorded_scena
 
 
 def test_a_persistent_straggler_is_a_straggler_not_a_workload_imbalance(tmp_path):
-    run = load_run(write_synthetic_run(str(tmp_path / "run"), ranks=4, steps=20, slow_rank=2,
-                                       slow_factor=1.6))
+    run = load_run(write_synthetic_run(str(tmp_path / "run"), ranks=4, steps=20, slow_rank=2, slow_factor=1.6))
     findings = detect(run)
     assert [f["ranks"] for f in _serious(findings, "straggler")] == [[2]], findings
     assert [f for f in findings if f["kind"] == "workload_imbalance"] == [], findings
@@ -68,8 +70,11 @@ def test_a_rank_slow_in_a_third_of_the_steps_is_an_intermittent_straggler(tmp_pa
     """Equal micro-batches, rank 1 at 2x in every third step (a periodic stall on its
     host): the straggler path judged on the steps it straggled in, not a workload
     imbalance (lengths do not vary)."""
-    run = load_run(write_synthetic_run(str(tmp_path / "run"), ranks=4, steps=40, slow_rank=1, slow_factor=2.0,
-                                       slow_steps=set(range(0, 40, 3))))
+    run = load_run(
+        write_synthetic_run(
+            str(tmp_path / "run"), ranks=4, steps=40, slow_rank=1, slow_factor=2.0, slow_steps=set(range(0, 40, 3))
+        )
+    )
     findings = detect(run)
     (found,) = _serious(findings, "straggler")
     assert found["ranks"] == [1] and "an intermittent straggler" in found["title"], found["title"]
@@ -77,7 +82,7 @@ def test_a_rank_slow_in_a_third_of_the_steps_is_an_intermittent_straggler(tmp_pa
     # last in ~half the steps (its third, and a share of the rest by jitter), yet
     # normal on its median step: before, judged as persistent on that median, unnamed
     assert m["persistent"] == 0.0 and m["last_in_steps_frac"] >= 0.2, m
-    assert m["busy_ratio_x"] == pytest.approx(2.0, rel=0.1), m   # planted: 2x on the steps it straggled in
+    assert m["busy_ratio_x"] == pytest.approx(2.0, rel=0.1), m  # planted: 2x on the steps it straggled in
     assert [f for f in findings if f["kind"] == "workload_imbalance"] == [], findings
 
 
@@ -91,6 +96,7 @@ def test_varlen_fault_draws_lengths_per_microbatch_and_replica():
     import torch
 
     from reference_trainer.faults import Faults, parse_fault
+
     spec = parse_fault("varlen:spread=3")
     assert spec.params == {"spread": 3.0, "seed": 0, "tail": 0.0}
     with pytest.raises(ValueError):

@@ -7,6 +7,7 @@ Runs are written, not launched: a plain DDP job with gradient accumulation (4
 ranks, 4 micro-batches a step: forward 6 ms and backward 12 ms times the
 micro-batch's length, one blocking gradient all-reduce after the last
 backward), each phase with its own jitter."""
+
 import math
 import random
 
@@ -21,8 +22,9 @@ MS = 1_000_000
 FORWARD_MS, BACKWARD_MS, OPTIMIZER_MS = 6.0, 12.0, 3.0
 
 
-def write_accumulation_run(path, length, jitter, ranks=4, steps=24, microbatches=4, seed=0,
-                           slow_rank=None, slow_factor=1.0) -> str:
+def write_accumulation_run(
+    path, length, jitter, ranks=4, steps=24, microbatches=4, seed=0, slow_rank=None, slow_factor=1.0
+) -> str:
     """length(rng) -> a micro-batch's length factor (both its phases); jitter(rng) ->
     a phase's own factor or delay (ms added); slow_rank computes slow_factor x always."""
     rng = random.Random(seed)
@@ -31,7 +33,7 @@ def write_accumulation_run(path, length, jitter, ranks=4, steps=24, microbatches
     for step in range(steps):
         arrive = {}
         for r in range(ranks):
-            now = t + MS // 2   # after a 0.5 ms data wait
+            now = t + MS // 2  # after a 0.5 ms data wait
             rows[r].append(event_row("data", "data_wait", t, now, step))
             for mb in range(microbatches):
                 lengths = length(rng) * (slow_factor if r == slow_rank else 1.0)
@@ -44,8 +46,19 @@ def write_accumulation_run(path, length, jitter, ranks=4, steps=24, microbatches
             arrive[r] = now
         leave = max(arrive.values()) + MS // 5
         for r in range(ranks):
-            rows[r].append(event_row("collective", "all_reduce", arrive[r], leave, step, group="0",
-                                     group_ranks=",".join(map(str, range(ranks))), seq=step, nbytes=4 << 20))
+            rows[r].append(
+                event_row(
+                    "collective",
+                    "all_reduce",
+                    arrive[r],
+                    leave,
+                    step,
+                    group="0",
+                    group_ranks=",".join(map(str, range(ranks))),
+                    seq=step,
+                    nbytes=4 << 20,
+                )
+            )
             end = leave + int(OPTIMIZER_MS * MS)
             rows[r].append(event_row("optimizer", "optimizer", leave, end, step))
             rows[r].append(event_row("step", "step", t, end, step))
@@ -93,7 +106,7 @@ def test_a_tenth_of_microbatches_at_3x_is_a_workload_imbalance(tmp_path):
     assert _serious(findings, "straggler") == [], findings
     assert found["ranks"] == [0, 1, 2, 3] and found["stage"] is None
     m = found["metrics"]
-    assert m["own_median_p50_over_p10_x"] < 1.2, m   # what the old spread gate judged on
+    assert m["own_median_p50_over_p10_x"] < 1.2, m  # what the old spread gate judged on
     # the longest micro-batch is a planted 3x one: 3 x the typical, within the +-5% jitter
     assert m["microbatch_max_ms"] == pytest.approx(3 * m["microbatch_p50_ms"], rel=0.12), m
     assert m["phase_rank_corr"] > 0.5 and m["phase_corr_p"] < 1e-6, m
@@ -112,7 +125,7 @@ def test_the_issues_long_tail_job_is_a_workload_imbalance_not_an_intermittent_st
     (found,) = _serious(findings, "workload_imbalance")
     m = found["metrics"]
     assert m["slowest_rank_max_share_rank"] == 3 and m["slowest_rank_max_share_frac"] > 0.5, m
-    assert m["slowest_rank_work_explained_frac"] >= 0.9, m   # its excess is its long micro-batches
+    assert m["slowest_rank_work_explained_frac"] >= 0.9, m  # its excess is its long micro-batches
     assert m["microbatch_max_ms"] == pytest.approx(7.5 * m["microbatch_p50_ms"], rel=0.12), m
     assert 0.15 * Context(run).step_ms <= found["impact_ms_per_step"] < Context(run).step_ms
 
@@ -150,6 +163,7 @@ def test_varlen_fault_draws_a_long_tail_the_same_on_a_replicas_ranks():
     import torch
 
     from reference_trainer.faults import Faults, parse_fault
+
     spec = parse_fault("varlen:spread=6.5,tail=0.1")
     with pytest.raises(ValueError):
         parse_fault("varlen:spread=6.5,tail=1")
@@ -158,5 +172,5 @@ def test_varlen_fault_draws_a_long_tail_the_same_on_a_replicas_ranks():
     draws = [a.length_factor(s, m) for s in range(200) for m in range(4)]
     assert draws == [b.length_factor(s, m) for s in range(200) for m in range(4)]
     long = [d for d in draws if d > 1.1]
-    assert set(long) == {7.5} and 0.07 <= len(long) / len(draws) <= 0.13   # 1 in 10 at 7.5x
+    assert set(long) == {7.5} and 0.07 <= len(long) / len(draws) <= 0.13  # 1 in 10 at 7.5x
     assert all(1.0 <= d <= 1.1 for d in draws if d <= 1.1)

@@ -1,4 +1,5 @@
 """Issue 5: hangs, crashes, Ctrl-C and hostile input always end in a diagnosis."""
+
 import json
 import os
 import signal
@@ -23,20 +24,21 @@ def _findings(out):
 def test_hang_is_ended_by_the_watchdog_and_names_the_missing_rank(tmp_path):
     out = tmp_path / "hang"
     started = time.monotonic()
-    proc = run_diagnose(["demo", "--scenario", "hang", "--out", out, "--hang-timeout", HANG_TIMEOUT_S],
-                        check=False, timeout=300)
+    proc = run_diagnose(
+        ["demo", "--scenario", "hang", "--out", out, "--hang-timeout", HANG_TIMEOUT_S], check=False, timeout=300
+    )
     elapsed = time.monotonic() - started
     assert proc.returncode != 0
     top = _findings(out)[0]
     assert top["kind"] == "hang" and top["ranks"] == [1], top
-    assert "faults.py" in top["callsite"]           # where rank 1 is stuck
+    assert "faults.py" in top["callsite"]  # where rank 1 is stuck
     assert "#" in top["title"] and "group" in top["title"]
     # the scenario's rank 1 deadlocks in C holding the GIL (hang:...,gil=1): its own threads
     # never run again, its faulthandler stacks (issue 47) say where, to the code line
     assert "in a C call at reference_trainer/faults.py:" in top["title"], top["title"]
     assert "(`libc.pthread_mutex_lock(mutex)`), holding the GIL (inferred" in top["title"]
     m = top["metrics"]
-    assert " wait in " in m["waiters"] or " waits in " in m["waiters"], m   # the waiters, by op and line
+    assert " wait in " in m["waiters"] or " waits in " in m["waiters"], m  # the waiters, by op and line
     # rank 1 could not dump its Flight Recorder buffer: the others' buffers blame one of
     # them (or nothing); diagnose's own dumps saw who waits for whom, rank 1 at the root
     assert m["source"] == "watchdog" and m["root_cause"] == 1 and m["waiting_rank_list"] == "0,2,3"
@@ -58,6 +60,7 @@ def test_launcher_sees_which_rank_died_first(tmp_path, monkeypatch, pidfd):
     import socket
 
     from diagnose.run.rank_liveness import RankLiveness
+
     if not pidfd:
         monkeypatch.delattr(os, "pidfd_open", raising=False)
     ranks = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
@@ -104,10 +107,14 @@ def test_crash_names_the_dead_rank_and_its_last_step(tmp_path):
 
 def test_ctrl_c_leaves_an_analyzable_run(tmp_path):
     out = tmp_path / "interrupted"
-    proc = subprocess.Popen([*DIAGNOSE, "run", "--out", str(out), "--",
-                             *torchrun(2, "samples/ddp_mlp.py", "--steps", 3000)],
-                            cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(
+        [*DIAGNOSE, "run", "--out", str(out), "--", *torchrun(2, "samples/ddp_mlp.py", "--steps", 3000)],
+        cwd=REPO,
+        env=job_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     # both ranks past step 5 (rank 1 can trail rank 0 by a step: waiting for rank 0
     # alone once left 5 + 4 steps)
     progress = [out / "traces" / f"rank-{r:05d}" / "progress.json" for r in (0, 1)]

@@ -2,6 +2,7 @@
 the SLURM variables), Open MPI's mpirun, plain `python`, and processes a script
 starts itself are recorded under their true ranks and analyzed; a job diagnose
 cannot tell apart gets a clear message, never "findings: none"."""
+
 import importlib.util
 import json
 import shutil
@@ -54,8 +55,10 @@ def _check_straggler_job(out, launcher: str):
 
 def test_srun_tasks_are_ranks_by_slurm_procid(tmp_path):
     out = tmp_path / "srun"
-    _launch(out, [PYTHON, "tests/scripts/fake_srun.py", "-n", "2",
-                  PYTHON, JOB, "env", "--slow-rank", "1", "--slow-ms", "40"])
+    _launch(
+        out,
+        [PYTHON, "tests/scripts/fake_srun.py", "-n", "2", PYTHON, JOB, "env", "--slow-rank", "1", "--slow-ms", "40"],
+    )
     _check_straggler_job(out, "slurm")
 
 
@@ -63,9 +66,14 @@ def test_mpirun_ranks_are_recorded(tmp_path):
     mpirun = shutil.which("mpirun")
     assert mpirun, "Open MPI's mpirun is not installed (make setup installs openmpi-bin)"
     out = tmp_path / "mpirun"
-    _launch(out, [mpirun, "-np", "2", "--oversubscribe", PYTHON, JOB, "env", "--slow-rank", "1", "--slow-ms", "40"],
-            OMPI_ALLOW_RUN_AS_ROOT=1, OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1,
-            OMPI_MCA_plm="isolated", OMPI_MCA_btl_vader_single_copy_mechanism="none")
+    _launch(
+        out,
+        [mpirun, "-np", "2", "--oversubscribe", PYTHON, JOB, "env", "--slow-rank", "1", "--slow-ms", "40"],
+        OMPI_ALLOW_RUN_AS_ROOT=1,
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1,
+        OMPI_MCA_plm="isolated",
+        OMPI_MCA_btl_vader_single_copy_mechanism="none",
+    )
     _check_straggler_job(out, "openmpi")
 
 
@@ -91,8 +99,7 @@ def test_mp_spawn_ranks_are_named_by_their_process_group(tmp_path):
 def test_processes_without_launcher_or_process_group_get_a_clear_message(tmp_path):
     out = tmp_path / "spawn"
     proc = _launch(out, [PYTHON, JOB, "spawn", "--procs", "2"])
-    assert "no rank was recorded: 2 processes trained without a launcher or a process group" in proc.stdout, \
-        proc.stdout
+    assert "no rank was recorded: 2 processes trained without a launcher or a process group" in proc.stdout, proc.stdout
     assert "findings" not in proc.stdout.lower() and "Traceback" not in proc.stderr
     assert not (out / "analysis").exists()
 
@@ -103,16 +110,25 @@ def test_launcher_variables_and_launcher_programs():
     spec.loader.exec_module(boot)  # no DIAGNOSE_RUN_DIR here: activates nothing
     srun_torchrun = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "RANK": "13", "LOCAL_RANK": "1", "WORLD_SIZE": "32"}
     assert boot.launcher_identity(srun_torchrun) == ("torchrun", 13, 1, 32)
-    assert boot.launcher_identity({"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4"}) == \
-        ("slurm", 3, 1, 4)
-    assert boot.launcher_identity({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-                                   "OMPI_COMM_WORLD_SIZE": "8"}) == ("openmpi", 5, 1, 8)
+    assert boot.launcher_identity({"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4"}) == (
+        "slurm",
+        3,
+        1,
+        4,
+    )
+    assert boot.launcher_identity(
+        {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_SIZE": "8"}
+    ) == ("openmpi", 5, 1, 8)
     assert boot.launcher_identity({"PMI_RANK": "2", "PMI_SIZE": "4"}) == ("pmi", 2, 0, 4)
     assert boot.launcher_identity({"RANK": "x", "PMI_RANK": "2"}) == ("pmi", 2, 0, 1)
     assert boot.launcher_identity({}) is None
-    agents = [["python", "/v/bin/torchrun", "--nproc-per-node", "2", "t.py"],
-              ["python", "-m", "torch.distributed.run", "t.py"], ["python", "-u", "-mdeepspeed.launcher.launch"],
-              ["python", "/v/bin/accelerate", "launch", "t.py"], ["python", "-X", "dev", "/v/bin/deepspeed", "t.py"]]
+    agents = [
+        ["python", "/v/bin/torchrun", "--nproc-per-node", "2", "t.py"],
+        ["python", "-m", "torch.distributed.run", "t.py"],
+        ["python", "-u", "-mdeepspeed.launcher.launch"],
+        ["python", "/v/bin/accelerate", "launch", "t.py"],
+        ["python", "-X", "dev", "/v/bin/deepspeed", "t.py"],
+    ]
     assert all(boot.program_of(a) in boot.LAUNCHER_PROGRAMS for a in agents)
     assert boot.program_of(["python", "-u", "train.py"]) == "train"
     assert boot.program_of(["python", "-c", "import torch"]) == "-c"

@@ -1,5 +1,6 @@
 """Issue 6: report.html renders offline in a real browser, stays small for long
 runs, shows trace strings as text, and `diagnose compare` explains a change."""
+
 import json
 import os
 import shutil
@@ -58,9 +59,17 @@ def test_report_of_a_real_run_renders_offline_in_chromium(ddp_run, browser):
     page = open_offline(browser, report)
     try:
         ids = figure_ids(page)
-        for expected in ("breakdown-ranks", "breakdown-steps", "timeline", "heat-busy",
-                         "heat-wait-suffered", "heat-wait-caused", "collectives", "data-wait",
-                         "samples"):
+        for expected in (
+            "breakdown-ranks",
+            "breakdown-steps",
+            "timeline",
+            "heat-busy",
+            "heat-wait-suffered",
+            "heat-wait-caused",
+            "collectives",
+            "data-wait",
+            "samples",
+        ):
             assert f"fig-{expected}" in ids
         # every figure drew its SVG and every finding links to a section that exists
         assert page.evaluate("""Array.from(document.querySelectorAll('a[href^="#"]'))
@@ -75,12 +84,21 @@ def test_report_of_a_real_run_renders_offline_in_chromium(ddp_run, browser):
 
 def test_long_pipelined_run_report_is_small_and_draws_every_view(tmp_path, browser):
     """8 ranks x 1,000 steps (DP 2 x PP 4, one slow rank), as bench/report_size.py."""
-    run_dir = write_synthetic_run(str(tmp_path / "long"), ranks=8, steps=1000, pp=4, slow_rank=3,
-                                  slow_factor=1.3)
+    run_dir = write_synthetic_run(str(tmp_path / "long"), ranks=8, steps=1000, pp=4, slow_rank=3, slow_factor=1.3)
     run = diagnose.load(run_dir)
-    findings = [{"kind": "stage_imbalance", "severity": "warning", "title": "stage 1 is heavier",
-                 "ranks": [2, 3], "stage": 1, "callsite": None, "metrics": {"x_frac": 0.3},
-                 "recommendation": "move a layer", "impact_ms_per_step": 9.0}]
+    findings = [
+        {
+            "kind": "stage_imbalance",
+            "severity": "warning",
+            "title": "stage 1 is heavier",
+            "ranks": [2, 3],
+            "stage": 1,
+            "callsite": None,
+            "metrics": {"x_frac": 0.3},
+            "recommendation": "move a layer",
+            "impact_ms_per_step": 9.0,
+        }
+    ]
     path = write_report(run, findings)
     size_mb = os.path.getsize(path) / 2**20
     assert size_mb < 10, f"report of 8 ranks x 1000 steps is {size_mb:.1f} MB"
@@ -92,8 +110,9 @@ def test_long_pipelined_run_report_is_small_and_draws_every_view(tmp_path, brows
         names = page.evaluate("document.getElementById('fig-pipeline').data.map(t => t.name)")
         assert {"forward", "backward", "bubble (idle)"} <= set(names)
         # the finding links to its evidence: the per-stage view
-        assert page.evaluate("document.querySelector('#finding-0 a.evidence').getAttribute('href')") \
-            == "#pipeline-stages"
+        assert (
+            page.evaluate("document.querySelector('#finding-0 a.evidence').getAttribute('href')") == "#pipeline-stages"
+        )
         assert_offline_and_clean(page)
         page.screenshot(str(ARTIFACTS / "report-synthetic-8x1000.png"))
     finally:
@@ -110,18 +129,34 @@ def test_trace_strings_show_as_text_never_markup(ddp_run, tmp_path, browser):
     # back to rank 0's own clock: the loader shifted by t0 (and rank 0's offset is 0)
     start = int(rank0["start_ns"]) + run.t0_ns + (run.offsets_ns.get(0, 0))
     rank_dir = copy / "traces" / "rank-00000"
-    pq.write_table(events_table([
-        event_row("phase", XSS, start, start + 30_000_000, step=step),
-        event_row("mark", IMG_XSS, start + 1_000_000, start + 1_000_000, step=step,
-                  detail=XSS)]), rank_dir / "events-999999.parquet")
+    pq.write_table(
+        events_table(
+            [
+                event_row("phase", XSS, start, start + 30_000_000, step=step),
+                event_row("mark", IMG_XSS, start + 1_000_000, start + 1_000_000, step=step, detail=XSS),
+            ]
+        ),
+        rank_dir / "events-999999.parquet",
+    )
     meta = json.loads((rank_dir / "meta.json").read_text())
     meta["host"] = IMG_XSS
     atomic_write_json(str(rank_dir / "meta.json"), meta)
-    atomic_write_json(str(copy / "analysis" / "findings.json"), [{
-        "kind": "hidden_sync", "severity": "critical", "title": f"sync at {XSS}", "ranks": [0],
-        "stage": None, "callsite": f"{IMG_XSS}.py:1",
-        "metrics": {XSS: 1.0, "whatif_step_ms": 10.0, "whatif_saving_ms_per_step": 5.0},
-        "recommendation": IMG_XSS, "impact_ms_per_step": 5.0}])
+    atomic_write_json(
+        str(copy / "analysis" / "findings.json"),
+        [
+            {
+                "kind": "hidden_sync",
+                "severity": "critical",
+                "title": f"sync at {XSS}",
+                "ranks": [0],
+                "stage": None,
+                "callsite": f"{IMG_XSS}.py:1",
+                "metrics": {XSS: 1.0, "whatif_step_ms": 10.0, "whatif_saving_ms_per_step": 5.0},
+                "recommendation": IMG_XSS,
+                "impact_ms_per_step": 5.0,
+            }
+        ],
+    )
     run_diagnose(["report", copy, "--steps", f"{step}-{step}"])
     page = open_offline(browser, copy / "report.html")
     try:
@@ -130,7 +165,8 @@ def test_trace_strings_show_as_text_never_markup(ddp_run, tmp_path, browser):
         n_figures = len(figure_ids(page))
         # the only scripts: each figure's JSON (data), plotly.js and the loader that draws them
         assert page.evaluate("""Array.from(document.scripts).map(s => s.type)""") == (
-            ["application/json"] * n_figures + ["text/javascript"] * 2)
+            ["application/json"] * n_figures + ["text/javascript"] * 2
+        )
         assert page.evaluate("document.querySelectorAll('img').length") == 0
         # ... and the strings are there, as text
         text = page.evaluate("document.body.innerText")
@@ -193,8 +229,7 @@ def test_report_command_rejects_steps_not_recorded(ddp_run):
     assert "no such step" in proc.stderr
 
 
-def test_compare_shows_straggler_gained_and_step_time_change(ddp_run, straggler_run, tmp_path,
-                                                             browser):
+def test_compare_shows_straggler_gained_and_step_time_change(ddp_run, straggler_run, tmp_path, browser):
     html = tmp_path / "compare.html"
     proc = run_diagnose(["compare", ddp_run, straggler_run["dir"], "--html", html], env=job_env(outputs=True))
     out = proc.stdout
@@ -203,6 +238,7 @@ def test_compare_shows_straggler_gained_and_step_time_change(ddp_run, straggler_
     from mlflow.tracking import MlflowClient
 
     from diagnose.exporters.mlflow_store import tracking_uri
+
     client = MlflowClient(tracking_uri=tracking_uri(str(straggler_run["dir"])))
     later = client.get_run((straggler_run["dir"] / "mlflow_run_id").read_text().strip())
     assert later.data.tags["diagnose.compare.baseline"] == str(ddp_run), later.data.tags
@@ -214,8 +250,7 @@ def test_compare_shows_straggler_gained_and_step_time_change(ddp_run, straggler_
     findings = result["findings"]
     # the fault's straggler is new, or (a busy 2-core box gave the clean run a rank-1
     # straggler of its own once) kept and at least twice as dear
-    worse = [p["b"] for p in findings["changed"]
-             if p["b"]["impact_ms_per_step"] >= 2 * p["a"]["impact_ms_per_step"]]
+    worse = [p["b"] for p in findings["changed"] if p["b"]["impact_ms_per_step"] >= 2 * p["a"]["impact_ms_per_step"]]
     assert any(f["kind"] == "straggler" and f["ranks"] == [1] for f in findings["gained"] + worse), findings
     assert not any(f["kind"] == "straggler" for f in findings["lost"])
     assert result["step_time"]["ratio"] > 1.5, result["step_time"]
@@ -235,30 +270,61 @@ def test_compare_calls_a_kept_finding_changed_on_severity_or_a_2x_impact():
     from diagnose.analysis.compare.run_compare import compare
 
     def summary(findings):
-        return {"root": "r", "name": "r", "world_size": 2, "step_ms": 50.0, "mean_step_ms": 50.0,
-                "slowest_step_ms": 50.0, "parts": {}, "per_step": [], "findings": findings}
+        return {
+            "root": "r",
+            "name": "r",
+            "world_size": 2,
+            "step_ms": 50.0,
+            "mean_step_ms": 50.0,
+            "slowest_step_ms": 50.0,
+            "parts": {},
+            "per_step": [],
+            "findings": findings,
+        }
 
     def finding(kind, severity, impact):
-        return {"kind": kind, "ranks": [1], "severity": severity, "impact_ms_per_step": impact,
-                "title": kind}
-    a = summary([finding("straggler", "critical", 14.0), finding("bubble", "warning", 5.0),
-                 finding("data_stall", "warning", 0.2), finding("host_sync", "warning", 8.0)])
-    b = summary([finding("straggler", "critical", 600.0), finding("bubble", "warning", 9.0),
-                 finding("data_stall", "warning", 0.9), finding("host_sync", "critical", 8.0)])
+        return {"kind": kind, "ranks": [1], "severity": severity, "impact_ms_per_step": impact, "title": kind}
+
+    a = summary(
+        [
+            finding("straggler", "critical", 14.0),
+            finding("bubble", "warning", 5.0),
+            finding("data_stall", "warning", 0.2),
+            finding("host_sync", "warning", 8.0),
+        ]
+    )
+    b = summary(
+        [
+            finding("straggler", "critical", 600.0),
+            finding("bubble", "warning", 9.0),
+            finding("data_stall", "warning", 0.9),
+            finding("host_sync", "critical", 8.0),
+        ]
+    )
     changed = {p["b"]["kind"]: p["change"] for p in compare(a, b)["findings"]["changed"]}
-    assert changed == {"straggler": "critical -> critical, impact 14.0 -> 600.0 ms/step",
-                       "host_sync": "warning -> critical"}  # 1.8x, and +0.7 ms, are the same
+    assert changed == {
+        "straggler": "critical -> critical, impact 14.0 -> 600.0 ms/step",
+        "host_sync": "warning -> critical",
+    }  # 1.8x, and +0.7 ms, are the same
 
 
-@pytest.mark.parametrize("window,findings,expected", [
-    (None, [], "steady steps 6-8"),
-    ((3, 4), [], "steps 3-4"),
-    (None, [{"kind": "hang", "severity": "critical", "title": "rank 2 never arrived"}],
-     "the end of the run (steps 10-11 and after)")])
+@pytest.mark.parametrize(
+    "window,findings,expected",
+    [
+        (None, [], "steady steps 6-8"),
+        ((3, 4), [], "steps 3-4"),
+        (
+            None,
+            [{"kind": "hang", "severity": "critical", "title": "rank 2 never arrived"}],
+            "the end of the run (steps 10-11 and after)",
+        ),
+    ],
+)
 def test_timeline_window_default_chosen_and_at_a_hang(tmp_path, window, findings, expected):
     run_dir = write_synthetic_run(str(tmp_path / "small"), ranks=4, steps=12, pp=2)
     run = diagnose.load(run_dir)
     from dashboards.report_page import render
+
     assert expected in render(run, findings, window_steps=window)
 
 
@@ -266,11 +332,19 @@ def test_waiting_is_charged_to_the_last_arriver():
     import pandas as pd
 
     from diagnose.analysis.tables.step_tables import arrival_skew, waits_caused, waits_suffered
+
     ms = 1_000_000
-    arrivals = pd.DataFrame({  # 3 ranks, 2 all-reduces; rank 2 is 10 ms late at the first
-        "group": ["0"] * 6, "seq": [0, 0, 0, 1, 1, 1], "name": ["all_reduce"] * 6,
-        "rank": [0, 1, 2, 0, 1, 2], "step": [5] * 6, "members": [3] * 6,
-        "arrival_ns": [0, 2 * ms, 10 * ms, 20 * ms, 21 * ms, 20 * ms]})
+    arrivals = pd.DataFrame(
+        {  # 3 ranks, 2 all-reduces; rank 2 is 10 ms late at the first
+            "group": ["0"] * 6,
+            "seq": [0, 0, 0, 1, 1, 1],
+            "name": ["all_reduce"] * 6,
+            "rank": [0, 1, 2, 0, 1, 2],
+            "step": [5] * 6,
+            "members": [3] * 6,
+            "arrival_ns": [0, 2 * ms, 10 * ms, 20 * ms, 21 * ms, 20 * ms],
+        }
+    )
     last = arrivals.groupby("seq")["arrival_ns"].transform("max")
     arrivals["last_rank"] = [2, 2, 2, 1, 1, 1]
     arrivals["wait_ms"] = (last - arrivals["arrival_ns"]) / ms
@@ -288,6 +362,7 @@ def test_bubble_frac_has_one_definition_in_the_report_metrics_and_summary(tmp_pa
     from dashboards.fig_pipeline import per_stage
     from diagnose.analysis.tables.step_tables import bubbles, pipeline_blocks, steady, step_summary
     from diagnose.exporters.mlflow_metrics import summary_metrics
+
     run = diagnose.load(write_synthetic_run(str(tmp_path / "pp"), ranks=4, steps=12, pp=2))
     blocks = pipeline_blocks(run.events())
     table = bubbles(blocks)
@@ -295,8 +370,13 @@ def test_bubble_frac_has_one_definition_in_the_report_metrics_and_summary(tmp_pa
     for step, rows in table.groupby("step"):
         assert per_step[step] == pytest.approx(rows["bubble_ms"].sum() / rows["window_ms"].sum())
     steady_table = bubbles(steady(blocks, run.steady_steps()))
-    assert 0 < summary_metrics(run, [])["summary/bubble_frac"] == pytest.approx(
-        steady_table["bubble_ms"].sum() / steady_table["window_ms"].sum())
+    assert (
+        0
+        < summary_metrics(run, [])["summary/bubble_frac"]
+        == pytest.approx(steady_table["bubble_ms"].sum() / steady_table["window_ms"].sum())
+    )
     _, stage_bubble = per_stage(blocks, run.steady_steps())
     for stage, rows in steady_table.groupby("stage"):
-        assert stage_bubble.loc[stage, "bubble_frac"] == pytest.approx(rows["bubble_ms"].sum() / rows["window_ms"].sum())
+        assert stage_bubble.loc[stage, "bubble_frac"] == pytest.approx(
+            rows["bubble_ms"].sum() / rows["window_ms"].sum()
+        )

@@ -1,5 +1,6 @@
 """Issue 6: one MLflow run per diagnose run, in the embedded sqlite store next to
 the runs, and the MLflow UI (`diagnose ui`) that shows it, checked in a browser."""
+
 import json
 import math
 import os
@@ -92,8 +93,7 @@ def test_analysing_again_updates_the_same_mlflow_run(ddp_run, monkeypatch):
 
 def test_tracking_uri_honours_the_environment(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert mlflow_store.tracking_uri(str(tmp_path / "runs" / "r1")) == \
-        f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    assert mlflow_store.tracking_uri(str(tmp_path / "runs" / "r1")) == f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
     assert mlflow_store.tracking_uri(str(tmp_path / "runs" / "r1")) == "http://127.0.0.1:1"
     monkeypatch.setenv("DIAGNOSE_TRACKING", "off")
@@ -126,9 +126,15 @@ def mlflow_ui(ddp_run):
     # (bind-then-close): a server that exits with the port in use starts again on another
     for attempt in range(3):
         port = _free_port()
-        proc = subprocess.Popen([*DIAGNOSE, "ui", "--port", str(port), "--runs-root", str(ddp_run.parent)],
-                                cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            [*DIAGNOSE, "ui", "--port", str(port), "--runs-root", str(ddp_run.parent)],
+            cwd=REPO,
+            env=job_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         # the link diagnose ui prints (before MLflow's own output)
         printed = [proc.stdout.readline(), proc.stdout.readline()]
         try:
@@ -139,7 +145,7 @@ def mlflow_ui(ddp_run):
                 _stop(proc)
                 raise
     try:
-        link = next((line[line.index("http"):].strip() for line in printed if "model-training view" in line), None)
+        link = next((line[line.index("http") :].strip() for line in printed if "model-training view" in line), None)
         yield {"url": f"http://127.0.0.1:{port}", "link": link, "printed": printed}
     finally:
         _stop(proc)
@@ -159,6 +165,7 @@ def fresh_browser():
     """Issue 26's browser tests each start from a fresh profile: no view chosen,
     nothing in the browser's storage."""
     from tests.support.cdp import Browser
+
     with Browser(["--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"]) as b:
         yield b
 
@@ -167,8 +174,9 @@ def test_the_printed_link_opens_the_training_view_and_the_runs_overview(ddp_run,
     ui = mlflow_ui["url"]
     run_id = (ddp_run / "mlflow_run_id").read_text().strip()
     experiment_id = client_of(ddp_run).get_experiment_by_name("diagnose").experiment_id
-    assert mlflow_ui["link"] == f"{ui}/#/experiments/{experiment_id}?workflowType=machine_learning", \
-        mlflow_ui["printed"]
+    assert mlflow_ui["link"] == f"{ui}/#/experiments/{experiment_id}?workflowType=machine_learning", mlflow_ui[
+        "printed"
+    ]
     page = fresh_browser.page()
     try:
         page.navigate(mlflow_ui["link"])
@@ -211,8 +219,7 @@ def test_the_report_renders_with_its_figures_in_the_artifact_preview(ddp_run, ml
         page.close()
 
 
-def test_the_compare_view_lists_each_findings_impact_for_two_runs(ddp_run, straggler_run, mlflow_ui,
-                                                                  fresh_browser):
+def test_the_compare_view_lists_each_findings_impact_for_two_runs(ddp_run, straggler_run, mlflow_ui, fresh_browser):
     client = client_of(ddp_run)
     experiment_id = client.get_experiment_by_name("diagnose").experiment_id
     ids = [(d / "mlflow_run_id").read_text().strip() for d in (ddp_run, straggler_run["dir"])]

@@ -1,5 +1,6 @@
 """Issue 4: the detectors catch problems in a plain user script they have never
 seen (samples/ddp_mlp.py and its own fault flags), and clocks are aligned."""
+
 import json
 import re
 import subprocess
@@ -22,8 +23,7 @@ def _serious(findings, kind):
 
 def _sample_run(tmp_path, name, *flags, env=None, nproc=2, steps=14):
     out = tmp_path / name
-    run_diagnose(["run", "--out", out, "--", *torchrun(nproc, "samples/ddp_mlp.py", "--steps", steps, *flags)],
-                 env=env)
+    run_diagnose(["run", "--out", out, "--", *torchrun(nproc, "samples/ddp_mlp.py", "--steps", steps, *flags)], env=env)
     return out
 
 
@@ -43,8 +43,11 @@ def test_slow_dataset_is_an_input_stall(tmp_path):
 
 def test_logging_all_reduce_per_microbatch_is_a_hidden_sync(tmp_path):
     out = _sample_run(tmp_path, "sync", "--log-every-microbatch", "--jitter-ms", 4, "--microbatches", 4)
-    line = [i + 1 for i, text in enumerate((REPO / "samples" / "ddp_mlp.py").read_text().splitlines())
-            if re.search(r"dist\.all_reduce\(logged\)", text)][0]
+    line = [
+        i + 1
+        for i, text in enumerate((REPO / "samples" / "ddp_mlp.py").read_text().splitlines())
+        if re.search(r"dist\.all_reduce\(logged\)", text)
+    ][0]
     syncs = _serious(_findings(out), "hidden_sync")
     assert syncs and syncs[0]["callsite"] == f"samples/ddp_mlp.py:{line}", syncs
     assert syncs[0]["metrics"]["calls_per_step"] == 4
@@ -63,14 +66,19 @@ def test_injected_clock_skew_is_removed_by_alignment(tmp_path):
     bound_ns = run.rank_meta[1]["clock"]["offset_error_ns"]
     error_ns = abs(run.offsets_ns[1] - skew_ns)
     assert error_ns <= bound_ns and bound_ns < skew_ns / 10, run.rank_meta[1]["clock"]
-    raw = pd.concat([pd.read_parquet(p).assign(rank=r) for r in (0, 1)
-                     for p in sorted((out / "traces" / f"rank-0000{r}").glob("events-*.parquet"))])
+    raw = pd.concat(
+        [
+            pd.read_parquet(p).assign(rank=r)
+            for r in (0, 1)
+            for p in sorted((out / "traces" / f"rank-0000{r}").glob("events-*.parquet"))
+        ]
+    )
     raw = raw[raw["kind"] == "collective"]
     raw["true_ns"] = raw["start_ns"] - np.where(raw["rank"] == 1, skew_ns, 0)
     truth = raw.pivot_table(index=["group", "seq"], columns="rank", values="true_ns")
     aligned = run.arrivals().pivot_table(index=["group", "seq"], columns="rank", values="arrival_ns")
     error_ms = ((aligned[1] - aligned[0]) - (truth[1] - truth[0])).abs() / 1e6
-    assert len(error_ms) >= 10 and error_ms.max() <= bound_ns / 1e6 + 0.001   # (+1 us: ns rounding)
+    assert len(error_ms) >= 10 and error_ms.max() <= bound_ns / 1e6 + 0.001  # (+1 us: ns rounding)
 
 
 def test_store_ping_keeps_going_while_round_trips_are_slow(monkeypatch):
@@ -83,15 +91,16 @@ def test_store_ping_keeps_going_while_round_trips_are_slow(monkeypatch):
     import torch.distributed as dist
 
     from collectors.instrument import clock_sync
-    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=30))
+
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "ping-test")
     monkeypatch.setattr(clock_sync, "GOOD_RTT_NS", 0)
     monkeypatch.setattr(clock_sync, "SPACING_S", 0.001)
     skew_ns = 5_000_000
     real_now = clock_sync.now_ns
-    monkeypatch.setattr(clock_sync, "now_ns",
-                        lambda: real_now() + (skew_ns if threading.current_thread().name == "peer" else 0))
+    monkeypatch.setattr(
+        clock_sync, "now_ns", lambda: real_now() + (skew_ns if threading.current_thread().name == "peer" else 0)
+    )
 
     class Rec:
         def __init__(self):
@@ -101,9 +110,12 @@ def test_store_ping_keeps_going_while_round_trips_are_slow(monkeypatch):
             pass
 
     recs = {0: Rec(), 1: Rec()}
-    threads = [threading.Thread(target=clock_sync._measure,
-                                args=(recs[r], clock_sync.ClockSync("127.0.0.1", master.port), r, 2), name=name)
-               for r, name in ((0, "rank0"), (1, "peer"))]
+    threads = [
+        threading.Thread(
+            target=clock_sync._measure, args=(recs[r], clock_sync.ClockSync("127.0.0.1", master.port), r, 2), name=name
+        )
+        for r, name in ((0, "rank0"), (1, "peer"))
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -144,22 +156,54 @@ def test_two_nodes_merge_into_the_single_node_result(tmp_path):
     2, 3) skewed by 40 ms; merged, they give the findings of one 4-rank run of
     the same job."""
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     job = ["samples/ddp_mlp.py", "--steps", 12, "--slow-rank", 3, "--slow-ms", 40]
     procs = []
     for node in (0, 1):
-        launcher = [PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
-                    "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-id", "diag",
-                    "--rdzv-endpoint", f"127.0.0.1:{port}", *map(str, job)]
+        launcher = [
+            PYTHON,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(node),
+            "--nproc-per-node",
+            "2",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-id",
+            "diag",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            *map(str, job),
+        ]
         # c10d rendezvous may give either invocation global ranks 2,3: the skew is
         # keyed by global rank, so both get the variable and whichever hosts 2,3 skews
         env = job_env(DIAGNOSE_TEST_CLOCK_SKEW_NS="2:40000000,3:40000000")
-        procs.append(subprocess.Popen([PYTHON, "-m", "diagnose", "run", "--no-analyze", "--out",
-                                       str(tmp_path / f"node{node}"), "--", *launcher],
-                                      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    PYTHON,
+                    "-m",
+                    "diagnose",
+                    "run",
+                    "--no-analyze",
+                    "--out",
+                    str(tmp_path / f"node{node}"),
+                    "--",
+                    *launcher,
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outputs
     run_diagnose(["merge", tmp_path / "node0", tmp_path / "node1", "--out", tmp_path / "merged"])

@@ -7,6 +7,7 @@ No GPU here: CUDA events are faked as torch.cuda.Event behaves, name for name
 (record(stream=None), query(), elapsed_time(end_event), synchronize()), over a
 device clock and one stream's queue; the torch.distributed calls and Work are
 stand-ins with the real signatures the wrappers read."""
+
 import pytest
 
 from collectors.instrument import collectives
@@ -25,6 +26,7 @@ MS = 1_000_000
 class FakeGPU:
     """The device clock (now_ms), the current stream's queue (queue_end_ms) and
     the NCCL stream's, where async collectives run (nccl_end_ms)."""
+
     now_ms, queue_end_ms, nccl_end_ms, capturing = 0.0, 0.0, 0.0, False
 
 
@@ -63,7 +65,7 @@ class Tensor:
 
 
 class Work:
-    timing = False   # TORCH_NCCL_ENABLE_TIMING in the process group
+    timing = False  # TORCH_NCCL_ENABLE_TIMING in the process group
 
     def __init__(self, kernel_ms):
         self.kernel_ms, self.end_ms = kernel_ms, FakeGPU.nccl_end_ms
@@ -71,7 +73,7 @@ class Work:
     def _get_duration(self):  # ms between NCCL's own start and end events of the kernel
         if not self.timing:
             raise RuntimeError("getDuration only works if timing was enabled")
-        if FakeGPU.now_ms < self.end_ms:   # cudaEventElapsedTime on an unfinished event
+        if FakeGPU.now_ms < self.end_ms:  # cudaEventElapsedTime on an unfinished event
             raise RuntimeError("CUDA error: device not ready")
         return self.kernel_ms
 
@@ -97,8 +99,12 @@ def traced(monkeypatch):
     tracker = Tracker(rec, dist=None)
     groups = {"dp": ("pg", "0", "0,1", False), "gloo": ("pg2", "1", "0,1", True)}
     monkeypatch.setattr(tracker, "group_info", lambda group, tensor=None: groups[group or "dp"])
-    timer = CudaEventTimer(lambda: Event(enable_timing=True), side_stream="side", clock=lambda: host[0],
-                           on_anchor=lambda *a: anchors.append(a))
+    timer = CudaEventTimer(
+        lambda: Event(enable_timing=True),
+        side_stream="side",
+        clock=lambda: host[0],
+        on_anchor=lambda *a: anchors.append(a),
+    )
     tracker.device = CollectiveEvents(timer, ready=lambda: True, capturing=lambda: FakeGPU.capturing)
 
     def all_reduce(tensor, op=None, group=None, async_op=False):
@@ -108,9 +114,16 @@ def traced(monkeypatch):
         # on the NCCL stream, once the current stream has reached the call
         FakeGPU.nccl_end_ms = max(FakeGPU.nccl_end_ms, FakeGPU.queue_end_ms, FakeGPU.now_ms) + 3.0
         return Work(3.0)
+
     monkeypatch.setattr(Work, "wait", collectives._wrap_wait(tracker, Work.wait))
-    return dict(rec=rec, timer=timer, host=host, anchors=anchors, tracker=tracker,
-                all_reduce=collectives._wrap_collective(tracker, "all_reduce", all_reduce))
+    return dict(
+        rec=rec,
+        timer=timer,
+        host=host,
+        anchors=anchors,
+        tracker=tracker,
+        all_reduce=collectives._wrap_collective(tracker, "all_reduce", all_reduce),
+    )
 
 
 def _device_rows(rec):
@@ -119,32 +132,37 @@ def _device_rows(rec):
 
 def test_device_rows_come_from_event_times_through_the_anchor(traced):
     rec, timer, all_reduce = traced["rec"], traced["timer"], traced["all_reduce"]
-    timer.set_anchor()                    # anchor: GPU 100 ms <-> host 10 s
-    _queue(5.0)                           # a forward still queued: the device is ready at 105 ms
-    all_reduce(Tensor())                  # synchronous: ends at 108 ms on the device
-    work = all_reduce(Tensor(), async_op=True)   # arrives at 108, its kernel runs 108-111 on NCCL's stream
-    _queue(4.0)                           # compute queued before the host waits: the stream is at 112
-    work.wait()                           # no stall: the all-reduce was over by then
-    work = all_reduce(Tensor(), async_op=True)   # arrives at 112, runs 112-115
-    work.wait()                           # waited at once: the stream stalls 3 ms
-    FakeGPU.capturing = True              # a CUDA graph being captured: no events recorded
+    timer.set_anchor()  # anchor: GPU 100 ms <-> host 10 s
+    _queue(5.0)  # a forward still queued: the device is ready at 105 ms
+    all_reduce(Tensor())  # synchronous: ends at 108 ms on the device
+    work = all_reduce(Tensor(), async_op=True)  # arrives at 108, its kernel runs 108-111 on NCCL's stream
+    _queue(4.0)  # compute queued before the host waits: the stream is at 112
+    work.wait()  # no stall: the all-reduce was over by then
+    work = all_reduce(Tensor(), async_op=True)  # arrives at 112, runs 112-115
+    work.wait()  # waited at once: the stream stalls 3 ms
+    FakeGPU.capturing = True  # a CUDA graph being captured: no events recorded
     all_reduce(Tensor())
     FakeGPU.capturing = False
-    all_reduce(Tensor(), group="gloo")    # gloo's work is the host's: no device rows
-    assert timer.poll() == [] and _device_rows(rec) == []   # nothing has run: nothing waited for
+    all_reduce(Tensor(), group="gloo")  # gloo's work is the host's: no device rows
+    assert timer.poll() == [] and _device_rows(rec) == []  # nothing has run: nothing waited for
     FakeGPU.now_ms = 200.0
     for row in timer.poll():
         rec.add(row)
     hosts = [r for r in rec.events if r[0] == "collective" and r[14] == ""]
-    assert [r[9] for r in hosts] == [0, 1, 2, 3, 0]          # the host rows, all five calls
+    assert [r[9] for r in hosts] == [0, 1, 2, 3, 0]  # the host rows, all five calls
     rows = [(r[0], r[9], r[2] // MS - 10_000, r[3] // MS - 10_000, r[14]) for r in _device_rows(rec)]
-    assert rows == [("collective", 0, 5, 5, "gpu"), ("done", 0, 8, 8, "gpu"),
-                    ("collective", 1, 8, 8, "gpu:wait"), ("done", 1, 12, 12, "gpu:wait"),
-                    ("wait", 1, 12, 12, "gpu:wait"),     # the stream did not stall
-                    ("collective", 2, 12, 12, "gpu:wait"), ("done", 2, 15, 15, "gpu:wait"),
-                    ("wait", 2, 12, 15, "gpu:wait")]     # it stalled 3 ms behind the wait
+    assert rows == [
+        ("collective", 0, 5, 5, "gpu"),
+        ("done", 0, 8, 8, "gpu"),
+        ("collective", 1, 8, 8, "gpu:wait"),
+        ("done", 1, 12, 12, "gpu:wait"),
+        ("wait", 1, 12, 12, "gpu:wait"),  # the stream did not stall
+        ("collective", 2, 12, 12, "gpu:wait"),
+        ("done", 2, 15, 15, "gpu:wait"),
+        ("wait", 2, 12, 15, "gpu:wait"),
+    ]  # it stalled 3 ms behind the wait
     device = _device_rows(rec)
-    assert all(r[7] == "0" and r[8] == "0,1" and r[12] for r in device)   # group, ranks, async
+    assert all(r[7] == "0" and r[8] == "0,1" and r[12] for r in device)  # group, ranks, async
     assert device[0][11] == 4096 and device[1][11] == 0
 
 
@@ -172,7 +190,7 @@ def test_nccl_timing_narrows_an_async_end_to_its_kernel(traced, monkeypatch, gro
         assert ends == [(0, 3, "gpu:nccl"), (1, 6, "gpu:nccl")]
     else:
         assert ends == [(0, 10, "gpu:wait"), (1, 10, "gpu:wait")]
-    assert stalls == [(10, 10), (10, 10)]   # the compute stream never stalled: both were over
+    assert stalls == [(10, 10), (10, 10)]  # the compute stream never stalled: both were over
 
 
 def test_the_anchor_is_renewed_with_its_residual_and_the_drift_recorded(traced):
@@ -182,7 +200,7 @@ def test_the_anchor_is_renewed_with_its_residual_and_the_drift_recorded(traced):
     # a minute later on the host, and 1 ms less on the GPU's clock: drift 1 ms
     host[0] += int(REANCHOR_S * 1e9) + MS
     FakeGPU.now_ms += REANCHOR_S * 1e3
-    timer.poll()                          # renews the anchor of every device it has
+    timer.poll()  # renews the anchor of every device it has
     assert len(anchors) == 2 and anchors[1][2] == 1 * MS
 
 
@@ -197,7 +215,7 @@ class Future:
 
     def then(self, callback):
         current = FakeGPU.queue_end_ms
-        FakeGPU.queue_end_ms = max(FakeGPU.nccl_end_ms, FakeGPU.now_ms)   # the pool stream
+        FakeGPU.queue_end_ms = max(FakeGPU.nccl_end_ms, FakeGPU.now_ms)  # the pool stream
         try:
             return Future(callback(self))
         finally:
@@ -207,7 +225,7 @@ class Future:
         return self._value
 
 
-class GradBucket:   # torch.distributed.GradBucket, as a comm hook receives it
+class GradBucket:  # torch.distributed.GradBucket, as a comm hook receives it
     def __init__(self, index, tensor):
         self._index, self._tensor = index, tensor
 
@@ -229,14 +247,15 @@ def test_ddp_bucket_completion_comes_from_an_event_not_the_callback(traced, monk
     event recorded in the callback, on the stream torch made wait for the
     all-reduce, completes when the all-reduce ends on the device."""
     from collectors.instrument import ddp
+
     rec, timer, tracker = traced["rec"], traced["timer"], traced["tracker"]
     pg = ProcessGroup()
     monkeypatch.setattr(tracker, "group_info", lambda group, tensor=None: (pg, "0", "0,1", False))
     monkeypatch.setattr(collectives, "TRACKER", tracker)
-    monkeypatch.setattr(ddp, "now_ns", lambda: traced["host"][0])   # the host clock the anchor reads
+    monkeypatch.setattr(ddp, "now_ns", lambda: traced["host"][0])  # the host clock the anchor reads
     called = []
 
-    def all_reduce(tensor, op=None, group=None, async_op=False):   # c10d's, not our wrapper
+    def all_reduce(tensor, op=None, group=None, async_op=False):  # c10d's, not our wrapper
         called.append((tensor.scaled_by, group, async_op))
         FakeGPU.nccl_end_ms = max(FakeGPU.nccl_end_ms, FakeGPU.queue_end_ms, FakeGPU.now_ms) + 3.0
         work = Work(3.0)
@@ -245,21 +264,21 @@ def test_ddp_bucket_completion_comes_from_an_event_not_the_callback(traced, monk
 
     hook = ddp.bucket_timing_hook(all_reduce)
     state = ddp._HookState(type("Module", (), {"process_group": pg})())
-    timer.set_anchor()                         # anchor: GPU 100 ms <-> host 10 s
-    _queue(5.0)                                # bucket 0's gradients: ready on the device at 105 ms
+    timer.set_anchor()  # anchor: GPU 100 ms <-> host 10 s
+    _queue(5.0)  # bucket 0's gradients: ready on the device at 105 ms
     bucket = Tensor()
-    assert hook(state, GradBucket(0, bucket)).value() is bucket   # DDP gets the reduced bucket back
-    _queue(5.0)                                # the rest of the backward: bucket 1 ready at 110 ms
+    assert hook(state, GradBucket(0, bucket)).value() is bucket  # DDP gets the reduced bucket back
+    _queue(5.0)  # the rest of the backward: bucket 1 ready at 110 ms
     hook(state, GradBucket(1, Tensor()))
-    assert called == [(0.5, pg, True)] * 2     # scaled by 1/world, async, on the module's group
+    assert called == [(0.5, pg, True)] * 2  # scaled by 1/world, async, on the module's group
     FakeGPU.now_ms = 200.0
     for row in timer.poll():
         rec.add(row)
     host_done = [r[2] // MS - 10_000 for r in rec.events if r[0] == "done" and r[14].startswith("ddp")]
-    assert host_done == [0, 0]                 # the callbacks: at the host time of queuing
+    assert host_done == [0, 0]  # the callbacks: at the host time of queuing
     rows = [(r[0], r[9], r[2] // MS - 10_000) for r in _device_rows(rec)]
     assert rows == [("collective", 0, 5), ("done", 0, 8), ("collective", 1, 10), ("done", 1, 13)]
-    assert {r[14] for r in _device_rows(rec)} == {"gpu"}   # the end is the device's (exact)
+    assert {r[14] for r in _device_rows(rec)} == {"gpu"}  # the end is the device's (exact)
     # the matching takes each bucket's call and completion from its device rows
     writer = RunDirWriter(str(tmp_path / "run"), "test", [])
     for rank in (0, 1):
@@ -283,15 +302,26 @@ def test_a_live_cuda_straggler_is_judged_on_its_device_rows_and_spans(tmp_path):
             rows.append(event_row("forward", "forward", t, t + MS // 10, step))
             rows.append(event_row("phase", "gpu:forward", t, t + compute // 3, step, detail="cuda_event"))
             rows.append(event_row("phase", "gpu:backward", t + compute // 3, t + compute, step, detail="cuda_event"))
-            rows.append(event_row("collective", "all_reduce", t + MS // 5, t + MS // 4, step, group="0",
-                                  group_ranks="0,1", seq=step, nbytes=4096))
+            rows.append(
+                event_row(
+                    "collective",
+                    "all_reduce",
+                    t + MS // 5,
+                    t + MS // 4,
+                    step,
+                    group="0",
+                    group_ranks="0,1",
+                    seq=step,
+                    nbytes=4096,
+                )
+            )
             common = dict(group="0", group_ranks="0,1", seq=step, async_op=True, detail="gpu")
             rows.append(event_row("collective", "all_reduce", t + compute, t + compute, step, nbytes=4096, **common))
             rows.append(event_row("done", "all_reduce", t + 12 * MS, t + 12 * MS, step, **common))
         writer.write_rank(rank, sorted(rows, key=lambda r: r[2]), {"world_size": 2, "clock": clock_meta()})
     run = load_run(writer.finish())
     arrivals = run.arrivals()
-    assert len(arrivals) == 16 and (arrivals["members"] == 2).all()   # one row per member: the device's
+    assert len(arrivals) == 16 and (arrivals["members"] == 2).all()  # one row per member: the device's
     assert set(arrivals["detail"]) == {"gpu"} and (arrivals["last_rank"] == 1).all()
     assert arrivals.groupby("rank")["wait_ms"].median().to_dict() == {0: 3.0, 1: 0.0}
     assert arrivals["transfer_ms"].median() == pytest.approx(3.0)
@@ -300,7 +330,7 @@ def test_a_live_cuda_straggler_is_judged_on_its_device_rows_and_spans(tmp_path):
     assert ((events["kind"] == "collective") & (events["detail"].astype(str) == "")).sum() == 16
     found = detect(run)
     assert [w for w in run.warnings if "detector" in w] == []
-    (f,) = found   # and nothing else
+    (f,) = found  # and nothing else
     assert f["kind"] == "straggler" and f["severity"] == "critical"
     assert f["ranks"] == [1] and f["stage"] is None and f["callsite"] is None
     assert f["metrics"]["device_time"] == 1.0 and f["metrics"]["busy_ratio_x"] == pytest.approx(1.5, rel=0.01)
@@ -319,26 +349,34 @@ def test_blocking_async_on_a_live_cuda_run_is_the_compute_stream_stalled(tmp_pat
             for k, (site, queued_ms, stall_ms) in enumerate((("train.py:20", 0, 3), ("train.py:30", 5, 0))):
                 seq, host_t = 2 * step + k, t + k * MS // 10
                 common = dict(group="0", group_ranks="0,1", seq=seq, async_op=True)
-                rows.append(event_row("collective", "all_reduce", host_t, host_t + 20_000, step, nbytes=4096,
-                                      callsite=site, **common))
-                rows.append(event_row("wait", "all_reduce", host_t + 30_000, host_t + 40_000, step,
-                                      callsite=site, **common))   # the host's wait: returns at once
+                rows.append(
+                    event_row(
+                        "collective", "all_reduce", host_t, host_t + 20_000, step, nbytes=4096, callsite=site, **common
+                    )
+                )
+                rows.append(
+                    event_row("wait", "all_reduce", host_t + 30_000, host_t + 40_000, step, callsite=site, **common)
+                )  # the host's wait: returns at once
                 arrival = t + (2 + 9 * k) * MS
                 waited_at = arrival + queued_ms * MS
                 device = dict(common, detail="gpu:wait")
-                rows.append(event_row("collective", "all_reduce", arrival, arrival, step, nbytes=4096,
-                                      callsite=site, **device))
-                rows.append(event_row("wait", "all_reduce", waited_at, waited_at + stall_ms * MS, step,
-                                      callsite=site, **device))
-                rows.append(event_row("done", "all_reduce", waited_at + stall_ms * MS, waited_at + stall_ms * MS,
-                                      step, **device))
+                rows.append(
+                    event_row("collective", "all_reduce", arrival, arrival, step, nbytes=4096, callsite=site, **device)
+                )
+                rows.append(
+                    event_row("wait", "all_reduce", waited_at, waited_at + stall_ms * MS, step, callsite=site, **device)
+                )
+                rows.append(
+                    event_row(
+                        "done", "all_reduce", waited_at + stall_ms * MS, waited_at + stall_ms * MS, step, **device
+                    )
+                )
         writer.write_rank(rank, sorted(rows, key=lambda r: r[2]), {"world_size": 2, "clock": clock_meta()})
     run = load_run(writer.finish())
-    assert run.breakdown()["exposed_comm_ms"].max() == pytest.approx(0.06)   # the host: 2 x 30 us
+    assert run.breakdown()["exposed_comm_ms"].max() == pytest.approx(0.06)  # the host: 2 x 30 us
     found = detect(run)
     assert [w for w in run.warnings if "detector" in w] == []
-    (f,) = found   # and nothing else: one call per step and site is no hidden sync
+    (f,) = found  # and nothing else: one call per step and site is no hidden sync
     assert f["kind"] == "blocking_async" and f["callsite"] == "train.py:20" and f["ranks"] == [0, 1]
     assert f["stage"] is None and f["metrics"]["device_time"] == 1.0
     assert f["impact_ms_per_step"] == pytest.approx(3.0) and "compute stream stalled" in f["title"]
-

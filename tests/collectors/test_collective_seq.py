@@ -11,6 +11,7 @@ at 0 and advances before each collective's work is made; `getSequenceNumberForGr
 returns it), behind the real method name. In `_coalescing_manager`'s fast path
 the calls inside only queue and one `allreduce_coalesced` reaches the group at
 the end (torch/distributed/distributed_c10d.py)."""
+
 import contextlib
 from types import SimpleNamespace
 
@@ -36,8 +37,11 @@ class NCCLGroup:
 
 def _rank(backend="nccl"):
     pg = NCCLGroup()
-    dist = SimpleNamespace(get_backend=lambda group: backend, get_process_group_ranks=lambda group: [0, 1],
-                           distributed_c10d=SimpleNamespace(_get_default_group=lambda: pg))
+    dist = SimpleNamespace(
+        get_backend=lambda group: backend,
+        get_process_group_ranks=lambda group: [0, 1],
+        distributed_c10d=SimpleNamespace(_get_default_group=lambda: pg),
+    )
     rec = Recorder(None)
     tracker = Tracker(rec, dist)
 
@@ -51,8 +55,13 @@ def _rank(backend="nccl"):
         yield SimpleNamespace(works=[])
         pg.coalescing = False
         pg.allreduce()  # the batch's allreduce_coalesced
-    return (pg, rec, collectives._wrap_collective(tracker, "all_reduce", all_reduce),
-            wrap_coalescing_manager(tracker, coalescing_manager))
+
+    return (
+        pg,
+        rec,
+        collectives._wrap_collective(tracker, "all_reduce", all_reduce),
+        wrap_coalescing_manager(tracker, coalescing_manager),
+    )
 
 
 def _seqs(rec):
@@ -100,17 +109,25 @@ def test_a_collective_on_another_thread_hides_nothing_on_this_one():
     hang dump lists both threads' blocking calls (before, the nesting count and the
     blocking call were one per process: the main thread's calls went unrecorded)."""
     import threading
+
     pg, rec, _, _ = _rank("gloo")
-    tracker = Tracker(rec, SimpleNamespace(
-        get_backend=lambda group: "gloo", get_process_group_ranks=lambda group: [0, 1],
-        distributed_c10d=SimpleNamespace(_get_default_group=lambda: pg)))
+    tracker = Tracker(
+        rec,
+        SimpleNamespace(
+            get_backend=lambda group: "gloo",
+            get_process_group_ranks=lambda group: [0, 1],
+            distributed_c10d=SimpleNamespace(_get_default_group=lambda: pg),
+        ),
+    )
     entered, release = threading.Event(), threading.Event()
 
     def blocking_all_reduce(tensor, op=None, group=None, async_op=False):
         entered.set()
         release.wait(30)
-    upload = threading.Thread(target=collectives._wrap_collective(tracker, "all_reduce", blocking_all_reduce),
-                              args=(None,))
+
+    upload = threading.Thread(
+        target=collectives._wrap_collective(tracker, "all_reduce", blocking_all_reduce), args=(None,)
+    )
     upload.start()
     try:
         assert entered.wait(30)
@@ -128,8 +145,10 @@ def test_a_work_dropped_unwaited_leaves_no_rows_for_the_next_at_its_address():
     """Issue 44 W2: rows wait for their Work in a table keyed by id(work); ids are reused,
     so a Work dropped without a wait must take its entry with it (before, the next
     Work at that address inherited its rows: waits and completions put on the wrong op)."""
+
     class Work:  # takes weakrefs, as torch's Work does
         pass
+
     _, rec, _, _ = _rank("gloo")
     tracker = Tracker(rec, None)
     dropped = Work()
@@ -147,17 +166,31 @@ def test_the_backend_is_the_one_for_the_tensors_device():
     seen at the wait, as gloo's is), and "cpu:gloo,cuda:gloo" a CUDA tensor's too.
     Before, only the exact string "gloo" counted: both were taken for NCCL."""
     cpu, cuda = (SimpleNamespace(device=SimpleNamespace(type=t)) for t in ("cpu", "cuda"))
-    for backend, expected in (("gloo", {"cpu": True, "cuda": True}), ("nccl", {"cpu": False, "cuda": False}),
-                              ("cuda:nccl,cpu:gloo", {"cpu": True, "cuda": False}),
-                              ("cpu:gloo,cuda:gloo", {"cpu": True, "cuda": True})):
+    for backend, expected in (
+        ("gloo", {"cpu": True, "cuda": True}),
+        ("nccl", {"cpu": False, "cuda": False}),
+        ("cuda:nccl,cpu:gloo", {"cpu": True, "cuda": False}),
+        ("cpu:gloo,cuda:gloo", {"cpu": True, "cuda": True}),
+    ):
         pg = NCCLGroup()
-        tracker = Tracker(Recorder(None), SimpleNamespace(
-            get_backend=lambda group, b=backend: b, get_process_group_ranks=lambda group: [0, 1],
-            distributed_c10d=SimpleNamespace(_get_default_group=lambda pg=pg: pg)))
+        tracker = Tracker(
+            Recorder(None),
+            SimpleNamespace(
+                get_backend=lambda group, b=backend: b,
+                get_process_group_ranks=lambda group: [0, 1],
+                distributed_c10d=SimpleNamespace(_get_default_group=lambda pg=pg: pg),
+            ),
+        )
         assert {name: tracker.group_info(None, t)[3] for name, t in (("cpu", cpu), ("cuda", cuda))} == expected, backend
         assert tracker.group_info(None, [cpu])[3] == expected["cpu"]
     # "undefined" (a group made without a backend string): its config names them
-    tracker = Tracker(Recorder(None), SimpleNamespace(
-        get_backend=lambda group: "undefined", get_backend_config=lambda group: "cpu:gloo,cuda:nccl",
-        get_process_group_ranks=lambda group: [0, 1], distributed_c10d=SimpleNamespace(_get_default_group=lambda: pg)))
+    tracker = Tracker(
+        Recorder(None),
+        SimpleNamespace(
+            get_backend=lambda group: "undefined",
+            get_backend_config=lambda group: "cpu:gloo,cuda:nccl",
+            get_process_group_ranks=lambda group: [0, 1],
+            distributed_c10d=SimpleNamespace(_get_default_group=lambda: pg),
+        ),
+    )
     assert (tracker.group_info(None, cpu)[3], tracker.group_info(None, cuda)[3]) == (True, False)

@@ -1,5 +1,6 @@
 """Issue 7: GPU collectors, with fakes for NVML and CUDA events (no GPU here),
 and their CPU path: one info line, nothing else changes."""
+
 import subprocess
 import sys
 import time
@@ -22,11 +23,18 @@ def test_nvml_sampler_reads_metrics_and_drops_unsupported_ones():
     nvml = fake_pynvml()
     sampler = NvmlSampler(nvml, "gpu0")
     first = dict(sampler.sample(1_000_000_000))
-    assert first == {"gpu_util_pct": 87, "mem_util_pct": 40, "mem_used_mb": 3072, "power_w": 312.5,
-                     "sm_clock_mhz": 1980, "temp_c": 61, "clock_event_reasons": 4,
-                     "pcie_tx_mb_per_s": 2.0}
-    assert "pcie_rx_mb_per_s" not in sampler.readers       # unsupported: no longer asked
-    nvml.nvlink[0].update(tx=2048 * 10, rx=1024 * 10)       # KiB in the next half second
+    assert first == {
+        "gpu_util_pct": 87,
+        "mem_util_pct": 40,
+        "mem_used_mb": 3072,
+        "power_w": 312.5,
+        "sm_clock_mhz": 1980,
+        "temp_c": 61,
+        "clock_event_reasons": 4,
+        "pcie_tx_mb_per_s": 2.0,
+    }
+    assert "pcie_rx_mb_per_s" not in sampler.readers  # unsupported: no longer asked
+    nvml.nvlink[0].update(tx=2048 * 10, rx=1024 * 10)  # KiB in the next half second
     second = dict(sampler.sample(1_500_000_000))
     assert second["nvlink_tx_mb_per_s"] == pytest.approx(40.0)
     assert second["nvlink_rx_mb_per_s"] == pytest.approx(20.0)
@@ -52,6 +60,7 @@ def test_nvml_install_samples_the_ranks_own_device(monkeypatch):
 
 def test_no_driver_is_one_info_line_and_meta(monkeypatch, capsys):
     from collectors.instrument import gpu_common
+
     monkeypatch.setattr(gpu_common, "_said", [])
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(fail_init=True))
     monkeypatch.setenv("RANK", "0")
@@ -79,9 +88,14 @@ torch.optim.SGD(lin.parameters(), lr=0.1).step()
 rec._stop.set()
 print(sorted(rec.meta["gpu"]["off"]))
 """
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env={"PATH": "/usr/bin:/bin", "RANK": "0", "LOCAL_RANK": "0",
-                                            "PYTHONPATH": str(REPO)})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "RANK": "0", "LOCAL_RANK": "0", "PYTHONPATH": str(REPO)},
+    )
     assert proc.returncode == 0, proc.stderr
     info = [line for line in proc.stderr.splitlines() if line.startswith("diagnose:")]
     assert len(info) == 1 and info[0].startswith("diagnose: info: no usable GPU here")
@@ -90,6 +104,7 @@ print(sorted(rec.meta["gpu"]["off"]))
 
 class FakeEvent:
     """A CUDA event on a fake GPU clock: completes when the test says so."""
+
     gpu_now_ms = 0.0
 
     def __init__(self):
@@ -119,13 +134,13 @@ def test_cuda_event_timer_resolves_off_the_hot_path_without_syncing():
     host = [10_000_000_000]
     timer = CudaEventTimer(FakeEvent, side_stream="side", clock=lambda: host[0])
     FakeEvent.gpu_now_ms = 100.0
-    timer.set_anchor()                       # GPU 100 ms <-> host 10 s
+    timer.set_anchor()  # GPU 100 ms <-> host 10 s
     FakeEvent.gpu_now_ms = 105.0
     start = timer.start()
     FakeEvent.gpu_now_ms = 112.5
     row = event_row("phase", "gpu:forward", None, None, 3, callsite="x.py:1", detail="cuda_event")
     timer.finish(start, row)
-    assert timer.poll() == []                # not run on the GPU yet: nothing, no waiting
+    assert timer.poll() == []  # not run on the GPU yet: nothing, no waiting
     start.done = True
     timer.waiting()[0][2].done = True
     (out,) = timer.poll()
@@ -140,6 +155,7 @@ def test_net_sampler_rates_from_interface_counters(tmp_path):
         d.mkdir(parents=True, exist_ok=True)
         (d / "rx_bytes").write_text(f"{rx}\n")
         (d / "tx_bytes").write_text(f"{tx}\n")
+
     write("lo", 0, 0)
     write("eth0", 1_000_000, 2_000_000)
     sampler = net_sampler.NetSampler(str(tmp_path))
@@ -148,8 +164,14 @@ def test_net_sampler_rates_from_interface_counters(tmp_path):
     write("eth0", 6_000_000, 3_000_000)
     got = dict(sampler.sample(500_000_000))
     # loopback is reported on its own (a one-node job's traffic), never in the node's totals
-    assert got == {"net_rx_mb_per_s": 10.0, "net_tx_mb_per_s": 2.0, "net_rx_mb_per_s:eth0": 10.0,
-                   "net_tx_mb_per_s:eth0": 2.0, "net_rx_mb_per_s:lo": 2000.0, "net_tx_mb_per_s:lo": 2000.0}
+    assert got == {
+        "net_rx_mb_per_s": 10.0,
+        "net_tx_mb_per_s": 2.0,
+        "net_rx_mb_per_s:eth0": 10.0,
+        "net_tx_mb_per_s:eth0": 2.0,
+        "net_rx_mb_per_s:lo": 2000.0,
+        "net_tx_mb_per_s:lo": 2000.0,
+    }
 
 
 def test_sync_debug_warnings_become_sync_events_with_callsite():
@@ -185,9 +207,14 @@ assert not mm._global_forward_pre_hooks and not mm._global_forward_hooks
 torch.nn.Sequential(torch.nn.Linear(4, 4))(torch.randn(2, 4))
 print(rec.meta["gpu"]["off"])
 """
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env={"PATH": "/usr/bin:/bin", "RANK": "0", "LOCAL_RANK": "0",
-                                            "PYTHONPATH": str(REPO)})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "RANK": "0", "LOCAL_RANK": "0", "PYTHONPATH": str(REPO)},
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "['sync_debug']"  # enable() ran at the forward: no GPU here
 
@@ -214,7 +241,7 @@ def test_torch_profiler_window_over_steps(tmp_path):
     rec.rank_dir, rec.meta, rec.max_buffered = str(tmp_path), {"rank": 3}, 100
     made = []
     window = Window(rec, 2, 4, lambda: made.append(FakeProfiler()) or made[-1])
-    for _ in range(8):   # eight steps end
+    for _ in range(8):  # eight steps end
         window.boundary()
     (prof,) = made
     path = str(tmp_path / "torch_profiler" / "rank-00003.pt.trace.json.gz")
@@ -308,10 +335,20 @@ names = [n for f in glob.glob(sys.argv[1] + "/events*.parquet") for n, d in
          zip(*pq.read_table(f, columns=["name", "detail"]).to_pydict().values()) if d == "cuda_event"]
 print(sorted(names), rec.meta["gpu"]["pending_at_exit"], rec.errors)
 """
-    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "rank-00000")], cwd=REPO,
-                          capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/bin:/bin", "RANK": "0", "LOCAL_RANK": "0",
-                               "PYTHONPATH": str(REPO), "DIAGNOSE_CUDA_EVENTS_POLL_S": "1000"})
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "rank-00000")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "PYTHONPATH": str(REPO),
+            "DIAGNOSE_CUDA_EVENTS_POLL_S": "1000",
+        },
+    )
     assert proc.returncode == 0, proc.stderr
     # lin and head are both outermost calls; Tensor.backward's call of
     # torch.autograd.backward is the same backward; step 1's optimizers and the

@@ -8,6 +8,7 @@ on the device of the stream it was recorded on (None: the current device's
 current stream); elapsed_time between events of two devices raises, as
 cudaEventElapsedTime does. Streams have torch.cuda.Stream's device_index and
 cuda_stream."""
+
 import pytest
 
 from collectors.instrument import collectives
@@ -76,26 +77,31 @@ def two_gpus(monkeypatch):
     rec.max_buffered = 1000
     tracker = Tracker(rec, dist=None)
     monkeypatch.setattr(tracker, "group_info", lambda group, tensor=None: ("pg", "0", "0,1", False))
-    timer = CudaEventTimer(Event, clock=lambda: host[0],
-                           device_of=lambda stream: CURRENT[0] if stream is None else stream.device_index,
-                           side_stream_for=lambda device: Stream(device, side=True))
-    tracker.device = CollectiveEvents(timer, ready=lambda: True, capturing=lambda: False,
-                                      stream_of=lambda tensor: Stream(tensor.device))
+    timer = CudaEventTimer(
+        Event,
+        clock=lambda: host[0],
+        device_of=lambda stream: CURRENT[0] if stream is None else stream.device_index,
+        side_stream_for=lambda device: Stream(device, side=True),
+    )
+    tracker.device = CollectiveEvents(
+        timer, ready=lambda: True, capturing=lambda: False, stream_of=lambda tensor: Stream(tensor.device)
+    )
 
     def all_reduce(tensor, op=None, group=None, async_op=False):
-        DEVICES[tensor.device].queue_end_ms += 3.0   # on its device's current stream
+        DEVICES[tensor.device].queue_end_ms += 3.0  # on its device's current stream
         return None
+
     return rec, timer, collectives._wrap_collective(tracker, "all_reduce", all_reduce)
 
 
 def test_each_call_is_timed_on_its_tensors_device_by_that_devices_anchor(two_gpus):
     rec, timer, all_reduce = two_gpus
-    DEVICES[1].queue_end_ms += 7.0        # device 1 is 7 ms behind its host: the call arrives then
-    all_reduce(Tensor(1))                 # current device 0, tensor on device 1
+    DEVICES[1].queue_end_ms += 7.0  # device 1 is 7 ms behind its host: the call arrives then
+    all_reduce(Tensor(1))  # current device 0, tensor on device 1
     all_reduce(Tensor(0))
     for dev in DEVICES.values():
-        dev.clock_ms += 50.0              # both devices ran what they had
-    for row in timer.poll():              # the first poll anchors each device it has events of
+        dev.clock_ms += 50.0  # both devices ran what they had
+    for row in timer.poll():  # the first poll anchors each device it has events of
         rec.add(row)
     assert rec.errors == []
     assert sorted(timer.anchors) == [0, 1]

@@ -6,6 +6,7 @@ any thread captures, an event query from another thread invalidates the capture
 pytorch#104487); so does one from the capturing thread itself; and an event
 recorded on the capturing stream joins the graph.
 The graph class has torch.cuda.CUDAGraph's methods and signatures."""
+
 import threading
 import time
 
@@ -19,8 +20,8 @@ from collectors.schema import event_row
 
 
 class Driver:
-    capturing_thread = None   # the thread whose stream is being captured in global mode
-    invalidated = []          # what invalidated a capture
+    capturing_thread = None  # the thread whose stream is being captured in global mode
+    invalidated = []  # what invalidated a capture
 
 
 class Event:
@@ -74,7 +75,7 @@ def test_the_poller_never_queries_while_a_graph_is_captured():
     try:
         row = event_row("phase", "gpu:forward", None, None, 0, detail="cuda_event")
         for _ in range(200):
-            timer.finish(timer.start(), row)   # before the capture: pending while it runs
+            timer.finish(timer.start(), row)  # before the capture: pending while it runs
             graph = Graph()
             graph.capture_begin()
             time.sleep(0.0005)  # the capture's own work (the scenario)
@@ -114,12 +115,13 @@ def test_no_event_is_recorded_or_asked_inside_a_capture():
             return True
 
         def is_completed(self):
-            Event().query()   # ProcessGroupNCCL's is_completed queries the work's end event
+            Event().query()  # ProcessGroupNCCL's is_completed queries the work's end event
             return False
 
     Work.wait = collectives._wrap_wait(tracker, Work.wait)
-    all_reduce = collectives._wrap_collective(tracker, "all_reduce", lambda t, op=None, group=None,
-                                              async_op=False: Work() if async_op else None)
+    all_reduce = collectives._wrap_collective(
+        tracker, "all_reduce", lambda t, op=None, group=None, async_op=False: Work() if async_op else None
+    )
     graph = Graph()
     graph.capture_begin()
     all_reduce(Tensor())
@@ -127,4 +129,4 @@ def test_no_event_is_recorded_or_asked_inside_a_capture():
     graph.capture_end()
     assert Driver.invalidated == [] and timer.waiting() == []
     calls = [r for r in rec.events if r[0] == "collective"]
-    assert len(calls) == 2   # the host rows are still written
+    assert len(calls) == 2  # the host rows are still written

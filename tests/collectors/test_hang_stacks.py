@@ -5,6 +5,7 @@ line (diagnose/rundir/fault_stacks_reader.py, diagnose/analysis/tables/stuck_fra
 
 Real processes in real states, no torch: each child registers as a rank does,
 writes its marker in a rank folder, then gets stuck; the launcher's code signals it."""
+
 import os
 import signal
 import subprocess
@@ -79,7 +80,7 @@ def test_a_rank_holding_the_gil_in_c_is_named_to_the_line_with_the_gil_inferred(
     run_dir, rank_dir, proc, script = _stuck(tmp_path, "gil")
     stacks = _signalled(run_dir, rank_dir, proc)
     names = {t["name"] for t in stacks["threads"]}
-    assert {"MainThread", "loader-thread"} <= names   # idents mapped through the marker
+    assert {"MainThread", "loader-thread"} <= names  # idents mapped through the marker
     where = describe(stacks, watchdog_dumped=False)
     assert where["thread"] == "MainThread" and where["frame"] == f"{script}:{script.read_text().count(chr(10))}"
     assert where["code"] == "libc.pthread_mutex_lock(mutex)" and where["what"] == "in a C call"
@@ -117,11 +118,10 @@ for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGRTMIN + 1):
     rank_dir = run_dir / "traces" / "rank-00000"
     rank_dir.mkdir(parents=True)
     script = tmp_path / "own_handlers.py"
-    script.write_text(textwrap.dedent(state_first.format(repo=str(REPO), rank_dir=str(rank_dir)))
-                      + STATES["event"])
+    script.write_text(textwrap.dedent(state_first.format(repo=str(REPO), rank_dir=str(rank_dir))) + STATES["event"])
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     sig = int(proc.stdout.readline().split()[1])
-    assert sig == signal.SIGRTMIN + 2   # SIGRTMIN+1 is the job's; SIGUSR1/2 are never candidates
+    assert sig == signal.SIGRTMIN + 2  # SIGRTMIN+1 is the job's; SIGUSR1/2 are never candidates
     # a bystander: same host, not marked, its real-time signals at their default (which kills)
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     # a stale marker whose pid is now another process (the bystander): never signalled
@@ -132,7 +132,7 @@ for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGRTMIN + 1):
         assert signal_marked_ranks(str(run_dir)) == [proc.pid]
         time.sleep(0.5)
         assert bystander.poll() is None and proc.poll() is None
-        assert not calls.exists()   # none of the job's handlers ran
+        assert not calls.exists()  # none of the job's handlers ran
         assert read_rank_stacks(str(rank_dir))["signal"] == sig
     finally:
         for p in (proc, bystander):
@@ -155,14 +155,21 @@ print("withdrawn", stacks.withdrawn, flush=True)
     proc.wait()
 
 
-@pytest.mark.parametrize("text, names, expected", [
-    ("Thread 0x00007f01 (most recent call first):\n  <no Python frame>\n", {}, [("0x00007f01", None, 0)]),
-    ("garbage\nCurrent thread 0x0A (most recent call first):\n  File \"a.py\", line 3 in f\n  ...\n",
-     {"0x0a": "MainThread"}, [("0x0a", "MainThread", 1)]),
-    ("", {}, []),
-])
+@pytest.mark.parametrize(
+    "text, names, expected",
+    [
+        ("Thread 0x00007f01 (most recent call first):\n  <no Python frame>\n", {}, [("0x00007f01", None, 0)]),
+        (
+            'garbage\nCurrent thread 0x0A (most recent call first):\n  File "a.py", line 3 in f\n  ...\n',
+            {"0x0a": "MainThread"},
+            [("0x0a", "MainThread", 1)],
+        ),
+        ("", {}, []),
+    ],
+)
 def test_the_parser_reads_what_faulthandler_writes_and_skips_the_rest(text, names, expected):
     from diagnose.rundir.fault_stacks_reader import parse_stacks
+
     assert [(t["ident"], t["name"], len(t["frames"])) for t in parse_stacks(text, names)] == expected
 
 
@@ -173,13 +180,27 @@ def test_under_diagnose_run_a_jobs_own_handlers_stay_its_and_only_ranks_get_the_
     import json
 
     from tests.support.jobs import job_env, run_diagnose, torchrun
+
     handled = tmp_path / "handled.log"
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
-        proc = run_diagnose(["run", "--out", tmp_path / "run", "--hang-timeout", 3, "--kill-on-hang", "--no-outputs",
-                             "--", *torchrun(2, "tests/scripts/own_handlers_job.py")],
-                            env=job_env(HANDLED_LOG=str(handled)), check=False, timeout=240)
-        assert proc.returncode != 0   # killed on the hang, as asked
+        proc = run_diagnose(
+            [
+                "run",
+                "--out",
+                tmp_path / "run",
+                "--hang-timeout",
+                3,
+                "--kill-on-hang",
+                "--no-outputs",
+                "--",
+                *torchrun(2, "tests/scripts/own_handlers_job.py"),
+            ],
+            env=job_env(HANDLED_LOG=str(handled)),
+            check=False,
+            timeout=240,
+        )
+        assert proc.returncode != 0  # killed on the hang, as asked
         assert bystander.poll() is None
     finally:
         bystander.kill()

@@ -2,6 +2,7 @@
 collectives (Megatron's DDP and distributed optimizer), async and sync, beside
 batched point-to-point ops, under `diagnose run` on gloo: the job's results and
 exit code are the plain job's, and each coalesced group is one op."""
+
 import json
 import subprocess
 
@@ -14,8 +15,9 @@ def test_coalesced_collectives_keep_the_job_and_are_one_op_each(tmp_path):
     """Issue 44 B1 and B4: coalesced groups, batch_isend_irecv + destroy_process_group,
     and collectives on a second thread: the job's results and exit code unchanged."""
     plain, traced = tmp_path / "plain.json", tmp_path / "traced.json"
-    proc = subprocess.run(torchrun(2, SCRIPT, "--out", plain), cwd=REPO, env=job_env(), capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        torchrun(2, SCRIPT, "--out", plain), cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     # before the fix: "Illegal to call wait on IllegalWork object", the job dead
     run_diagnose(["run", "--out", tmp_path / "run", "--", *torchrun(2, SCRIPT, "--out", traced)])
@@ -60,6 +62,7 @@ def test_the_clock_sync_thread_blocked_in_a_store_get_is_stopped_at_exit():
     import torch.distributed as dist
 
     from collectors.instrument.clock_sync import ClockSync
+
     master = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
     sync = ClockSync("127.0.0.1", master.port)
     outcome = []
@@ -69,6 +72,7 @@ def test_the_clock_sync_thread_blocked_in_a_store_get_is_stopped_at_exit():
             sync.get(sync._client(30), "diagnose/clock/test/1/0/pong")
         except Exception as exc:
             outcome.append(type(exc).__name__)
+
     sync.thread = threading.Thread(target=ping, daemon=True)
     sync.thread.start()
     deadline = time.monotonic() + 30

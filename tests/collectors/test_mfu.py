@@ -5,6 +5,7 @@ In-process: counting the reference GPT against its analytic figure, activation
 checkpointing, the hooks' step, a DTensor TP share (2 gloo ranks, spawned:
 tests/support/mfu_tp_rank.py); the shared DDP run (no launch of its own) for the job,
 the report and the MLflow metrics; real imported GPU traces say why no figure."""
+
 import json
 import socket
 
@@ -23,9 +24,21 @@ from tests.support.synthetic_run import write_synthetic_run
 
 
 def _gpt(cfg: TrainConfig) -> GPTStage:
-    return GPTStage(vocab=cfg.vocab, seq_len=cfg.seq_len, d_model=cfg.d_model, heads=cfg.heads,
-                    n_layers=cfg.layers, layer_lo=0, layer_hi=cfg.layers, first=True, last=True,
-                    seed=0, tp_rank=0, tp=1, tp_group=None)
+    return GPTStage(
+        vocab=cfg.vocab,
+        seq_len=cfg.seq_len,
+        d_model=cfg.d_model,
+        heads=cfg.heads,
+        n_layers=cfg.layers,
+        layer_lo=0,
+        layer_hi=cfg.layers,
+        first=True,
+        last=True,
+        seed=0,
+        tp_rank=0,
+        tp=1,
+        tp_group=None,
+    )
 
 
 def _one_step(model, cfg: TrainConfig) -> None:
@@ -58,14 +71,16 @@ def test_the_reference_gpt_counts_its_analytic_flops_and_its_mfu(tmp_path):
     assert 1.0 <= ratio < 1.05, ratio
     tokens = cfg.microbatches * cfg.micro_batch_size * cfg.seq_len
     attention = 14 * cfg.layers * cfg.seq_len * cfg.d_model * tokens  # 0 without the CPU formulas
-    assert count["model_flops"] == analytic_flops(cfg) - 12 * cfg.layers * cfg.seq_len * cfg.d_model * tokens \
-        + attention
+    assert (
+        count["model_flops"] == analytic_flops(cfg) - 12 * cfg.layers * cfg.seq_len * cfg.d_model * tokens + attention
+    )
     assert count["hardware_flops"] == count["model_flops"] and count["by_phase"]["recompute"] == 0
     assert count["by_dtype"] == {"float32": count["model_flops"]} and count["device"] == "cpu"
     assert count["uncounted_ops"] == {}
     # without the CPU attention formulas attention would count 0
     assert not set(flop_count._extra_formulas(torch, torch.utils.flop_counter)) & set(
-        torch.utils.flop_counter.flop_registry)
+        torch.utils.flop_counter.flop_registry
+    )
     # MFU on a run whose ranks carry this count: achieved / the peak given
     out = write_synthetic_run(str(tmp_path / "run"), ranks=2, steps=8)
     for rank in (0, 1):
@@ -92,25 +107,39 @@ def test_the_reference_gpt_counts_its_analytic_flops_and_its_mfu(tmp_path):
 
 def test_activation_checkpointing_is_hardware_flops_not_model_flops():
     from torch.utils.checkpoint import checkpoint
+
     torch.manual_seed(0)
     block = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.GELU(), torch.nn.Linear(128, 32))
     x = torch.randn(16, 32, requires_grad=True)
     plain = _counted(lambda: block(x).sum().backward())
     for reentrant in (False, True):
-        checkpointed = _counted(lambda reentrant=reentrant: checkpoint(block, x, use_reentrant=reentrant).sum().backward())
+        checkpointed = _counted(
+            lambda reentrant=reentrant: checkpoint(block, x, use_reentrant=reentrant).sum().backward()
+        )
         assert checkpointed["model_flops"] == plain["model_flops"], reentrant
         assert checkpointed["by_phase"]["recompute"] > 0
         assert checkpointed["hardware_flops"] == plain["model_flops"] + checkpointed["by_phase"]["recompute"]
-    summary = {"ranks": {0: mfu.rank_figures({**checkpointed, "device": "cuda",
-                                              "device_name": "NVIDIA H100 PCIe"}, 100.0)}}
+    summary = {
+        "ranks": {0: mfu.rank_figures({**checkpointed, "device": "cuda", "device_name": "NVIDIA H100 PCIe"}, 100.0)}
+    }
     figures = summary["ranks"][0]
     assert (figures["peak_tflops"], figures["peak_source"]) == (51.0, "H100 PCIe, FP32 dense")
     assert figures["hfu"] > figures["mfu"]
     summary["ranks"][0].update(mfu=0.30, hfu=0.40)
-    assert mfu.lines({**summary, "mfu": 0.30, "hfu": 0.40, "achieved_tflops_per_rank": 15.3, "peak_tflops": 51.0,
-                      "peak_source": figures["peak_source"], "counted_step": 1})[0] == (
+    assert mfu.lines(
+        {
+            **summary,
+            "mfu": 0.30,
+            "hfu": 0.40,
+            "achieved_tflops_per_rank": 15.3,
+            "peak_tflops": 51.0,
+            "peak_source": figures["peak_source"],
+            "counted_step": 1,
+        }
+    )[0] == (
         "MFU 30.0% per rank: 15.3 TFLOP/s of model FLOPs against a peak of 51 TFLOP/s (H100 PCIe, FP32 dense); "
-        "step 1 counted; with activation recomputation (hardware FLOPs) 40.0%")
+        "step 1 counted; with activation recomputation (hardware FLOPs) 40.0%"
+    )
 
 
 class _Recorder:
@@ -153,6 +182,7 @@ def test_the_hooks_count_step_1_and_nothing_else(monkeypatch):
     assert rec.meta["flops"]["step"] == 1 and rec.meta["flops"]["model_flops"] == 2 * (2 * 4 * 8 * 8)
     assert [row[1] for row in rec.rows] == ["flop_count"] and rec.errors == []
     from torch.utils._python_dispatch import _get_current_dispatch_mode
+
     assert _get_current_dispatch_mode() is None
 
 
@@ -174,20 +204,46 @@ def test_a_dtensor_tp_rank_counts_its_share(tmp_path):
 
 
 def test_peaks_are_dense_and_told_apart_by_name(monkeypatch):
-    bf16 = {name: gpu_peaks.lookup(name)[1]["bf16"] for name in (
-        "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200", "NVIDIA H200 NVL",
-        "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe", "NVIDIA A10", "NVIDIA L4", "NVIDIA L40S")}
-    assert bf16 == {"NVIDIA H100 80GB HBM3": 989.4, "NVIDIA H100 PCIe": 756.5, "NVIDIA H100 NVL": 835.5,
-                    "NVIDIA H200": 989.4, "NVIDIA H200 NVL": 835.5, "NVIDIA A100-SXM4-80GB": 312.0,
-                    "NVIDIA A100 80GB PCIe": 312.0, "NVIDIA A10": 125.0, "NVIDIA L4": 121.0,
-                    "NVIDIA L40S": 366.5}
+    bf16 = {
+        name: gpu_peaks.lookup(name)[1]["bf16"]
+        for name in (
+            "NVIDIA H100 80GB HBM3",
+            "NVIDIA H100 PCIe",
+            "NVIDIA H100 NVL",
+            "NVIDIA H200",
+            "NVIDIA H200 NVL",
+            "NVIDIA A100-SXM4-80GB",
+            "NVIDIA A100 80GB PCIe",
+            "NVIDIA A10",
+            "NVIDIA L4",
+            "NVIDIA L40S",
+        )
+    }
+    assert bf16 == {
+        "NVIDIA H100 80GB HBM3": 989.4,
+        "NVIDIA H100 PCIe": 756.5,
+        "NVIDIA H100 NVL": 835.5,
+        "NVIDIA H200": 989.4,
+        "NVIDIA H200 NVL": 835.5,
+        "NVIDIA A100-SXM4-80GB": 312.0,
+        "NVIDIA A100 80GB PCIe": 312.0,
+        "NVIDIA A10": 125.0,
+        "NVIDIA L4": 121.0,
+        "NVIDIA L40S": 366.5,
+    }
     assert gpu_peaks.lookup("NVIDIA A10G") is None and gpu_peaks.lookup("Intel Gaudi") is None
-    count = {"model_flops": 10**12, "device": "cuda", "device_name": "NVIDIA H100 80GB HBM3",
-             "by_dtype": {"bfloat16": 9 * 10**11, "float32": 10**11}}
+    count = {
+        "model_flops": 10**12,
+        "device": "cuda",
+        "device_name": "NVIDIA H100 80GB HBM3",
+        "by_dtype": {"bfloat16": 9 * 10**11, "float32": 10**11},
+    }
     assert mfu.peak_for(count, None) == (989.4, "H100 SXM, BF16 dense")
     assert mfu.peak_for({**count, "by_dtype": {"float32": 1}, "fp32_matmul": "tf32"}, None)[0] == 494.7
-    assert mfu.peak_for({**count, "device_name": "NVIDIA A100-PCIE-40GB",
-                         "by_dtype": {"float8_e4m3fn": 1}}, None)[0] is None  # an A100 has no FP8
+    assert (
+        mfu.peak_for({**count, "device_name": "NVIDIA A100-PCIE-40GB", "by_dtype": {"float8_e4m3fn": 1}}, None)[0]
+        is None
+    )  # an A100 has no FP8
     monkeypatch.setenv(gpu_peaks.PEAK_ENV, "400")
     assert gpu_peaks.peak_override() == 400.0
     assert mfu.rank_figures(count, 1000.0, gpu_peaks.peak_override())["mfu"] == pytest.approx(1 / 400)
@@ -195,19 +251,25 @@ def test_peaks_are_dense_and_told_apart_by_name(monkeypatch):
 
 def test_an_imported_gpu_trace_says_there_is_no_model_to_count(tmp_path):
     from diagnose.importers.kineto import import_kineto
+
     trace = fixture_path("kineto", "tb_plugin_resnet50", "resnet50_num_workers_0")
     files = sorted(str(p) for p in trace.iterdir() if ".json" in p.name)
     run = load_run(import_kineto(files, str(tmp_path / "run"))[0])
     summary = mfu.summarize(run)
-    assert summary["lines"][0] == ("MFU: not measured: an imported trace has no model to count FLOPs on "
-                                   "(a `diagnose run` of the job counts them)")
+    assert summary["lines"][0] == (
+        "MFU: not measured: an imported trace has no model to count FLOPs on (a `diagnose run` of the job counts them)"
+    )
     assert summary.get("mfu") is None and len(summary["lines"]) == 1
     assert mfu.metrics(summary) == {"mfu/uncounted_kernel_share": 0.0}  # kernels, none of them uncounted
     from dashboards.report_page import render
+
     assert "MFU: not measured: an imported trace" in render(run, [])
     # a vLLM B200 trace: its MoE GEMMs and attention are TensorRT-LLM's and FlashInfer's kernels
-    vllm = load_run(import_kineto([str(fixture_path("kineto", "tracelens", "b200_vllm_tp8_rank0.json.gz"))],
-                                  str(tmp_path / "vllm"))[0])
+    vllm = load_run(
+        import_kineto(
+            [str(fixture_path("kineto", "tracelens", "b200_vllm_tp8_rank0.json.gz"))], str(tmp_path / "vllm")
+        )[0]
+    )
     summary = mfu.summarize(vllm)
     assert summary["uncounted_kernel_share"] == pytest.approx(0.60, abs=0.01)
     assert summary["lines"][1].startswith("60.1% of compute-kernel time is in kernels torch's FLOP formulas")
@@ -232,6 +294,7 @@ def test_the_ddp_job_counts_its_step_and_reports_it(ddp_run):
     assert line.startswith("MFU: no percentage (a CPU run has no peak") and "TFLOP/s of model FLOPs" in line
     assert "MFU: no percentage" in (ddp_run / "report.html").read_text()
     from diagnose.exporters import mlflow_metrics  # what log_run logs, without importing MLflow here
+
     tracked = mlflow_metrics.summary_metrics(run, [])
     assert tracked["mfu/achieved_tflops_per_rank"] == pytest.approx(summary["achieved_tflops_per_rank"])
     assert "mfu/mfu" not in tracked  # no peak, no percentage

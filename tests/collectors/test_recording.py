@@ -1,4 +1,5 @@
 """Issue 2: `diagnose run` wraps an unmodified torchrun job and leaves crash-safe traces."""
+
 import gzip
 import json
 import os
@@ -34,8 +35,7 @@ def test_traces_hold_steps_phases_collectives_with_callsites(ddp_run):
         done = mine[(mine["kind"] == "done") & (mine["detail"] == "ddp backward")]
         backward = mine[mine["kind"] == "backward"]
         assert len(done) == 11 and (done["start_ns"].to_numpy() >= ddp["start_ns"].to_numpy()).all()
-        assert all(((backward["start_ns"] < t) & (t <= backward["end_ns"] + 1_000_000)).any()
-                   for t in done["start_ns"])
+        assert all(((backward["start_ns"] < t) & (t <= backward["end_ns"] + 1_000_000)).any() for t in done["start_ns"])
         own = mine[(mine["kind"] == "collective") & (mine["callsite"] == f"{sample}:{loss_all_reduce_line}")]
         assert len(own) == 12, "the script's own loss all_reduce, at its line"
         assert set(mine["step"]) >= set(range(12))
@@ -47,8 +47,14 @@ def test_traces_hold_steps_phases_collectives_with_callsites(ddp_run):
 def test_loss_is_bitwise_unchanged_by_diagnose(ddp_run, tmp_path):
     wrapped = json.loads((ddp_run.parent / "result.json").read_text())
     plain_result = tmp_path / "plain.json"
-    proc = subprocess.run(torchrun(2, "samples/ddp_mlp.py", "--steps", 12, "--result-json", plain_result),
-                          cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        torchrun(2, "samples/ddp_mlp.py", "--steps", 12, "--result-json", plain_result),
+        cwd=REPO,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     plain = json.loads(plain_result.read_text())
     assert wrapped["loss"] == plain["loss"]
@@ -88,8 +94,17 @@ def test_sigkilled_rank_leaves_readable_parts_up_to_one_second_before(tmp_path, 
     """SIGKILL, and SIGABRT as NCCL's async error handling sends on a collective
     timeout (issue 44 W8: no Python runs, the timer's flushes are what survive)."""
     out, marker = tmp_path / "run", tmp_path / "killed_at"
-    proc = run_diagnose(["run", "--out", out, "--no-analyze", "--",
-                         *torchrun(2, "tests/scripts/kill_self.py", 40, marker, kill_signal)], check=False)
+    proc = run_diagnose(
+        [
+            "run",
+            "--out",
+            out,
+            "--no-analyze",
+            "--",
+            *torchrun(2, "tests/scripts/kill_self.py", 40, marker, kill_signal),
+        ],
+        check=False,
+    )
     assert proc.returncode != 0
     killed_at_ns = int(marker.read_text())
     for rank_dir in sorted((out / "traces").iterdir()):
@@ -101,6 +116,7 @@ def test_sigkilled_rank_leaves_readable_parts_up_to_one_second_before(tmp_path, 
     # the steps done are exact: the counter mapped into memory outlives the kill,
     # where progress.json trails by up to a quarter second (12 steps of this job)
     from diagnose.rundir.progress import read_progress
+
     assert read_progress(str(out))[1]["steps_done"] == 41
 
 
@@ -108,14 +124,15 @@ def test_nvtx_ranges_are_mirrored_only_where_a_tool_is_attached(tmp_path):
     """Without NVTX_INJECTION64_PATH every NVTX call is a no-op, so the ranks skip
     them; with it (nsys sets it), ranges are pushed and popped, even when the
     tool library fails to load."""
-    script = ("from collectors import nvtx_ranges\n"
-              "nvtx_ranges.push('forward', 'forward'); nvtx_ranges.pop()\n"
-              "print(nvtx_ranges.MIRRORING)")
+    script = (
+        "from collectors import nvtx_ranges\n"
+        "nvtx_ranges.push('forward', 'forward'); nvtx_ranges.pop()\n"
+        "print(nvtx_ranges.MIRRORING)"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVTX_INJECTION")}
     for injection, expected in ((None, "False"), (str(tmp_path / "libmissing-tool.so"), "True")):
         run_env = dict(env, **({"NVTX_INJECTION64_PATH": injection} if injection else {}))
-        out = subprocess.run([PYTHON, "-c", script], cwd=REPO, env=run_env, capture_output=True,
-                             text=True, timeout=60)
+        out = subprocess.run([PYTHON, "-c", script], cwd=REPO, env=run_env, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and out.stdout.strip() == expected, out.stdout + out.stderr
 
 
@@ -143,6 +160,7 @@ def test_progress_is_rewritten_in_place_and_always_whole_json(tmp_path):
     and rename); a shorter content is padded, and readers parse every version."""
     from collectors.part_writer import PartWriter
     from diagnose.rundir.progress import read_progress
+
     rank_dir = tmp_path / "traces" / "rank-00003"
     writer = PartWriter(str(rank_dir), live=True)
     long = {"step": 64, "recent_steps": [[i, 50.0 + i, 0.5] for i in range(64)]}
@@ -178,9 +196,24 @@ print(sorted(m for m in sys.modules if m.split(".")[0] == "pandas")[:3])
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
     events = pq.read_table(next((tmp_path / "rank-00000").glob("events-*.parquet"))).to_pylist()
     assert events[0]["callsite"] == "été.py:7" and events[0]["detail"] == ""
-    assert events[1] == {"kind": "sync", "name": "item", "start_ns": 3, "end_ns": 4, "step": -1, "microbatch": -1,
-                         "stage": -1, "group": "", "group_ranks": "", "seq": -1, "peer": -1, "bytes": 0,
-                         "async_op": True, "callsite": "t.py:1", "detail": "cuda", "queued_ns": -1}
+    assert events[1] == {
+        "kind": "sync",
+        "name": "item",
+        "start_ns": 3,
+        "end_ns": 4,
+        "step": -1,
+        "microbatch": -1,
+        "stage": -1,
+        "group": "",
+        "group_ranks": "",
+        "seq": -1,
+        "peer": -1,
+        "bytes": 0,
+        "async_op": True,
+        "callsite": "t.py:1",
+        "detail": "cuda",
+        "queued_ns": -1,
+    }
     samples = pq.read_table(next((tmp_path / "rank-00000").glob("samples-*.parquet"))).to_pylist()
     assert samples == [{"ts_ns": 5, "metric": "gpu_util", "value": 0.5}]
 
@@ -190,10 +223,19 @@ def test_failing_collector_does_not_stop_the_job_and_is_recorded(tmp_path):
     timing comm hook (DIAGNOSE_DDP_TIMING=hook, the path for GPU modules) records
     every bucket and leaves the parameters bitwise as a plain run leaves them."""
     out = tmp_path / "run"
-    proc = run_diagnose(["run", "--out", out, "--no-analyze", "--",
-                         *torchrun(2, "samples/ddp_mlp.py", "--steps", 4, "--result-json", tmp_path / "hook.json")],
-                        env=job_env(DIAGNOSE_TEST_FAIL_COLLECTOR="host_sync", DIAGNOSE_DISABLE="dataloader, steps",
-                                    DIAGNOSE_DDP_TIMING="hook"))
+    proc = run_diagnose(
+        [
+            "run",
+            "--out",
+            out,
+            "--no-analyze",
+            "--",
+            *torchrun(2, "samples/ddp_mlp.py", "--steps", 4, "--result-json", tmp_path / "hook.json"),
+        ],
+        env=job_env(
+            DIAGNOSE_TEST_FAIL_COLLECTOR="host_sync", DIAGNOSE_DISABLE="dataloader, steps", DIAGNOSE_DDP_TIMING="hook"
+        ),
+    )
     assert "final loss" in proc.stdout
     meta = json.loads((out / "traces" / "rank-00000" / "meta.json").read_text())
     assert [e["collector"] for e in meta["collector_errors"]] == ["host_sync"]
@@ -207,21 +249,30 @@ def test_failing_collector_does_not_stop_the_job_and_is_recorded(tmp_path):
     assert not events["kind"].isin(["data", "step"]).any()
     buckets = events[(events["kind"] == "collective") & events["detail"].astype(str).str.startswith("ddp bucket")]
     assert len(buckets) >= 2 * 4
-    plain = subprocess.run(torchrun(2, "samples/ddp_mlp.py", "--steps", 4, "--result-json", tmp_path / "plain.json"),
-                           cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=300)
+    plain = subprocess.run(
+        torchrun(2, "samples/ddp_mlp.py", "--steps", 4, "--result-json", tmp_path / "plain.json"),
+        cwd=REPO,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert plain.returncode == 0, plain.stderr[-3000:]
     hooked, plain = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("hook", "plain"))
     assert hooked["param_sha256"] == plain["param_sha256"] and hooked["loss"] == plain["loss"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["run"], "no command"),
-    (["run", "--bogus", "--", "true"], "unknown option"),
-    (["analyze", "--bogus", "x"], "no such option"),
-    (["analyze", "/nonexistent/run"], "does not exist"),
-    (["export", "README.md"], "not a directory"),
-    (["demo", "--scenario", "nope"], "unknown scenario"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run"], "no command"),
+        (["run", "--bogus", "--", "true"], "unknown option"),
+        (["analyze", "--bogus", "x"], "no such option"),
+        (["analyze", "/nonexistent/run"], "does not exist"),
+        (["export", "README.md"], "not a directory"),
+        (["demo", "--scenario", "nope"], "unknown scenario"),
+    ],
+)
 def test_misuse_is_one_line_and_exit_2(args, message):
     proc = run_diagnose(args, check=False)
     assert proc.returncode == 2, proc.stderr
@@ -242,8 +293,19 @@ def test_bootstrap_chains_an_existing_sitecustomize(tmp_path):
     (other / "sitecustomize.py").write_text("import os\nos.environ['OTHER_SITE_RAN'] = '1'\n")
     out = tmp_path / "run"
     env = job_env(PYTHONPATH=str(other))
-    proc = run_diagnose(["run", "--out", out, "--no-analyze", "--", PYTHON, "-c",
-                         "import os; print('other', os.environ.get('OTHER_SITE_RAN'))"], env=env)
+    proc = run_diagnose(
+        [
+            "run",
+            "--out",
+            out,
+            "--no-analyze",
+            "--",
+            PYTHON,
+            "-c",
+            "import os; print('other', os.environ.get('OTHER_SITE_RAN'))",
+        ],
+        env=env,
+    )
     assert "other 1" in proc.stdout
 
 
@@ -255,15 +317,19 @@ def test_live_row_parts_read_like_parquet_and_become_parquet_after_the_job(tmp_p
     from collectors.part_writer import PartWriter, files_to_read, merge_row_parts, write_parquet_atomic
     from collectors.schema import event_row, events_table
     from diagnose.rundir.rank_reader import read_events, read_samples
+
     rank_dir = tmp_path / "rank-00000"
     writer = PartWriter(str(rank_dir), live=True)
-    rows = [event_row("phase", f"ph{i}", 10**15 + i, 10**15 + i + 5, step=i, callsite="é.py:1")
-            for i in range(6)]
+    rows = [event_row("phase", f"ph{i}", 10**15 + i, 10**15 + i + 5, step=i, callsite="é.py:1") for i in range(6)]
     for part in (rows[:2], rows[2:4], rows[4:]):
         writer.write_events(part)
     writer.write_samples([(10**15, "cpu_util", 0.5), (10**15 + 1, "rss_mb", float("nan"))])
     assert sorted(p.name for p in rank_dir.glob("*-0*")) == [
-        "events-000001.json", "events-000002.json", "events-000003.json", "samples-000001.json"]
+        "events-000001.json",
+        "events-000002.json",
+        "events-000003.json",
+        "samples-000001.json",
+    ]
 
     def rows_of(table):
         return [tuple(map(str, r.values())) for r in table.to_pylist()]
@@ -279,7 +345,10 @@ def test_live_row_parts_read_like_parquet_and_become_parquet_after_the_job(tmp_p
     assert rows_of(read_events(str(rank_dir), warnings.append)) == expected
     merge_row_parts(str(rank_dir))
     assert sorted(p.name for p in rank_dir.glob("*-0*")) == [
-        "events-000001-000002.parquet", "events-000003.parquet", "samples-000001.parquet"]
+        "events-000001-000002.parquet",
+        "events-000003.parquet",
+        "samples-000001.parquet",
+    ]
     assert rows_of(read_events(str(rank_dir), warnings.append)) == expected and not warnings
     (rank_dir / "events-000004.json").write_bytes(b'{"columns": ["kind"], "rows": [[')
     assert rows_of(read_events(str(rank_dir), warnings.append)) == expected

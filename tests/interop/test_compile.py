@@ -6,6 +6,7 @@ tests/scripts/compile_counts.py compiles a module with an all_reduce inside
 (fullgraph=True: a graph break would raise), and a model trained for four
 optimizer steps; it prints dynamo's and AOTAutograd's counters and its outputs.
 """
+
 import json
 import subprocess
 
@@ -16,14 +17,22 @@ SCRIPT = "tests/scripts/compile_counts.py"
 
 def test_a_compiled_job_compiles_the_same_under_diagnose_and_its_steps_are_recorded(tmp_path):
     plain_json, diag_json = tmp_path / "plain.json", tmp_path / "diagnose.json"
-    subprocess.run(torchrun(1, SCRIPT, plain_json), cwd=REPO, env=job_env(), check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        torchrun(1, SCRIPT, plain_json), cwd=REPO, env=job_env(), check=True, capture_output=True, timeout=300
+    )
     run_diagnose(["run", "--no-analyze", "--out", tmp_path / "run", "--", *torchrun(1, SCRIPT, diag_json)])
     plain, diag = json.loads(plain_json.read_text()), json.loads(diag_json.read_text())
     assert (plain["diagnose"], diag["diagnose"]) == (False, True)
     # the same graphs, no graph break and no recompile either way, the same numbers out
-    for key in ("unique_graphs", "calls_captured", "aot_graphs", "graph_breaks", "recompiles", "outputs",
-                "fsdp_modules"):
+    for key in (
+        "unique_graphs",
+        "calls_captured",
+        "aot_graphs",
+        "graph_breaks",
+        "recompiles",
+        "outputs",
+        "fsdp_modules",
+    ):
         assert diag[key] == plain[key], (key, plain[key], diag[key])
     assert plain["graph_breaks"] == {} and plain["recompiles"] == {} and plain["unique_graphs"] >= 2
 

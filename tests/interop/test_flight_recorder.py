@@ -3,6 +3,7 @@
 The real dump sets (tests/data/flight_recorder) come with the truth
 (fault_injection.log) and nvidia-resiliency-ext's own attribution
 (nvrx_reference.txt); diagnose must name exactly the faulted ranks."""
+
 import json
 import os
 import pickle
@@ -83,9 +84,16 @@ def test_real_dump_sets_name_exactly_the_faulted_ranks(dump_set, tmp_path):
 def test_pickle_and_json_of_one_dump_read_alike(tmp_path):
     """The JSON form's quirks (0 timestamps, string pg_status values, lists for tuples)."""
     raw = _plain_load(fixture_path("flight_recorder", "gpu_error_1st", "_dump_13"))
-    as_json = dict(raw, pg_status={k: {f: str(v) for f, v in s.items()} for k, s in raw["pg_status"].items()},
-                   entries=[dict(e, time_discovered_started_ns=0, time_discovered_completed_ns=0,
-                                 process_group=list(e["process_group"])) for e in raw["entries"]])
+    as_json = dict(
+        raw,
+        pg_status={k: {f: str(v) for f, v in s.items()} for k, s in raw["pg_status"].items()},
+        entries=[
+            dict(
+                e, time_discovered_started_ns=0, time_discovered_completed_ns=0, process_group=list(e["process_group"])
+            )
+            for e in raw["entries"]
+        ],
+    )
     (tmp_path / "rank_13.json").write_text(json.dumps(as_json))
     a = read_dump(str(fixture_path("flight_recorder", "gpu_error_1st", "_dump_13")))
     b = read_dump(str(tmp_path / "rank_13.json"))
@@ -95,15 +103,18 @@ def test_pickle_and_json_of_one_dump_read_alike(tmp_path):
 
 def _plain_load(path):
     """The fixtures hold plain data only (SOURCE.txt): a data-only unpickler reads them."""
+
     class DataOnly(pickle.Unpickler):
         def find_class(self, module, name):
             raise AssertionError(f"fixture names a global {module}.{name}")
+
     with open(path, "rb") as f:
         return DataOnly(f).load()
 
 
 class _Payload:
     """Unpickled by pickle.load, this runs a shell command (that is the danger)."""
+
     def __init__(self, marker):
         self.marker = marker
 
@@ -115,8 +126,9 @@ def _hostile(tmp_path):
     good = fixture_path("flight_recorder", "gpu_error_1st", "_dump_0").read_bytes()
     marker = tmp_path / "EXECUTED"
     raw = _plain_load(fixture_path("flight_recorder", "gpu_error_1st", "_dump_0"))
-    evil_ranks = dict(raw, pg_config={"0": {"name": "0", "desc": "default_pg",
-                                            "ranks": f"__import__('os').system('touch {marker}')"}})
+    evil_ranks = dict(
+        raw, pg_config={"0": {"name": "0", "desc": "default_pg", "ranks": f"__import__('os').system('touch {marker}')"}}
+    )
     return marker, {
         "truncated": good[: len(good) // 2],
         "empty": b"",
@@ -131,8 +143,11 @@ def _hostile(tmp_path):
 def test_hostile_dumps_give_one_line_and_never_run_code(tmp_path):
     marker, cases = _hostile(tmp_path)
     # the payload is real: the plain unpickler would run it
-    subprocess.run([sys.executable, "-c", "import pickle,sys; pickle.loads(sys.stdin.buffer.read())"],
-                   input=cases["reduce_payload"], check=True)
+    subprocess.run(
+        [sys.executable, "-c", "import pickle,sys; pickle.loads(sys.stdin.buffer.read())"],
+        input=cases["reduce_payload"],
+        check=True,
+    )
     assert marker.exists()
     marker.unlink()
     for name, data in cases.items():
@@ -145,8 +160,12 @@ def test_hostile_dumps_give_one_line_and_never_run_code(tmp_path):
         assert len(err.splitlines()) == 1 and "Traceback" not in err and "rank_0" in err, (name, err)
         assert not marker.exists(), name
         assert not (tmp_path / f"out-{name}").exists(), name  # nothing imported from a bad set
-    assert "global" in run_diagnose(["import", "flight-recorder", tmp_path / "reduce_payload", "--out",
-                                     tmp_path / "o"], check=False).stderr
+    assert (
+        "global"
+        in run_diagnose(
+            ["import", "flight-recorder", tmp_path / "reduce_payload", "--out", tmp_path / "o"], check=False
+        ).stderr
+    )
 
 
 def test_oversized_and_unnamed_dumps_are_refused_before_reading(tmp_path):
@@ -169,42 +188,72 @@ def test_desync_and_stuck_roles(tmp_path):
     from diagnose.analysis.tables.collective_divergence import diverge
 
     def entry(pg_id, name, seq, op, sizes):
-        return {"pg_id": pg_id, "process_group": (name, f"G{name}"), "collective_seq_id": seq,
-                "profiling_name": op, "input_sizes": [sizes], "input_dtypes": ["Float"], "state": "scheduled",
-                "time_created_ns": 1000 + seq, "is_p2p": False}
+        return {
+            "pg_id": pg_id,
+            "process_group": (name, f"G{name}"),
+            "collective_seq_id": seq,
+            "profiling_name": op,
+            "input_sizes": [sizes],
+            "input_dtypes": ["Float"],
+            "state": "scheduled",
+            "time_created_ns": 1000 + seq,
+            "is_p2p": False,
+        }
 
     def dump(rank, g0, g1, e):
-        return {"version": "2.10", "pg_config": {"": {"name": "", "desc": "", "ranks": "[]"}},
-                "pg_status": {"0": dict(zip(("last_enqueued_collective", "last_started_collective",
-                                             "last_completed_collective"), g0)),
-                              "1": dict(zip(("last_enqueued_collective", "last_started_collective",
-                                             "last_completed_collective"), g1))},
-                "entries": e}
+        return {
+            "version": "2.10",
+            "pg_config": {"": {"name": "", "desc": "", "ranks": "[]"}},
+            "pg_status": {
+                "0": dict(
+                    zip(("last_enqueued_collective", "last_started_collective", "last_completed_collective"), g0)
+                ),
+                "1": dict(
+                    zip(("last_enqueued_collective", "last_started_collective", "last_completed_collective"), g1)
+                ),
+            },
+            "entries": e,
+        }
+
     ops = {0: "gloo:all_reduce", 1: "gloo:all_reduce", 2: "gloo:broadcast"}
     for rank in range(3):
         g1 = (7, 7, 6) if rank == 1 else (7, 7, 7)
         e = [entry(0, "0", 5, ops[rank], [4]), entry(1, "1", 6, "gloo:all_reduce", [2])]
         (tmp_path / f"rank_{rank}").write_bytes(pickle.dumps(dump(rank, (5, 5, 4), g1, e)))
     from diagnose.rundir.flight_recorder_reader import read_dumps
+
     result = diverge(read_dumps([str(tmp_path)]))
     roles = {r: c["role"] for r, c in result["culprits"].items()}
     assert roles == {2: "desync", 1: "stuck"}, result["culprits"]
     assert result["culprits"][1]["seq"] == {"1": 7}
 
 
-@pytest.mark.parametrize("message,victim", [
-    ("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=20537, OpType=ALLTOALL, "
-     "NumelIn=20961280, NumelOut=20961280, Timeout(ms)=600000) ran for 600021 milliseconds before timing out.", True),
-    ("Some NCCL operations have failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent "
-     "GPU operations might run on corrupted/incomplete data.", True),
-    ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 20000ms "
-     "for recv operation to complete", True),
-    ("NCCL communicator was aborted on rank 5.", True),
-    ("CUDA error: an illegal memory access was encountered", False),
-    ("The size of tensor a (4) must match the size of tensor b (5) at non-singleton dimension 0", False),
-])
+@pytest.mark.parametrize(
+    "message,victim",
+    [
+        (
+            "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=20537, OpType=ALLTOALL, "
+            "NumelIn=20961280, NumelOut=20961280, Timeout(ms)=600000) ran for 600021 milliseconds before timing out.",
+            True,
+        ),
+        (
+            "Some NCCL operations have failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent "
+            "GPU operations might run on corrupted/incomplete data.",
+            True,
+        ),
+        (
+            "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 20000ms "
+            "for recv operation to complete",
+            True,
+        ),
+        ("NCCL communicator was aborted on rank 5.", True),
+        ("CUDA error: an illegal memory access was encountered", False),
+        ("The size of tensor a (4) must match the size of tensor b (5) at non-singleton dimension 0", False),
+    ],
+)
 def test_backend_watchdog_aborts_are_victims_not_causes(message, victim):
     from diagnose.analysis.detectors.rank_failure import _died_of_a_peer
+
     assert _died_of_a_peer({"exception": {"type": "RuntimeError", "message": message}}) is victim
 
 
@@ -214,6 +263,7 @@ def test_a_job_its_nccl_watchdog_ended_is_a_hang_named_by_the_dumps(tmp_path):
     from diagnose.analysis.findings.run_detectors import detect
     from tests.support.jobs import load_run
     from tests.support.synthetic_run import write_synthetic_run
+
     out = write_synthetic_run(str(tmp_path / "run"), ranks=4, steps=8)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     manifest.update(exit_status=1, hang=None)
@@ -221,9 +271,12 @@ def test_a_job_its_nccl_watchdog_ended_is_a_hang_named_by_the_dumps(tmp_path):
     for rank in range(4):
         meta_path = tmp_path / "run" / "traces" / f"rank-{rank:05d}" / "meta.json"
         meta = json.loads(meta_path.read_text())
-        meta["exception"] = {"type": "RuntimeError", "mono_ns": 10**9 + rank,
-                             "message": "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9) ran "
-                                        "for 600000 milliseconds before timing out."}
+        meta["exception"] = {
+            "type": "RuntimeError",
+            "mono_ns": 10**9 + rank,
+            "message": "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9) ran "
+            "for 600000 milliseconds before timing out.",
+        }
         meta_path.write_text(json.dumps(meta))
     shutil.copytree(fixture_path("flight_recorder", "lock_gil_1st"), tmp_path / "run" / "flight_recorder")
     findings = detect(load_run(out))
@@ -241,12 +294,36 @@ def test_a_rank_blocked_in_the_group_it_lags_in_is_waiting_not_stopped():
     from diagnose.analysis.tables.collective_divergence import diverge
 
     def dump(rank, group, enq, done):
-        entries = [{"pg_id": "1", "group": group, "group_desc": "undefined", "seq": s, "p2p_seq": 0,
-                    "is_p2p": False, "op": "gloo:all_reduce", "input_sizes": [[4]], "output_sizes": [[4]],
-                    "dtypes": ["Float"], "state": "scheduled", "retired": s <= done, "created_ns": s,
-                    "started_ns": None, "completed_ns": None, "record_id": s} for s in range(done - 2, enq + 1)]
-        return {"rank": rank, "version": "2.10", "comm_lib_version": "", "groups": {}, "entries": entries,
-                "pg_status": {"1": {"enqueued": enq, "started": -1, "completed": done}}}
+        entries = [
+            {
+                "pg_id": "1",
+                "group": group,
+                "group_desc": "undefined",
+                "seq": s,
+                "p2p_seq": 0,
+                "is_p2p": False,
+                "op": "gloo:all_reduce",
+                "input_sizes": [[4]],
+                "output_sizes": [[4]],
+                "dtypes": ["Float"],
+                "state": "scheduled",
+                "retired": s <= done,
+                "created_ns": s,
+                "started_ns": None,
+                "completed_ns": None,
+                "record_id": s,
+            }
+            for s in range(done - 2, enq + 1)
+        ]
+        return {
+            "rank": rank,
+            "version": "2.10",
+            "comm_lib_version": "",
+            "groups": {},
+            "entries": entries,
+            "pg_status": {"1": {"enqueued": enq, "started": -1, "completed": done}},
+        }
+
     dumps = {0: dump(0, "1", 24, 24), 1: dump(1, "2", 30, 30), 2: dump(2, "1", 28, 23), 3: dump(3, "2", 34, 30)}
     witness = {0: {"1->0"}, 2: {"1"}, 3: {"2"}}
     result = diverge(dumps, 4, blocked_in=witness)

@@ -5,6 +5,7 @@ culprit stops; a culprit whose buffer is empty is told by its `pg_status`.
 The dump sets are the committed lock_gil_1st (ranks 9 and 14 hold the GIL, the
 others stall in EXPERT_MODEL_PARALLEL_GROUP's all_to_all, nvrx_reference.txt)
 and variants of it written to tmp_path."""
+
 import hashlib
 import json
 import pickle
@@ -54,10 +55,16 @@ def test_the_stalled_op_is_the_waiters_earliest_pending_one_not_a_later_op_of_a_
     assert top["kind"] == "hang" and top["ranks"] == [9], top
     m = top["metrics"]
     nvrx = _nvrx(LOCK_GIL)  # the op nvidia-resiliency-ext names on the untouched set
-    assert (m["group"], m["group_desc"], m["op"], m["sizes"], m["seq"]) == \
-        ("72", nvrx["desc"], nvrx["op"], nvrx["size"], 45265), m
-    assert top["title"].startswith(f"hang in {nvrx['desc']} (group 72, ranks 8,9,10,11,12,13,14,15): "
-                                   f"{nvrx['op']} #45265"), top["title"]
+    assert (m["group"], m["group_desc"], m["op"], m["sizes"], m["seq"]) == (
+        "72",
+        nvrx["desc"],
+        nvrx["op"],
+        nvrx["size"],
+        45265,
+    ), m
+    assert top["title"].startswith(
+        f"hang in {nvrx['desc']} (group 72, ranks 8,9,10,11,12,13,14,15): {nvrx['op']} #45265"
+    ), top["title"]
     # the other ops rank 9 left its peers waiting in, in the order they were entered
     also = m["also_pending"]
     assert also.index("_reduce_scatter_base #88684 in group 37") < also.index("all_reduce #15118 in group 64"), also
@@ -70,8 +77,11 @@ def test_an_empty_buffer_culprit_is_told_by_its_pg_status(tmp_path):
     for rank in (9, 14):
         assert raw[rank]["entries"] == []
         # what the sentence rests on: a counter that completed #45264 and enqueued nothing more
-        assert {"last_enqueued_collective": 45264, "last_started_collective": -1,
-                "last_completed_collective": 45264} in raw[rank]["pg_status"].values()
+        assert {
+            "last_enqueued_collective": 45264,
+            "last_started_collective": -1,
+            "last_completed_collective": 45264,
+        } in raw[rank]["pg_status"].values()
     _, findings = _import(LOCK_GIL, tmp_path / "run")
     top = findings[0]
     assert top["ranks"] == [9, 14] and top["metrics"]["seq"] == 45265, top
@@ -96,5 +106,7 @@ def test_an_empty_buffer_culprit_whose_counters_cannot_be_placed_is_said_unknown
     assert top["ranks"] == [9, 14] and top["metrics"]["op"] == "nccl:all_to_all", top
     for rank in (9, 14):
         assert f"rank {rank} completed" not in top["title"]
-        assert f"rank {rank} missing at #45265: its buffer is empty and its pg_status cannot be tied to " \
-               f"group {_hashed('72')}, so how far it got there is unknown" in top["title"], top["title"]
+        assert (
+            f"rank {rank} missing at #45265: its buffer is empty and its pg_status cannot be tied to "
+            f"group {_hashed('72')}, so how far it got there is unknown" in top["title"]
+        ), top["title"]

@@ -5,6 +5,7 @@ bench/hta_reference.py with HolisticTraceAnalysis 0.5.0 in a throwaway venv
 (the command is in that script's docstring). The fast scans against the dict
 path: test_kineto_scan.py.
 """
+
 import glob
 import json
 import os
@@ -41,7 +42,7 @@ def test_every_file_imports_or_is_refused_in_one_line(imported, tmp_path):
     files = sorted(glob.glob(str(KINETO / "**" / "*.json*"), recursive=True))
     assert len(files) >= 15
     in_sets = {str(KINETO / name / f) for name, info in HTA.items() for f in info["files"]}
-    imported_files = [p for p in files if p in in_sets]   # imported by the fixture, set by set
+    imported_files = [p for p in files if p in in_sets]  # imported by the fixture, set by set
     assert all(load_run(run, expected_warnings=SAMPLED.get(name, ())).ranks for name, run in imported.items())
     # one rank each of a multi-rank job, no HTA reference: they import
     single_ranks = [p for p in files if os.sep + "tracelens" + os.sep in p]
@@ -56,7 +57,7 @@ def test_every_file_imports_or_is_refused_in_one_line(imported, tmp_path):
         assert "\n" not in message and os.path.basename(path) in message
         refused.append(os.path.basename(path))
     assert len(imported_files) >= 15
-    assert refused == ["benchmark_simple_add_et.json.gz"]   # an execution trace, not Kineto
+    assert refused == ["benchmark_simple_add_et.json.gz"]  # an execution trace, not Kineto
 
 
 @pytest.mark.parametrize("name", [n for n, info in HTA.items() if "ranks" in info])
@@ -91,7 +92,7 @@ def test_nccl_metadata_becomes_collectives(imported):
     assert calls["seq"].tolist() == list(range(len(calls)))
     first = calls[calls["name"] == "all_reduce"].iloc[0]
     assert first["bytes"] == 2049000 * 4 and first["async_op"]
-    assert (calls["exit_ns"] > calls["issue_ns"]).all()   # done = kernel end
+    assert (calls["exit_ns"] > calls["issue_ns"]).all()  # done = kernel end
 
 
 def test_a_kernel_is_the_collective_its_launch_ran_inside(tmp_path):
@@ -108,16 +109,31 @@ def test_a_kernel_is_the_collective_its_launch_ran_inside(tmp_path):
         return cpu("cudaLaunchKernel", tid, ts, 2, cat="cuda_runtime", correlation=correlation)
 
     def kernel(name, ts, correlation):
-        return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 9, "ts": ts, "dur": 50,
-                "args": {"stream": 9, "correlation": correlation}}
+        return {
+            "ph": "X",
+            "cat": "kernel",
+            "name": name,
+            "pid": 0,
+            "tid": 9,
+            "ts": ts,
+            "dur": 50,
+            "args": {"stream": 9, "correlation": correlation},
+        }
 
     send_recv = "ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)"
-    events = [cpu("nccl:all_reduce", 1, 100, 100, **{"Input Dims": [[1000], []], "Input type": ["float", "Scalar"]}),
-              cpu("nccl:all_to_all", 2, 105, 75, **{"Input Dims": [[4, 4]], "Input type": ["long int"]}),
-              cpu("nccl:all_reduce", 1, 100, 100, cat="gpu_user_annotation"),  # (the GPU-side copy)
-              launch(1, 110, 1), launch(1, 150, 2), launch(2, 120, 3), launch(3, 130, 4),
-              kernel(send_recv, 300, 1), kernel(send_recv, 400, 2), kernel(send_recv, 500, 3),
-              kernel("ncclDevKernel_AllGather_RING_LL(ncclDevComm*)", 600, 4)]
+    events = [
+        cpu("nccl:all_reduce", 1, 100, 100, **{"Input Dims": [[1000], []], "Input type": ["float", "Scalar"]}),
+        cpu("nccl:all_to_all", 2, 105, 75, **{"Input Dims": [[4, 4]], "Input type": ["long int"]}),
+        cpu("nccl:all_reduce", 1, 100, 100, cat="gpu_user_annotation"),  # (the GPU-side copy)
+        launch(1, 110, 1),
+        launch(1, 150, 2),
+        launch(2, 120, 3),
+        launch(3, 130, 4),
+        kernel(send_recv, 300, 1),
+        kernel(send_recv, 400, 2),
+        kernel(send_recv, 500, 3),
+        kernel("ncclDevKernel_AllGather_RING_LL(ncclDevComm*)", 600, 4),
+    ]
     trace = {"traceEvents": events, "distributedInfo": {"rank": 0, "world_size": 2}}
     path = tmp_path / "rank0.json"
     path.write_text(json.dumps(trace))
@@ -126,7 +142,10 @@ def test_a_kernel_is_the_collective_its_launch_ran_inside(tmp_path):
     rows = table.to_pylist()
     calls = [r for r in rows if r["kind"] == "collective"]
     assert [(r["name"], r["bytes"], r["seq"], r["start_ns"]) for r in calls] == [
-        ("all_reduce", 4000, 0, 300_000), ("all_to_all", 128, 1, 500_000), ("all_gather", 0, 2, 600_000)]
+        ("all_reduce", 4000, 0, 300_000),
+        ("all_to_all", 128, 1, 500_000),
+        ("all_gather", 0, 2, 600_000),
+    ]
     assert [r["start_ns"] for r in rows if r["kind"] == "done"] == [450_000, 550_000, 650_000]
     assert {r["group_ranks"] for r in calls} == {"0,1"}
 
@@ -139,13 +158,18 @@ def test_rows_are_in_start_order_each_collective_right_after_its_kernel():
 
     from diagnose.importers import kineto
     from diagnose.importers.kineto_columns import Strings
+
     files = HTA["hta/nccl_parser_config"]["files"]
     table, _ = kineto.file_table(str(KINETO / "hta" / "nccl_parser_config" / files[0]))
     rows = table.to_pylist()
     assert [r["start_ns"] for r in rows] == sorted(r["start_ns"] for r in rows)
     collectives = [i for i, r in enumerate(rows) if r["kind"] == "collective"]
-    assert collectives and all(rows[i - 1]["kind"] == "kernel" and rows[i - 1]["detail"] == "communication"
-                               and rows[i - 1]["start_ns"] == rows[i]["start_ns"] for i in collectives)
+    assert collectives and all(
+        rows[i - 1]["kind"] == "kernel"
+        and rows[i - 1]["detail"] == "communication"
+        and rows[i - 1]["start_ns"] == rows[i]["start_ns"]
+        for i in collectives
+    )
     assert table.schema.field("name").type == pa.string()
     column = Strings.concat([Strings.of(["b", "a", "b"]), Strings.of([]), Strings.of(["c", "a"])])
     assert column.arrow([4, 0, 3, 1, 2]).to_pylist() == ["a", "b", "c", "a", "b"]
@@ -168,6 +192,7 @@ def test_resnet_input_stall_contrast(imported):
 def test_resnet_input_stall_finding(imported):
     """The issue's acceptance: the same detectors as on a native run find the stall."""
     from diagnose.analysis.findings.run_detectors import detect
+
     kinds = {}
     for workers in (0, 4):
         run = load_run(imported[f"tb_plugin_resnet50/resnet50_num_workers_{workers}"])
@@ -181,6 +206,7 @@ def test_kernel_names_that_run_any_op_take_it_from_the_launching_call():
     comes from the nccl:<op> call that launched it (never "generic"); NCCL 2.27 on
     B200 writes the op in the kernel's own "Collective name"."""
     from diagnose.importers import kineto
+
     mi300, _ = kineto.file_table(str(fixture_path("kineto", "tracelens", "mi300_ddp_resnet_rank0.json.gz")))
     rows = mi300.to_pylist()
     generic = [r for r in rows if r["kind"] == "kernel" and r["name"].startswith("ncclDevKernel_Generic")]
@@ -212,19 +238,41 @@ def test_one_groups_kernels_on_two_streams_are_one_group_in_call_order():
         return cpu("cudaLaunchKernel", 1, ts, 2, cat="cuda_runtime", correlation=correlation)
 
     def kernel(stream, ts, correlation):
-        return {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgs)",
-                "pid": 0, "tid": stream, "ts": ts, "dur": 40,
-                "args": {"stream": stream, "correlation": correlation, "Process Group Name": "3",
-                         "Process Group Ranks": "[0, 1]", "Collective name": "allreduce"}}
+        return {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgs)",
+            "pid": 0,
+            "tid": stream,
+            "ts": ts,
+            "dur": 40,
+            "args": {
+                "stream": stream,
+                "correlation": correlation,
+                "Process Group Name": "3",
+                "Process Group Ranks": "[0, 1]",
+                "Collective name": "allreduce",
+            },
+        }
 
-    events = [cpu("nccl:all_reduce", 1, 100, 20), launch(105, 1),     # sync: on the compute stream 7
-              cpu("nccl:all_reduce", 1, 200, 20), launch(205, 2),     # async: on the NCCL stream 20
-              cpu("nccl:all_reduce", 1, 300, 20), launch(305, 3),     # sync again
-              kernel(7, 130, 1), kernel(20, 230, 2), kernel(7, 330, 3)]
+    events = [
+        cpu("nccl:all_reduce", 1, 100, 20),
+        launch(105, 1),  # sync: on the compute stream 7
+        cpu("nccl:all_reduce", 1, 200, 20),
+        launch(205, 2),  # async: on the NCCL stream 20
+        cpu("nccl:all_reduce", 1, 300, 20),
+        launch(305, 3),  # sync again
+        kernel(7, 130, 1),
+        kernel(20, 230, 2),
+        kernel(7, 330, 3),
+    ]
     table, _ = kineto.trace_table({"traceEvents": events, "distributedInfo": {"rank": 0, "world_size": 2}})
     calls = [r for r in table.to_pylist() if r["kind"] == "collective"]
-    assert [(r["group"], r["seq"], r["start_ns"]) for r in calls] == [("3", 0, 130_000), ("3", 1, 230_000),
-                                                                        ("3", 2, 330_000)]
+    assert [(r["group"], r["seq"], r["start_ns"]) for r in calls] == [
+        ("3", 0, 130_000),
+        ("3", 1, 230_000),
+        ("3", 2, 330_000),
+    ]
 
 
 def test_one_rank_of_eight_gets_no_share_above_the_step_and_says_what_it_cannot_tell(tmp_path):
@@ -234,8 +282,10 @@ def test_one_rank_of_eight_gets_no_share_above_the_step_and_says_what_it_cannot_
     critical "102% of the step". The share is of the longer of the host step and
     the device's span of the step's kernels, and the finding is info, saying why."""
     from diagnose.cli.after_run import analyze_run
-    out = import_kineto([str(fixture_path("kineto", "tracelens", "mi300_ddp_resnet_rank0.json.gz"))],
-                        str(tmp_path / "run"))[0]
+
+    out = import_kineto(
+        [str(fixture_path("kineto", "tracelens", "mi300_ddp_resnet_rank0.json.gz"))], str(tmp_path / "run")
+    )[0]
     _, findings = analyze_run([Path(out)], outputs=False, warn=lambda *a: None)
     (comm,) = [f for f in findings if f["kind"] == "exposed_comm"]
     m = comm["metrics"]

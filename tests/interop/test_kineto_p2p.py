@@ -7,6 +7,7 @@ native run writes one (group "SRC->DST", seq the n-th message of the pair), so
 that matching pairs the send with its recv. The traces here are synthetic, in
 the shape of those args; a trace without the peer keys stays as before.
 """
+
 import json
 
 import pytest
@@ -17,22 +18,38 @@ from diagnose.importers.kineto_columns import table_and_facts
 from tests.support import kineto_perturb
 from tests.support.jobs import load_run
 
-LATE_US = 30          # how much later rank 1's recv kernels start than rank 0's sends
+LATE_US = 30  # how much later rank 1's recv kernels start than rank 0's sends
 MESSAGES = 3
 FIRST_SEND_US = 200
 EVERY_US = 100
-TRANSFER_US = 10      # after both kernels are running, the data moves in this long
-NELEMS = 1024         # floats: 4 KiB per message
+TRANSFER_US = 10  # after both kernels are running, the data moves in this long
+NELEMS = 1024  # floats: 4 KiB per message
 
 
 def _kernel(name, ts, dur, correlation, **args):
-    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 20, "ts": ts, "dur": dur,
-            "args": {"stream": 20, "correlation": correlation, **args}}
+    return {
+        "ph": "X",
+        "cat": "kernel",
+        "name": name,
+        "pid": 0,
+        "tid": 20,
+        "ts": ts,
+        "dur": dur,
+        "args": {"stream": 20, "correlation": correlation, **args},
+    }
 
 
 def _launch(ts, correlation):
-    return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": ts, "dur": 2,
-            "args": {"correlation": correlation}}
+    return {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": "cudaLaunchKernel",
+        "pid": 1,
+        "tid": 1,
+        "ts": ts,
+        "dur": 2,
+        "args": {"correlation": correlation},
+    }
 
 
 def _rank_trace(rank: int, peer_keys: bool = True, peer_as_string: bool = False) -> dict:
@@ -40,11 +57,17 @@ def _rank_trace(rank: int, peer_keys: bool = True, peer_as_string: bool = False)
     recv kernels start LATE_US later, and each pair ends together (NCCL: a
     send's kernel runs until its recv has taken the data)."""
     meta = {"Process Group Name": "0", "Process Group Ranks": "[0, 1]", "dtype": "Float", "In msg nelems": NELEMS}
-    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#5", "pid": 1, "tid": 1, "ts": 50,
-               "dur": 1000},
-              _launch(60, 1),
-              _kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)", 100, 50, 1,
-                      **{"Collective name": "allreduce", "Seq": 0, **meta})]
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#5", "pid": 1, "tid": 1, "ts": 50, "dur": 1000},
+        _launch(60, 1),
+        _kernel(
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)",
+            100,
+            50,
+            1,
+            **{"Collective name": "allreduce", "Seq": 0, **meta},
+        ),
+    ]
     op, peer_key, peer = ("send", "Dst Rank", 1) if rank == 0 else ("recv", "Src Rank", 0)
     for i in range(MESSAGES):
         start = FIRST_SEND_US + EVERY_US * i + (LATE_US if rank == 1 else 0)
@@ -52,10 +75,17 @@ def _rank_trace(rank: int, peer_keys: bool = True, peer_as_string: bool = False)
         args = {"Collective name": op, "Rank": 1 - rank, "Seq": 1 + i, **meta}  # ("Rank": the peer's group rank)
         if peer_keys:
             args[peer_key] = str(peer) if peer_as_string else peer
-        events += [_launch(start - 20, 10 + i), _kernel("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)",
-                                                        start, end - start, 10 + i, **args)]
-    return {"traceEvents": events, "baseTimeNanoseconds": 1_700_000_000_000_000_000,
-            "distributedInfo": {"rank": rank, "world_size": 2, "backend": "nccl"}}
+        events += [
+            _launch(start - 20, 10 + i),
+            _kernel(
+                "ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", start, end - start, 10 + i, **args
+            ),
+        ]
+    return {
+        "traceEvents": events,
+        "baseTimeNanoseconds": 1_700_000_000_000_000_000,
+        "distributedInfo": {"rank": rank, "world_size": 2, "backend": "nccl"},
+    }
 
 
 def _import(tmp_path, traces):
@@ -126,8 +156,9 @@ def test_every_scan_path_reads_the_peer_alike():
     events = trace["traceEvents"]
     last = events[-1]
     del last["args"]["Collective name"]
-    events.append({"ph": "X", "cat": "user_annotation", "name": "nccl:send", "pid": 1, "tid": 1,
-                   "ts": last["ts"] - 25, "dur": 10})
+    events.append(
+        {"ph": "X", "cat": "user_annotation", "name": "nccl:send", "pid": 1, "tid": 1, "ts": last["ts"] - 25, "dur": 10}
+    )
     second = json.loads(json.dumps(events[4]))  # another kernel of the first send's call (its Seq)
     second["ts"], second["args"]["correlation"] = events[4]["ts"] + events[4]["dur"] + 1, 99
     events.append(second)
@@ -138,6 +169,7 @@ def test_every_scan_path_reads_the_peer_alike():
     rows = tables[0].to_pylist()
     p2p = [r for r in rows if r["kind"] == "p2p"]
     assert [(r["name"], r["group"], r["seq"], r["peer"]) for r in p2p] == [
-        ("send", "0->1", i, 1) for i in range(MESSAGES)]
+        ("send", "0->1", i, 1) for i in range(MESSAGES)
+    ]
     dones = [r for r in rows if r["kind"] == "done" and r["group"] == "0->1"]
     assert dones[0]["start_ns"] == 1_700_000_000_000_000_000 + (second["ts"] + second["dur"]) * 1000

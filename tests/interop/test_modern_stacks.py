@@ -4,6 +4,7 @@ functional API (DTensor's tensor parallelism) are recorded as torch.distributed
 calls are; FSDP2's name the unit they serve; torch.distributed.pipelining's
 stages and micro-batches come from the schedule; no job's numbers change.
 """
+
 import json
 import subprocess
 
@@ -25,12 +26,15 @@ def _run_both(tmp_path, stack: str, report=False):
     """The job plain and under `diagnose run`: its loaded run, after checking the losses agree
     (`report`: the run writes report.html too)."""
     plain, traced = tmp_path / "plain.json", tmp_path / "traced.json"
-    proc = subprocess.run(torchrun(2, SCRIPT, stack, plain), cwd=REPO, env=job_env(), capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        torchrun(2, SCRIPT, stack, plain), cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run_diagnose(["run", "--out", tmp_path / "run", "--", *torchrun(2, SCRIPT, stack, traced)],
-                 env=job_env(outputs=report, DIAGNOSE_TRACKING="off"))
-    assert json.loads(traced.read_text()) == json.loads(plain.read_text())   # the job's numbers unchanged
+    run_diagnose(
+        ["run", "--out", tmp_path / "run", "--", *torchrun(2, SCRIPT, stack, traced)],
+        env=job_env(outputs=report, DIAGNOSE_TRACKING="off"),
+    )
+    assert json.loads(traced.read_text()) == json.loads(plain.read_text())  # the job's numbers unchanged
     return load_run(tmp_path / "run")
 
 
@@ -71,9 +75,15 @@ def test_fsdp2_collectives_name_their_unit(tmp_path):
         mine = calls[calls["rank"] == rank]
         per_step = mine.groupby([mine["name"].str.split("_").str[0], "detail"]).size() / 5
         assert per_step.to_dict() == {
-            ("all", "fsdp:<root>"): 1, ("all", "fsdp:layers.0"): 2, ("all", "fsdp:layers.1"): 2,
-            ("all", "fsdp:layers.2"): 2, ("reduce", "fsdp:<root>"): 1, ("reduce", "fsdp:layers.0"): 1,
-            ("reduce", "fsdp:layers.1"): 1, ("reduce", "fsdp:layers.2"): 1}, per_step
+            ("all", "fsdp:<root>"): 1,
+            ("all", "fsdp:layers.0"): 2,
+            ("all", "fsdp:layers.1"): 2,
+            ("all", "fsdp:layers.2"): 2,
+            ("reduce", "fsdp:<root>"): 1,
+            ("reduce", "fsdp:layers.0"): 1,
+            ("reduce", "fsdp:layers.1"): 1,
+            ("reduce", "fsdp:layers.2"): 1,
+        }, per_step
     # 32-wide layers: communication dominates, and the finding speaks FSDP2: its knobs, and
     # how long each unit's collectives blocked the training thread
     findings = json.loads((tmp_path / "run" / "analysis" / "findings.json").read_text())
@@ -83,13 +93,16 @@ def test_fsdp2_collectives_name_their_unit(tmp_path):
     units = {k: v for k, v in exposed["metrics"].items() if k.startswith("fsdp_blocked_ms_per_step")}
     assert set(units) == {f"fsdp_blocked_ms_per_step[{u}]" for u in ("<root>", "layers.0", "layers.1", "layers.2")}
     assert all(v > 0 for v in units.values())
-    top = max(units, key=units.get)[len("fsdp_blocked_ms_per_step["):-1]
+    top = max(units, key=units.get)[len("fsdp_blocked_ms_per_step[") : -1]
     assert f"most exposed unit is {top} " in exposed["recommendation"]
     # prefetch overlap: on gloo FSDP2's all-gathers are synchronous calls, so nothing is in
     # flight while the thread computes: all of it exposed (the report says so per unit)
     table = run.fsdp_unit_comm()
-    assert set(zip(table["unit"], table["op"])) == {(u, op) for u in ("<root>", "layers.0", "layers.1", "layers.2")
-                                                     for op in ("all_gather_single", "reduce_scatter_single")}
+    assert set(zip(table["unit"], table["op"])) == {
+        (u, op)
+        for u in ("<root>", "layers.0", "layers.1", "layers.2")
+        for op in ("all_gather_single", "reduce_scatter_single")
+    }
     assert (table["exposed_ms_per_step"] > 0).all() and (table["overlapped_ms_per_step"] == 0).all(), table
     for row in table[table["op"] == "all_gather_single"].itertuples():
         assert exposed["metrics"][f"fsdp_all_gather_overlapped_ms_per_step[{row.unit}]"] == 0.0
@@ -104,17 +117,48 @@ def test_fsdp_unit_comm_splits_in_flight_time_from_blocked_time():
     import pandas as pd
 
     from diagnose.analysis.tables.fsdp_units import fsdp_unit_comm
+
     ms = 1_000_000
     rows = []
     for rank in (0, 1):
         for step in (1, 2):
             t = step * 100 * ms
-            rows.append(dict(rank=rank, step=step, name="all_gather_into_tensor", detail="fsdp:layers.0",
-                             issue_ns=t, return_ns=t + ms, wait_start_ns=t + 7 * ms, wait_end_ns=t + 9 * ms))
-            rows.append(dict(rank=rank, step=step, name="reduce_scatter_tensor", detail="fsdp:layers.0",
-                             issue_ns=t + 20 * ms, return_ns=t + 24 * ms, wait_start_ns=np.nan, wait_end_ns=np.nan))
-    rows.append(dict(rank=0, step=1, name="all_reduce", detail="", issue_ns=0, return_ns=5 * ms,
-                     wait_start_ns=np.nan, wait_end_ns=np.nan))  # not FSDP: left out
+            rows.append(
+                dict(
+                    rank=rank,
+                    step=step,
+                    name="all_gather_into_tensor",
+                    detail="fsdp:layers.0",
+                    issue_ns=t,
+                    return_ns=t + ms,
+                    wait_start_ns=t + 7 * ms,
+                    wait_end_ns=t + 9 * ms,
+                )
+            )
+            rows.append(
+                dict(
+                    rank=rank,
+                    step=step,
+                    name="reduce_scatter_tensor",
+                    detail="fsdp:layers.0",
+                    issue_ns=t + 20 * ms,
+                    return_ns=t + 24 * ms,
+                    wait_start_ns=np.nan,
+                    wait_end_ns=np.nan,
+                )
+            )
+    rows.append(
+        dict(
+            rank=0,
+            step=1,
+            name="all_reduce",
+            detail="",
+            issue_ns=0,
+            return_ns=5 * ms,
+            wait_start_ns=np.nan,
+            wait_end_ns=np.nan,
+        )
+    )  # not FSDP: left out
     table = fsdp_unit_comm(pd.DataFrame(rows), steady=[1, 2]).set_index("op")
     assert table.loc["all_gather_into_tensor", "exposed_ms_per_step"] == 3.0
     assert table.loc["all_gather_into_tensor", "overlapped_ms_per_step"] == 6.0
@@ -139,6 +183,7 @@ def test_pipelining_schedules_give_stages_and_micro_batches(tmp_path):
             assert set(mine["stage"]) == {rank}, (rank, name)
             assert mine.groupby("step")["microbatch"].apply(sorted).tolist() == [[0, 1]] * 5, (rank, name)
     from diagnose.analysis.tables.pipeline_topology import rank_stages
+
     assert rank_stages(events) == {0: 0, 1: 1}
     compute = run.breakdown().groupby("rank")[["forward_ms", "backward_ms"]].sum()
     assert (compute > 0).all().all(), compute  # per-stage compute

@@ -1,5 +1,6 @@
 """Issue 7: Nsight Systems SQLite import: the real export in tests/data/nsys, and
 a 2-rank synthetic export built on the real file's own table definitions."""
+
 import sqlite3
 from pathlib import Path
 
@@ -20,15 +21,13 @@ NVTX_EVENTS_DDL = """CREATE TABLE NVTX_EVENTS (
     textId INTEGER, domainId INTEGER, uint64Value INTEGER, int64Value INTEGER,
     doubleValue REAL, uint32Value INTEGER, int32Value INTEGER, floatValue REAL,
     jsonTextId INTEGER, jsonText TEXT, binaryData TEXT)"""
-COPIED = ("StringIds", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
-          "TARGET_INFO_SESSION_START_TIME")
+COPIED = ("StringIds", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "TARGET_INFO_SESSION_START_TIME")
 MS = 1_000_000
 
 
 def test_real_export_kernel_count_and_time_match_cupti_table(tmp_path):
     with sqlite3.connect(f"file:{REAL}?mode=ro", uri=True) as con:
-        count, total_ns = con.execute(
-            'SELECT count(*), sum("end" - start) FROM CUPTI_ACTIVITY_KIND_KERNEL').fetchone()
+        count, total_ns = con.execute('SELECT count(*), sum("end" - start) FROM CUPTI_ACTIVITY_KIND_KERNEL').fetchone()
         memcpy = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY").fetchone()[0]
         gpid = con.execute("SELECT globalPid FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 1").fetchone()[0]
         pid = con.execute("SELECT pid FROM PROCESSES WHERE globalPid = ?", (gpid,)).fetchone()[0]
@@ -48,8 +47,9 @@ NCCL_COMM_ID = 12715772615376301750
 SEND_RECV = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
 
 
-def _synthetic(path: Path, pid: int, session_start_ns: int, steps: list, nccl_nvtx: bool = False,
-               p2p: tuple = ()) -> None:
+def _synthetic(
+    path: Path, pid: int, session_start_ns: int, steps: list, nccl_nvtx: bool = False, p2p: tuple = ()
+) -> None:
     """One rank's export: NVTX ranges from our domain, kernels launched inside
     them. nccl_nvtx: NCCL's own NVTX range (domain "NCCL", the payload entries
     of NCCL's schema as nsys exports them in jsonText) around the all-reduce's
@@ -73,35 +73,51 @@ def _synthetic(path: Path, pid: int, session_start_ns: int, steps: list, nccl_nv
     gtid = (1 << 48) | (pid << 24) | pid
     gpid = (1 << 48) | (pid << 24)
     con.execute("INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (?, '', '', 0)", (session_start_ns,))
-    con.execute("INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid, domainId) "
-                "VALUES (0, 75, 'diagnose', ?, 1)", (gtid,))
-    con.execute("INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid, domainId) "
-                "VALUES (0, 75, 'NCCL', ?, 2)", (gtid,))
+    con.execute(
+        "INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid, domainId) VALUES (0, 75, 'diagnose', ?, 1)",
+        (gtid,),
+    )
+    con.execute(
+        "INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid, domainId) VALUES (0, 75, 'NCCL', ?, 2)", (gtid,)
+    )
     categories = {kind: i + 1 for i, kind in enumerate(("forward", "backward", "optimizer", "data"))}
     for kind, cat in categories.items():
-        con.execute("INSERT INTO NVTX_EVENTS (start, eventType, category, text, globalTid, domainId) "
-                    "VALUES (0, 33, ?, ?, ?, 1)", (cat, kind, gtid))
+        con.execute(
+            "INSERT INTO NVTX_EVENTS (start, eventType, category, text, globalTid, domainId) "
+            "VALUES (0, 33, ?, ?, ?, 1)",
+            (cat, kind, gtid),
+        )
     corr = [1000]
 
     def nvtx(kind, name, start, end):
-        con.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, category, textId, globalTid, "
-                    "domainId) VALUES (?, ?, 59, ?, ?, ?, 1)", (start, end, categories[kind], sid(name), gtid))
+        con.execute(
+            "INSERT INTO NVTX_EVENTS (start, end, eventType, category, textId, globalTid, "
+            "domainId) VALUES (?, ?, 59, ?, ?, ?, 1)",
+            (start, end, categories[kind], sid(name), gtid),
+        )
 
     def call(text, start, end, domain, payload=None):
-        con.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, domainId, jsonText) "
-                    "VALUES (?, ?, 59, ?, ?, ?, ?)", (start, end, text, gtid, domain, payload))
+        con.execute(
+            "INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, domainId, jsonText) "
+            "VALUES (?, ?, 59, ?, ?, ?, ?)",
+            (start, end, text, gtid, domain, payload),
+        )
 
     def kernel(name, launch, start, end, stream):
         corr[0] += 1
-        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid, "
-                    "correlationId, nameId, returnValue) VALUES (?, ?, 0, ?, ?, ?, 0)",
-                    (launch, launch + 5000, gtid, corr[0], sid("cudaLaunchKernel_v7000")))
-        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, contextId, streamId, "
-                    "correlationId, globalPid, demangledName, shortName, registersPerThread, gridX, "
-                    "gridY, gridZ, blockX, blockY, blockZ, staticSharedMemory, dynamicSharedMemory, "
-                    "localMemoryPerThread, localMemoryTotal, gridId) "
-                    "VALUES (?, ?, 0, 1, ?, ?, ?, ?, ?, 32, 1, 1, 1, 128, 1, 1, 0, 0, 0, 0, ?)",
-                    (start, end, stream, corr[0], gpid, sid(name), sid(name.split("(")[0]), corr[0]))
+        con.execute(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid, "
+            "correlationId, nameId, returnValue) VALUES (?, ?, 0, ?, ?, ?, 0)",
+            (launch, launch + 5000, gtid, corr[0], sid("cudaLaunchKernel_v7000")),
+        )
+        con.execute(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, contextId, streamId, "
+            "correlationId, globalPid, demangledName, shortName, registersPerThread, gridX, "
+            "gridY, gridZ, blockX, blockY, blockZ, staticSharedMemory, dynamicSharedMemory, "
+            "localMemoryPerThread, localMemoryTotal, gridId) "
+            "VALUES (?, ?, 0, 1, ?, ?, ?, ?, ?, 32, 1, 1, 1, 128, 1, 1, 0, 0, 0, 0, ?)",
+            (start, end, stream, corr[0], gpid, sid(name), sid(name.split("(")[0]), corr[0]),
+        )
 
     for s in steps:  # all times relative to this rank's session start
         t = s["t"]
@@ -112,12 +128,22 @@ def _synthetic(path: Path, pid: int, session_start_ns: int, steps: list, nccl_nv
         t += 10 * MS
         nvtx("backward", "backward", t, t + 20 * MS)
         kernel("void gemm_bwd(float*)", t + MS, t + 2 * MS, t + s.get("bwd_end", 15 * MS), 7)
-        kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
-               t + 2 * MS, s["nccl"], s["nccl_end"], 20)
+        kernel(
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            t + 2 * MS,
+            s["nccl"],
+            s["nccl_end"],
+            20,
+        )
         if nccl_nvtx:
-            call("ncclAllReduce", t + 2 * MS - 1000, t + 2 * MS + 9000, 2,
-                 '{"NCCL communicator ID": %d, "Rank": 0, "Message size [bytes]": 4194304, '
-                 '"Reduction operation": "ncclSum"}' % NCCL_COMM_ID)
+            call(
+                "ncclAllReduce",
+                t + 2 * MS - 1000,
+                t + 2 * MS + 9000,
+                2,
+                '{"NCCL communicator ID": %d, "Rank": 0, "Message size [bytes]": 4194304, '
+                '"Reduction operation": "ncclSum"}' % NCCL_COMM_ID,
+            )
             call("nccl:all_to_all", t + 3 * MS, t + 4 * MS, 0)
             kernel(SEND_RECV, t + 3 * MS + 100_000, s["nccl_end"] + MS, s["nccl_end"] + 2 * MS, 20)
             kernel(SEND_RECV, t + 3 * MS + 300_000, s["nccl_end"] + 2 * MS, s["nccl_end"] + 3 * MS, 20)
@@ -137,14 +163,13 @@ def test_synthetic_two_rank_export_matches_the_native_picture(tmp_path):
     step_ms = 50 * MS
     plan = {0: [], 1: []}
     for k in range(4):
-        start = k * step_ms + 1 * MS                     # wall offset from `base`
+        start = k * step_ms + 1 * MS  # wall offset from `base`
         for rank, extra in ((0, 0), (1, 3 * MS)):
             data = 4 * MS + extra
-            nccl = start + data + 10 * MS + 14 * MS      # after this rank's backward kernel
+            nccl = start + data + 10 * MS + 14 * MS  # after this rank's backward kernel
             nccl_end = start + 4 * MS + 3 * MS + 10 * MS + 14 * MS + 2 * MS  # same instant on both
-            shift = -lag if rank == 1 else 0             # to this rank's session time
-            plan[rank].append({"t": start + shift, "data": data, "nccl": nccl + shift,
-                               "nccl_end": nccl_end + shift})
+            shift = -lag if rank == 1 else 0  # to this rank's session time
+            plan[rank].append({"t": start + shift, "data": data, "nccl": nccl + shift, "nccl_end": nccl_end + shift})
     paths = []
     for rank, pid, start in ((0, 4101, base), (1, 4102, base + lag)):
         path = tmp_path / f"rank{rank}.sqlite"
@@ -157,7 +182,7 @@ def test_synthetic_two_rank_export_matches_the_native_picture(tmp_path):
     assert sorted(steps.groupby("rank")["step"].count().tolist()) == [4, 4]
     breakdown = run.breakdown().set_index(["rank", "step"])
     for rank, data_ms in ((0, 4.0), (1, 7.0)):
-        rows = breakdown.loc[rank].loc[1:]               # step 0 starts at the first range
+        rows = breakdown.loc[rank].loc[1:]  # step 0 starts at the first range
         assert rows["forward_ms"].tolist() == pytest.approx([10.0] * 3)
         assert rows["backward_ms"].tolist() == pytest.approx([20.0] * 3)
         assert rows["optimizer_ms"].tolist() == pytest.approx([5.0] * 3)
@@ -174,14 +199,14 @@ def test_synthetic_two_rank_export_matches_the_native_picture(tmp_path):
     assert (kernels["correlation"] > 0).all() and set(kernels["stream"]) == {7, 20}
     tb = run.temporal_breakdown()
     assert (tb[["idle_frac", "compute_frac", "non_compute_frac"]].sum(axis=1)).tolist() == pytest.approx([1, 1])
-    assert set(run.collectives()["group_ranks"]) == {"0,1"}   # the imported ranks: an export names no group
+    assert set(run.collectives()["group_ranks"]) == {"0,1"}  # the imported ranks: an export names no group
     found = detect(run)
     assert [w for w in run.warnings if "detector" in w] == []
     # rank 1 is late for a host reason (its input), not its GPU: no straggler on device compute
-    (stall,) = found   # and nothing else
+    (stall,) = found  # and nothing else
     assert stall["kind"] == "input_stall"
     assert stall["ranks"] == [1] and stall["stage"] is None and stall["callsite"] is None
-    assert stall["metrics"]["device_time"] == 1.0   # the GPU idles while rank 1 waits for its input
+    assert stall["metrics"]["device_time"] == 1.0  # the GPU idles while rank 1 waits for its input
 
 
 def test_synthetic_export_with_a_slower_gpu_names_the_straggler(tmp_path):
@@ -193,8 +218,15 @@ def test_synthetic_export_with_a_slower_gpu_names_the_straggler(tmp_path):
         start = k * step_ms + MS
         for rank, slower in ((0, 0), (1, 4 * MS)):
             t_bwd = start + 4 * MS + 10 * MS
-            plan[rank].append({"t": start, "data": 4 * MS, "bwd_end": 15 * MS + slower,
-                               "nccl": t_bwd + 15 * MS + slower, "nccl_end": t_bwd + 15 * MS + 4 * MS + 2 * MS})
+            plan[rank].append(
+                {
+                    "t": start,
+                    "data": 4 * MS,
+                    "bwd_end": 15 * MS + slower,
+                    "nccl": t_bwd + 15 * MS + slower,
+                    "nccl_end": t_bwd + 15 * MS + 4 * MS + 2 * MS,
+                }
+            )
     paths = []
     for rank, pid in ((0, 4101), (1, 4102)):
         path = tmp_path / f"rank{rank}.sqlite"
@@ -233,16 +265,22 @@ def test_nccl_send_and_recv_ranges_with_a_peer_are_matched_as_pairs(tmp_path, pe
     paths = []
     for rank, pid, text, peer in ((0, 4101, "ncclSend", 1), (1, 4102, "ncclRecv", 0)):
         payload = '{"NCCL communicator ID": %d, "Message size [bytes]": 4096%s}' % (
-            NCCL_COMM_ID, ', "Peer rank": %d' % peer if peer_known else "")
-        sends = [(text, payload, i * 10 * MS, i * 10 * MS + MS + (late if rank else 0), i * 10 * MS + MS + late + MS)
-                 for i in range(3)]
+            NCCL_COMM_ID,
+            ', "Peer rank": %d' % peer if peer_known else "",
+        )
+        sends = [
+            (text, payload, i * 10 * MS, i * 10 * MS + MS + (late if rank else 0), i * 10 * MS + MS + late + MS)
+            for i in range(3)
+        ]
         path = tmp_path / f"rank{rank}.sqlite"
         _synthetic(path, pid, base, [], p2p=sends)
         paths.append(str(path))
     # without the peer, a send and a recv at one position of the communicator
     # are refused as one collective (their ops differ): the loader says so
-    run = load_run(import_nsys(paths, str(tmp_path / "run"))[0],
-                   expected_warnings=() if peer_known else ("3 of 3 collectives differ (op or size)",))
+    run = load_run(
+        import_nsys(paths, str(tmp_path / "run"))[0],
+        expected_warnings=() if peer_known else ("3 of 3 collectives differ (op or size)",),
+    )
     events = run.events()
     if not peer_known:
         assert not (events["kind"] == "p2p").any()

@@ -1,5 +1,6 @@
 """Issue 7: NVTXT export (checked against the NVTXT grammar) and the .nsys-rep
 export through nvtx.writer (NVTXW), here with a stand-in for the module."""
+
 import re
 import sys
 import types
@@ -58,8 +59,15 @@ def parse_nvtxt(text: str) -> dict:
         assert "TimeBase" in variables and "ProcessId" in variables, where
         if name == "RangeStartEnd":
             assert int(fields["Start"]) <= int(fields["End"]), where
-            ranges.append((int(fields["Start"]), int(fields["End"]), int(fields["ThreadId"]),
-                           fields["Message"][1:-1], int(variables.get("CategoryId", 0))))
+            ranges.append(
+                (
+                    int(fields["Start"]),
+                    int(fields["End"]),
+                    int(fields["ThreadId"]),
+                    fields["Message"][1:-1],
+                    int(variables.get("CategoryId", 0)),
+                )
+            )
         else:
             marks.append((int(fields["Time"]), fields["Message"][1:-1]))
     return {"ranges": ranges, "marks": marks, "variables": variables}
@@ -73,21 +81,58 @@ def small_run(tmp_path) -> Path:
     for rank in (0, 1):
         w = PartWriter(str(run / "traces" / rank_dir_name(rank)))
         base = 5_000_000_000 + rank * 1000
-        w.write_events([
-            event_row("step", "step", base, base + 100_000_000, step=0),
-            event_row("forward", "forward", base + 1_000_000, base + 30_000_000, step=0),
-            event_row("phase", 'say "hi"', base + 2_000_000, base + 3_000_000, step=0),
-            event_row("collective", "all_reduce", base + 40_000_000, base + 40_100_000, step=0,
-                      group="0", group_ranks="0,1", seq=0, async_op=True),
-            event_row("done", "all_reduce", base + 60_000_000, base + 60_000_000, step=0, group="0",
-                      group_ranks="0,1", seq=0, async_op=True),
-            event_row("kernel", "void gemm(float*)", base + 5_000_000, base + 9_000_000, step=0,
-                      group="7", detail="compute"),
-            event_row("mark", "checkpoint", base + 90_000_000, base + 90_000_000, step=0),
-        ])
-        w.write_meta({"rank": rank, "pid": 100 + rank, "world_size": 2,
-                      "clock": {"mono_anchor_ns": 0, "wall_anchor_ns": 1_700_000_000_000_000_000,
-                                "offset_to_rank0_ns": rank * 1000, "offset_error_ns": 10}})
+        w.write_events(
+            [
+                event_row("step", "step", base, base + 100_000_000, step=0),
+                event_row("forward", "forward", base + 1_000_000, base + 30_000_000, step=0),
+                event_row("phase", 'say "hi"', base + 2_000_000, base + 3_000_000, step=0),
+                event_row(
+                    "collective",
+                    "all_reduce",
+                    base + 40_000_000,
+                    base + 40_100_000,
+                    step=0,
+                    group="0",
+                    group_ranks="0,1",
+                    seq=0,
+                    async_op=True,
+                ),
+                event_row(
+                    "done",
+                    "all_reduce",
+                    base + 60_000_000,
+                    base + 60_000_000,
+                    step=0,
+                    group="0",
+                    group_ranks="0,1",
+                    seq=0,
+                    async_op=True,
+                ),
+                event_row(
+                    "kernel",
+                    "void gemm(float*)",
+                    base + 5_000_000,
+                    base + 9_000_000,
+                    step=0,
+                    group="7",
+                    detail="compute",
+                ),
+                event_row("mark", "checkpoint", base + 90_000_000, base + 90_000_000, step=0),
+            ]
+        )
+        w.write_meta(
+            {
+                "rank": rank,
+                "pid": 100 + rank,
+                "world_size": 2,
+                "clock": {
+                    "mono_anchor_ns": 0,
+                    "wall_anchor_ns": 1_700_000_000_000_000_000,
+                    "offset_to_rank0_ns": rank * 1000,
+                    "offset_error_ns": 10,
+                },
+            }
+        )
     return run
 
 

@@ -3,6 +3,7 @@ block) under `diagnose run`: its tensor-parallel all-reduces (functional
 collectives issued by DTensor) are recorded and matched across the TP group; a
 rank slow inside its TP region is the straggler; a slow dataset is an input
 stall; compiled, it compiles as it does without diagnose."""
+
 import json
 import subprocess
 
@@ -27,8 +28,9 @@ def _tp_all_reduces(run):
 def test_tp_straggler_in_an_fsdp2_x_tp_job(tmp_path):
     """dp2 x tp2: rank 1 sleeps between its column- and row-parallel matmuls."""
     out = tmp_path / "tp"
-    run_diagnose(["run", "--out", out, "--", *torchrun(4, SAMPLE, "--tp", 2, "--steps", 14,
-                                                       "--slow-rank", 1, "--slow-ms", 25)])
+    run_diagnose(
+        ["run", "--out", out, "--", *torchrun(4, SAMPLE, "--tp", 2, "--steps", 14, "--slow-rank", 1, "--slow-ms", 25)]
+    )
     run = load_run(out)
     tp = _tp_all_reduces(run)
     assert set(tp["group_ranks"]) == {"0,1", "2,3"}, set(tp["group_ranks"])
@@ -38,8 +40,7 @@ def test_tp_straggler_in_an_fsdp2_x_tp_job(tmp_path):
     assert set(tp["group"]) <= set(arrivals["group"])
     calls = run.collectives()
     fsdp = calls[calls["detail"].astype(str).str.startswith("fsdp:")]
-    assert set(fsdp["name"].str.split("_").str[:2].str.join("_")) == {"all_gather", "reduce_scatter"}, \
-        set(fsdp["name"])
+    assert set(fsdp["name"].str.split("_").str[:2].str.join("_")) == {"all_gather", "reduce_scatter"}, set(fsdp["name"])
     stragglers = _serious(out, "straggler")
     assert stragglers and stragglers[0]["ranks"] == [1], _findings(out)
 
@@ -58,8 +59,14 @@ def test_compiled_blocks_compile_as_without_diagnose(tmp_path):
     collectives run in its hooks, outside the graphs, and are recorded."""
     args = [SAMPLE, "--tp", 2, "--steps", 8, "--compile"]
     plain, traced = tmp_path / "plain.json", tmp_path / "traced.json"
-    proc = subprocess.run(torchrun(2, *args, "--compile-stats", plain), cwd=REPO, env=job_env(),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        torchrun(2, *args, "--compile-stats", plain),
+        cwd=REPO,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "run"
     run_diagnose(["run", "--out", out, "--", *torchrun(2, *args, "--compile-stats", traced)], timeout=600)
@@ -71,6 +78,8 @@ def test_compiled_blocks_compile_as_without_diagnose(tmp_path):
     # fullgraph=True: a graph break would raise, so this compiles only if diagnose's
     # wrappers stay out of the graph; without breaks it counts what the plain run did
     whole = tmp_path / "fullgraph.json"
-    run_diagnose(["run", "--out", tmp_path / "fullgraph", "--",
-                  *torchrun(2, *args, "--fullgraph", "--compile-stats", whole)], timeout=600)
+    run_diagnose(
+        ["run", "--out", tmp_path / "fullgraph", "--", *torchrun(2, *args, "--fullgraph", "--compile-stats", whole)],
+        timeout=600,
+    )
     assert stats["graph_breaks"] == {} and json.loads(whole.read_text()) == stats

@@ -2,6 +2,7 @@
 Recorder settings reach every rank, a hang is dumped and diagnosed while the job
 is still hung (and the job is left to its backend), and a checkpoint a few steps
 long is not a hang."""
+
 import json
 import os
 import shutil
@@ -29,9 +30,19 @@ def hung_run(tmp_path_factory):
     (--pg-timeout-s) is what ends the job, 20 s in, not diagnose."""
     out = tmp_path_factory.mktemp("fr") / "hung"
     started = time.monotonic()
-    proc = run_diagnose(["run", "--out", out, "--hang-timeout", 6, "--", *_trainer(
-        "--steps", 30, "--fault", "hang:rank=1,step=5", "--pg-timeout-s", PG_TIMEOUT_S)],
-        check=False, timeout=300)
+    proc = run_diagnose(
+        [
+            "run",
+            "--out",
+            out,
+            "--hang-timeout",
+            6,
+            "--",
+            *_trainer("--steps", 30, "--fault", "hang:rank=1,step=5", "--pg-timeout-s", PG_TIMEOUT_S),
+        ],
+        check=False,
+        timeout=300,
+    )
     return out, proc, time.monotonic() - started
 
 
@@ -71,8 +82,12 @@ def test_a_hung_gloo_job_is_diagnosed_from_its_dumps_and_not_killed(hung_run, tm
             shutil.copy(folder / name, alone / name)
         run_diagnose(["import", "flight-recorder", alone, "--out", tmp_path / f"run-{form}"])
         again = _finding(tmp_path / f"run-{form}")
-        assert (again["ranks"], again["metrics"]["seq"], again["metrics"]["op"], again["metrics"]["group"]) == \
-            ([1], m["seq"], m["op"], m["group"]), (form, again)
+        assert (again["ranks"], again["metrics"]["seq"], again["metrics"]["op"], again["metrics"]["group"]) == (
+            [1],
+            m["seq"],
+            m["op"],
+            m["group"],
+        ), (form, again)
 
 
 def test_every_rank_gets_the_flight_recorder_settings(hung_run):
@@ -99,17 +114,30 @@ def test_the_names_follow_the_torch_version(tmp_path):
 
 
 def test_the_users_own_settings_are_left_alone(tmp_path):
-    extra, record = flight_recorder_env(str(tmp_path), {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50",
-                                                        "TORCH_NCCL_ENABLE_TIMING": "0",
-                                                        "TORCH_FR_DUMP_TEMP_FILE": "/elsewhere/fr_"})
+    extra, record = flight_recorder_env(
+        str(tmp_path),
+        {
+            "TORCH_NCCL_TRACE_BUFFER_SIZE": "50",
+            "TORCH_NCCL_ENABLE_TIMING": "0",
+            "TORCH_FR_DUMP_TEMP_FILE": "/elsewhere/fr_",
+        },
+    )
     # either generation of a name counts as the user's; neither is then overridden
-    assert not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_ENABLE_TIMING",
-                "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"} & set(extra), extra
+    assert not {
+        "TORCH_FR_BUFFER_SIZE",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE",
+        "TORCH_NCCL_ENABLE_TIMING",
+        "TORCH_FR_DUMP_TEMP_FILE",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+    } & set(extra), extra
     assert extra["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert extra["TORCH_FR_DEBUG_INFO_PIPE_FILE"] == str(tmp_path / "flight_recorder" / "pipe_")
     assert record["user_dump_prefix"] == "/elsewhere/fr_"
-    assert record["set_by_user"] == {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50", "TORCH_NCCL_ENABLE_TIMING": "0",
-                                     "TORCH_FR_DUMP_TEMP_FILE": "/elsewhere/fr_"}
+    assert record["set_by_user"] == {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "50",
+        "TORCH_NCCL_ENABLE_TIMING": "0",
+        "TORCH_FR_DUMP_TEMP_FILE": "/elsewhere/fr_",
+    }
 
 
 def test_a_checkpoint_three_steps_long_is_not_a_hang(tmp_path):
@@ -121,9 +149,19 @@ def test_a_checkpoint_three_steps_long_is_not_a_hang(tmp_path):
     step, ~7 s) does not: it leaves ~4.8 s for the flushes around the pause and a
     step slowed by contention. The user's own buffer size is kept."""
     out = tmp_path / "ckpt"
-    run_diagnose(["run", "--out", out, "--hang-floor", 0.5, "--", *_trainer(
-        "--steps", 12, "--emulated-device-ms-per-sample", 30, "--fault", "checkpoint:every=5,factor=3")],
-        env=job_env(TORCH_FR_BUFFER_SIZE=500), timeout=300)
+    run_diagnose(
+        [
+            "run",
+            "--out",
+            out,
+            "--hang-floor",
+            0.5,
+            "--",
+            *_trainer("--steps", 12, "--emulated-device-ms-per-sample", 30, "--fault", "checkpoint:every=5,factor=3"),
+        ],
+        env=job_env(TORCH_FR_BUFFER_SIZE=500),
+        timeout=300,
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["hang"] is None and manifest["stall"] is None and manifest["exit_status"] == 0
     watch = manifest["hang_watch"]
@@ -144,6 +182,7 @@ def test_the_debug_info_pipes_are_asked_without_blocking(tmp_path):
     pipe whose rank is gone (no reader) must not block the launcher."""
 
     from diagnose.run.flight_recorder_env import ask_backend_for_dumps
+
     folder = tmp_path / "flight_recorder"
     folder.mkdir()
     served, gone = folder / "pipe_0.pipe", folder / "pipe_1.pipe"
@@ -161,6 +200,7 @@ def test_the_debug_info_pipes_are_asked_without_blocking(tmp_path):
 
 def test_dumps_under_the_users_own_prefix_are_brought_in(tmp_path):
     from diagnose.run.flight_recorder_env import collect_user_dumps
+
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     for name in ("fr_0", "fr_1.json", "fr_notes.txt"):

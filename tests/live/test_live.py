@@ -2,6 +2,7 @@
 recent spread, and per-step metrics reach the MLflow run; the live child's
 priority; node health and Prometheus metrics of a running job. The monitor on
 synthetic snapshots (no job): test_monitor_alerts.py."""
+
 import json
 import os
 import signal
@@ -51,17 +52,20 @@ def test_the_live_child_runs_at_idle_priority_on_every_thread(tmp_path, monkeypa
     child the launcher spawns, at its first tick, is alone in its session, whose
     autogroup (where the kernel has them) is at nice 19, so that it does not weigh
     as much as a rank."""
-    script = ("import os, threading, time\n"
-              "threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n"
-              "from diagnose.live.child import yield_to_the_job\n"
-              "yield_to_the_job()\n"
-              "print(sorted({os.sched_getscheduler(int(t)) for t in os.listdir('/proc/self/task')}))\n")
+    script = (
+        "import os, threading, time\n"
+        "threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n"
+        "from diagnose.live.child import yield_to_the_job\n"
+        "yield_to_the_job()\n"
+        "print(sorted({os.sched_getscheduler(int(t)) for t in os.listdir('/proc/self/task')}))\n"
+    )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str([os.SCHED_IDLE]), out.stdout
 
     from diagnose import rundir
     from diagnose.live.child import LiveProcess
+
     monkeypatch.setenv("DIAGNOSE_TRACKING", "off")  # no MLflow store: not what is tested
     rundir.write_manifest(str(tmp_path), {"run_id": "t", "command": "true"})
     live = LiveProcess(str(tmp_path))
@@ -87,13 +91,17 @@ def _scrape(port: int) -> dict:
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
+
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
             text = response.read().decode()
     except OSError:
         return {}
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_node_health_reaches_mlflow_while_the_job_runs(tmp_path):
@@ -110,24 +118,60 @@ def test_node_health_reaches_mlflow_while_the_job_runs(tmp_path):
     one of its own: the suite's time is spent on launches. The alert comes before
     MLflow's first system metrics, which end the loop: no time added.)"""
     from tests.support.jobs import DIAGNOSE, REPO, job_env, torchrun
+
     out = tmp_path / "long"
     slow_from = 12  # early, so that the alert comes while MLflow's first system metrics are awaited
     # 4,000 steps of 16 samples at 8 ms each: over 8 min of data wait alone
     # (no analysis after it: what is checked is the live stream)
-    proc = subprocess.Popen([*DIAGNOSE, "run", "--out", str(out), "--no-analyze", "--metrics-port", "0", "--",
-                             *torchrun(2, "samples/ddp_mlp.py", "--steps", 4000, "--batch-size", 8,
-                                       "--slow-data-ms", 8, "--slow-rank", 1, "--slow-ms", 100,
-                                       "--slow-from-step", slow_from)],
-                            cwd=REPO, env=job_env(outputs=True), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    keys = ("system/rank_0_cpu_utilization_percentage", "system/rank_1_cpu_utilization_percentage",
-            "system/rank_0_rss_megabytes", "system/rank_1_rss_megabytes",
-            "system/network_receive_megabytes_per_second", "system/network_lo_receive_megabytes_per_second")
+    proc = subprocess.Popen(
+        [
+            *DIAGNOSE,
+            "run",
+            "--out",
+            str(out),
+            "--no-analyze",
+            "--metrics-port",
+            "0",
+            "--",
+            *torchrun(
+                2,
+                "samples/ddp_mlp.py",
+                "--steps",
+                4000,
+                "--batch-size",
+                8,
+                "--slow-data-ms",
+                8,
+                "--slow-rank",
+                1,
+                "--slow-ms",
+                100,
+                "--slow-from-step",
+                slow_from,
+            ),
+        ],
+        cwd=REPO,
+        env=job_env(outputs=True),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    keys = (
+        "system/rank_0_cpu_utilization_percentage",
+        "system/rank_1_cpu_utilization_percentage",
+        "system/rank_0_rss_megabytes",
+        "system/rank_1_rss_megabytes",
+        "system/network_receive_megabytes_per_second",
+        "system/network_lo_receive_megabytes_per_second",
+    )
     compute_alerts = ("diagnose_alerts_total", (("kind", "compute"), ("rank", "1")))
     seen, scrapes, started, polls = {}, [], time.monotonic(), 0
 
     def done() -> bool:
-        return len(seen) == len(keys) and any(s.get(compute_alerts, 0) >= 1 and
-                                              s.get(("diagnose_waited_for", (("rank", "1"),))) == 1 for s in scrapes)
+        return len(seen) == len(keys) and any(
+            s.get(compute_alerts, 0) >= 1 and s.get(("diagnose_waited_for", (("rank", "1"),))) == 1 for s in scrapes
+        )
+
     try:
         while proc.poll() is None and time.monotonic() - started < 150 and not done():
             time.sleep(0.25)  # the endpoint's poll period (a scrape costs ~1 ms): one sees rank 1's counter at 0
@@ -159,8 +203,14 @@ def test_node_health_reaches_mlflow_while_the_job_runs(tmp_path):
     assert max(seen["system/network_lo_receive_megabytes_per_second"]) > 0  # the all-reduces
     assert min(seen["system/rank_0_rss_megabytes"]) > 50 and max(seen["system/rank_0_cpu_utilization_percentage"]) > 0
     # Prometheus: step time per rank, and the straggler's alert counter rising after the slowdown
-    step_time = {r: [s[("diagnose_step_time_seconds", (("rank", str(r)),))] for s in scrapes
-                     if ("diagnose_step_time_seconds", (("rank", str(r)),)) in s] for r in (0, 1)}
+    step_time = {
+        r: [
+            s[("diagnose_step_time_seconds", (("rank", str(r)),))]
+            for s in scrapes
+            if ("diagnose_step_time_seconds", (("rank", str(r)),)) in s
+        ]
+        for r in (0, 1)
+    }
     assert step_time[0] and step_time[1], (len(scrapes), stderr[-3000:])
     counts = [s.get(compute_alerts) for s in scrapes]
     assert counts[0] == 0 and counts[-1] == 1, (counts, stderr[-3000:])

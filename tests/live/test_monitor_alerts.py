@@ -2,6 +2,7 @@
 step time, data wait or compute departing from its own recent spread, a rank
 that stops recording, how often events are polled, and the robust baseline.
 The same during a real job: test_live.py."""
+
 import io
 import json
 
@@ -24,16 +25,22 @@ class Clock:
 
 def monitor(tmp_path, clock):
     stream = io.StringIO()
-    mon = LiveMonitor(str(tmp_path), manifest={}, stream=stream, track=False, read_events=False,
-                      now=clock, wall_ns=clock.wall)
+    mon = LiveMonitor(
+        str(tmp_path), manifest={}, stream=stream, track=False, read_events=False, now=clock, wall_ns=clock.wall
+    )
     return mon, stream
 
 
 def snapshot(steps_by_rank, totals, clock, data_wait=None):
     data_wait = data_wait or {}
-    return {r: {"recent_steps": [[s, ms, data_wait.get((r, s), 1.0)] for s, ms in steps[-64:]],
-                "events_total": totals[r], "wall_ns": clock.wall()}
-            for r, steps in steps_by_rank.items()}
+    return {
+        r: {
+            "recent_steps": [[s, ms, data_wait.get((r, s), 1.0)] for s, ms in steps[-64:]],
+            "events_total": totals[r],
+            "wall_ns": clock.wall(),
+        }
+        for r, steps in steps_by_rank.items()
+    }
 
 
 def test_step_time_and_data_wait_departures_alert_once(tmp_path):
@@ -71,25 +78,33 @@ class ComputeFeed:
         self.polls += 1
         if self.polls <= self.silent_polls:
             return {}  # no part written yet, or none readable
-        out = {r: [(s, self.compute(r, s), self.compute(r, s) + 20.0) for s in range(self.sent, self.latest)]
-               for r in ranks}
+        out = {
+            r: [(s, self.compute(r, s), self.compute(r, s) + 20.0) for s in range(self.sent, self.latest)]
+            for r in ranks
+        }
         self.sent = self.latest
         self.done_step = {r: self.sent - 1 for r in ranks}
         return out
 
 
-@pytest.mark.parametrize("slow_ranks, silent_polls, alerted",
-                         [({1}, 0, [1]), ({0, 1, 2}, 0, []),
-                          # compute first read after the step times departed (CI's test_live failure)
-                          ({1}, 4, [1])])
+@pytest.mark.parametrize(
+    "slow_ranks, silent_polls, alerted",
+    [
+        ({1}, 0, [1]),
+        ({0, 1, 2}, 0, []),
+        # compute first read after the step times departed (CI's test_live failure)
+        ({1}, 4, [1]),
+    ],
+)
 def test_compute_names_one_slow_rank_but_not_a_job_wide_slowdown(tmp_path, slow_ranks, silent_polls, alerted):
     """One rank's own compute growing names it, and the others' step times,
     longer as they wait for it, are not alerts; most ranks' compute growing in
     the same steps is the machine or the job (a note, no alert)."""
     clock = Clock()
     mon, stream = monitor(tmp_path, clock)
-    mon.reader = ComputeFeed(lambda r, s: 100.0 + (s % 3) + (300.0 if r in slow_ranks and 12 <= s < 20 else 0.0),
-                             silent_polls)
+    mon.reader = ComputeFeed(
+        lambda r, s: 100.0 + (s % 3) + (300.0 if r in slow_ranks and 12 <= s < 20 else 0.0), silent_polls
+    )
     steps = {0: [], 1: [], 2: [], 3: []}
     for s in range(32):
         for r in steps:
@@ -99,8 +114,11 @@ def test_compute_names_one_slow_rank_but_not_a_job_wide_slowdown(tmp_path, slow_
         mon.tick(snapshot(steps, {r: s for r in steps}, clock))
     mon.close(0)
     text = stream.getvalue()
-    alerts = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()] \
-        if (tmp_path / "alerts.jsonl").exists() else []
+    alerts = (
+        [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+        if (tmp_path / "alerts.jsonl").exists()
+        else []
+    )
     assert [a["rank"] for a in alerts] == alerted, text
     assert all(a["kind"] == "compute" and 12 < a["step"] <= 16 for a in alerts), alerts
     assert ("slowed down together" in text) == (not alerted), text
@@ -129,13 +147,19 @@ def test_events_are_polled_rarely_until_a_step_time_departs(tmp_path):
     """A poll's pandas breakdown was half this process's CPU: while no step time
     departs it runs every QUIET_POLL_S, and at once (then every DEPARTING_POLL_S)
     when one does, so the slow rank is still named within a few steps."""
-    polled_at, _ = _steps_polled(tmp_path, 170, 0.5, lambda s: 120.0 + (s % 3) + (300.0 if s >= 150 else 0.0),
-                                 lambda r, s: 100.0 + (s % 3) + (300.0 if r == 1 and s >= 150 else 0.0))
+    polled_at, _ = _steps_polled(
+        tmp_path,
+        170,
+        0.5,
+        lambda s: 120.0 + (s % 3) + (300.0 if s >= 150 else 0.0),
+        lambda r, s: 100.0 + (s % 3) + (300.0 if r == 1 and s >= 150 else 0.0),
+    )
     quiet = [b - a for a, b in zip(polled_at, polled_at[1:]) if 20 <= a and b < 150]
     assert quiet and min(quiet) * 0.5 >= QUIET_POLL_S >= 5 * EVENT_POLL_S, polled_at
     departed = [p for p in polled_at if p >= 150]
-    assert departed[0] - 150 <= DEPARTING_POLL_S / 0.5 and departed[1] - departed[0] <= DEPARTING_POLL_S / 0.5, \
+    assert departed[0] - 150 <= DEPARTING_POLL_S / 0.5 and departed[1] - departed[0] <= DEPARTING_POLL_S / 0.5, (
         polled_at
+    )
     alerts = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
     assert [(a["rank"], a["kind"]) for a in alerts] == [(1, "compute")] and alerts[0]["step"] <= 156, alerts
 
@@ -145,9 +169,15 @@ def test_a_doubled_step_under_the_step_alert_polls_fast_and_names_the_rank_soon(
     alert's limit (median + 5 x 25%), so only WATCH_RATIO brings the polls forward;
     before, the alert waited for a quiet poll (5 s on average, bench/live_alert_latency.py)."""
     from diagnose.live.monitor import WATCH_RATIO
+
     # ~4 steps a second: one tick a step
-    polled_at, mon = _steps_polled(tmp_path, 115, 0.25, lambda s: 70.0 + (s % 3) + (70.0 if s >= 100 else 0.0),
-                                   lambda r, s: 50.0 + (s % 3) + (70.0 if r == 1 and s >= 100 else 0.0))
+    polled_at, mon = _steps_polled(
+        tmp_path,
+        115,
+        0.25,
+        lambda s: 70.0 + (s % 3) + (70.0 if s >= 100 else 0.0),
+        lambda r, s: 50.0 + (s % 3) + (70.0 if r == 1 and s >= 100 else 0.0),
+    )
     assert not mon.pending_step_alerts and WATCH_RATIO < 1.9  # the steps never alerted: a watch only
     after = [p for p in polled_at if p >= 100]
     assert after and after[0] - 100 <= DEPARTING_POLL_S / 0.25, polled_at
@@ -177,8 +207,12 @@ def test_a_rank_that_stops_recording_while_others_go_on_is_reported(tmp_path):
 def test_the_monitor_never_raises(tmp_path):
     clock = Clock()
     mon, stream = monitor(tmp_path, clock)
-    for bad in ({0: {"recent_steps": "garbage"}}, {0: {"recent_steps": [[1, "x", None]]}},
-                {0: None}, {0: {"events_total": object()}}):
+    for bad in (
+        {0: {"recent_steps": "garbage"}},
+        {0: {"recent_steps": [[1, "x", None]]}},
+        {0: None},
+        {0: {"events_total": object()}},
+    ):
         mon.tick(bad)
     mon.close(0)
     warnings = [line for line in stream.getvalue().splitlines() if "warning" in line]

@@ -5,6 +5,7 @@ fake of pynvml (no GPU here; tests/support/fake_pynvml.py),
 progress.json and meta.json on disk; the live monitor reads them with
 read_progress as the live child does, on a clock the test advances. The live
 CPU/RSS/network metrics of a real job reach MLflow in tests/live/test_live.py."""
+
 import io
 import json
 import types
@@ -39,8 +40,7 @@ def _job(tmp_path, host_of=lambda r: "node0"):
         recs.append(rec)
         samplers.append(NvmlSampler(nvml, nvml.nvmlDeviceGetHandleByIndex(r)))
     clock, stream = Clock(), io.StringIO()
-    monitor = LiveMonitor(str(tmp_path), manifest={}, stream=stream, track=False, read_events=False,
-                          now=clock)
+    monitor = LiveMonitor(str(tmp_path), manifest={}, stream=stream, track=False, read_events=False, now=clock)
     return recs, samplers, nvml, monitor, stream, clock
 
 
@@ -89,8 +89,10 @@ def test_a_nodes_network_collapsing_while_steps_slow_is_a_network_alert(tmp_path
     """Two nodes; node1's NIC traffic falls to nothing while the job's step time
     rises. Before, the same collapse with steady steps says nothing."""
     recs, samplers, nvml, monitor, stream, clock = _job(tmp_path, host_of=lambda r: f"node{r // 2}")
-    net = {0: {"net_rx_mb_per_s": 400.0, "net_tx_mb_per_s": 400.0},
-           2: {"net_rx_mb_per_s": 400.0, "net_tx_mb_per_s": 400.0}}
+    net = {
+        0: {"net_rx_mb_per_s": 400.0, "net_tx_mb_per_s": 400.0},
+        2: {"net_rx_mb_per_s": 400.0, "net_tx_mb_per_s": 400.0},
+    }
     for step in range(10):
         monitor.health.job_step(step, 100.0)
         _second(recs, samplers, monitor, clock, net)

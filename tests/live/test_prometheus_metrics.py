@@ -2,6 +2,7 @@
 rank the others wait for (arrival lag at collectives). In-process: the
 collector, its HTTP endpoint, the arrival lags and the CLI's checks. The scrape
 during a live 2-rank job is in test_live.py (test_node_health_reaches_mlflow_while_the_job_runs)."""
+
 import io
 import json
 import socket
@@ -20,10 +21,18 @@ from diagnose.live.rank_gauges import LIVE_STATE, RankGauges, read_live_state
 
 def collectives(arrivals, group="0", group_ranks="0,1,2,3", detail=""):
     """Event rows of collectives: arrivals = [(rank, seq, step, issue ms)]."""
-    return pd.DataFrame({"rank": [a[0] for a in arrivals], "kind": "collective", "group": group,
-                         "group_ranks": group_ranks, "seq": [a[1] for a in arrivals],
-                         "step": [a[2] for a in arrivals],
-                         "start_ns": [int(a[3] * 1e6) for a in arrivals], "detail": detail})
+    return pd.DataFrame(
+        {
+            "rank": [a[0] for a in arrivals],
+            "kind": "collective",
+            "group": group,
+            "group_ranks": group_ranks,
+            "seq": [a[1] for a in arrivals],
+            "step": [a[2] for a in arrivals],
+            "start_ns": [int(a[3] * 1e6) for a in arrivals],
+            "detail": detail,
+        }
+    )
 
 
 def job(late_rank=None, late_ms=0.0, steps=12, ranks=(0, 1, 2, 3)):
@@ -58,8 +67,11 @@ def test_arrival_lag_matches_only_this_nodes_members_and_prefers_device_rows():
     lags.add(job(late_rank=1, late_ms=20.0, ranks=(0, 1)), [0, 1])
     assert lags.waited_for(step_ms=100.0)[0] == 1 and not lags.open
     # a group of one member here is skipped; a device row replaces its host twin
-    host_late = collectives([(0, 0, 0, 0.0), (1, 0, 0, 40.0), (0, 1, 1, 100.0), (1, 1, 1, 140.0),
-                             (0, 2, 2, 200.0), (1, 2, 2, 240.0)], group="7", group_ranks="0,1")
+    host_late = collectives(
+        [(0, 0, 0, 0.0), (1, 0, 0, 40.0), (0, 1, 1, 100.0), (1, 1, 1, 140.0), (0, 2, 2, 200.0), (1, 2, 2, 240.0)],
+        group="7",
+        group_ranks="0,1",
+    )
     device = host_late.assign(detail="gpu", start_ns=host_late["start_ns"] - (host_late["rank"] * 40e6).astype(int))
     solo = collectives([(0, 0, 0, 5.0)], group="9", group_ranks="0,8")
     fresh = ArrivalLags()
@@ -71,8 +83,14 @@ def test_collector_serves_every_documented_metric_and_alert_counters_rise(tmp_pa
     gauges = RankGauges(str(tmp_path))
     reader = type("Reader", (), {"arrivals": ArrivalLags(), "exposed_comm_frac": {0: 0.4, 1: 0.05}})()
     reader.arrivals.add(job(late_rank=1, late_ms=40.0, ranks=(0, 1)), [0, 1])
-    progress = {r: {"steps_done": 12 - r, "recent_steps": [[11 - r, 120.0 + r, 3.0]],
-                    "samples": {"gpu_util_pct": 90.0 - r, "mem_used_mb": 1024.0}} for r in (0, 1)}
+    progress = {
+        r: {
+            "steps_done": 12 - r,
+            "recent_steps": [[11 - r, 120.0 + r, 3.0]],
+            "samples": {"gpu_util_pct": 90.0 - r, "mem_used_mb": 1024.0},
+        }
+        for r in (0, 1)
+    }
     lines = []
     server = serve(str(tmp_path), 0, gauges, lines.append)
     try:
@@ -108,8 +126,11 @@ def test_collector_serves_every_documented_metric_and_alert_counters_rise(tmp_pa
 def scrape(port: int) -> dict:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_the_monitor_counts_its_alerts_and_a_failing_gauge_stops_only_itself(tmp_path):
@@ -138,6 +159,7 @@ def test_live_state_is_ignored_once_stale(tmp_path):
 
 def test_metrics_port_without_prometheus_client_is_one_line_before_the_job(monkeypatch, capsys):
     from diagnose.cli import main
+
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # an import of it raises ImportError
     with pytest.raises(SystemExit) as exit_:
         main(["run", "--metrics-port", "0", "--", sys.executable, "-c", "raise SystemExit(5)"])

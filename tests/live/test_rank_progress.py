@@ -5,6 +5,7 @@ each rank read, in order of completion, to whoever asks (on_rank).
 Issue 48: `diagnose run`'s progress line waits for the ranks that have not
 reported yet, and names the rank the others wait for (the live monitor's
 arrival lags, via live.json), not the lowest index among ranks tied on steps."""
+
 import io
 import json
 import os
@@ -33,8 +34,13 @@ def test_the_loader_reports_every_rank_read(tmp_path):
 def test_analyze_on_a_terminal_shows_a_bar_over_the_ranks(tmp_path):
     run_dir = write_synthetic_run(str(tmp_path / "run"), ranks=RANKS, steps=4)
     master, slave = pty.openpty()
-    proc = subprocess.Popen([*DIAGNOSE, "analyze", run_dir, "--quiet", "--no-outputs"], cwd=REPO,
-                            env=job_env(COLUMNS="120"), stdout=subprocess.DEVNULL, stderr=slave)
+    proc = subprocess.Popen(
+        [*DIAGNOSE, "analyze", run_dir, "--quiet", "--no-outputs"],
+        cwd=REPO,
+        env=job_env(COLUMNS="120"),
+        stdout=subprocess.DEVNULL,
+        stderr=slave,
+    )
     os.close(slave)
     seen = b""
     while True:
@@ -75,11 +81,14 @@ def test_the_progress_line_names_the_rank_the_others_wait_for(tmp_path):
     whose rank 2 was the straggler); the live monitor's arrival lag names rank 2."""
     tied = {r: {"steps_done": 40, "last_step_ms": 650.0} for r in range(4)}
     assert _line(tmp_path, tied) == "diagnose: 4 ranks, step 40, last step 650 ms"
-    (tmp_path / LIVE_STATE).write_text(json.dumps({"wall_ns": time.time_ns(),
-                                                   "waited_for": {"rank": 2, "lag_ms": 301.4}}))
-    assert _line(tmp_path, tied) == ("diagnose: 4 ranks, step 40, the others wait for rank 2 "
-                                     "(+301 ms/step at collectives), last step 650 ms")
-    (tmp_path / LIVE_STATE).write_text(json.dumps({"wall_ns": time.time_ns() - 60 * 10**9,
-                                                   "waited_for": {"rank": 2, "lag_ms": 301.4}}))
+    (tmp_path / LIVE_STATE).write_text(
+        json.dumps({"wall_ns": time.time_ns(), "waited_for": {"rank": 2, "lag_ms": 301.4}})
+    )
+    assert _line(tmp_path, tied) == (
+        "diagnose: 4 ranks, step 40, the others wait for rank 2 (+301 ms/step at collectives), last step 650 ms"
+    )
+    (tmp_path / LIVE_STATE).write_text(
+        json.dumps({"wall_ns": time.time_ns() - 60 * 10**9, "waited_for": {"rank": 2, "lag_ms": 301.4}})
+    )
     spread = {0: {"steps_done": 40}, 1: {"steps_done": 39}, 2: {"steps_done": 37}, 3: {"steps_done": 40}}
     assert _line(tmp_path, spread) == "diagnose: 4 ranks, step 37-40, behind: rank 2"  # a stale live.json

@@ -1,6 +1,7 @@
 """A 2-rank gloo job of 4 batched exchanges (batch_isend_irecv), then
 destroy_process_group: shorter than diagnose's clock-sync pings, so it ends
 while their thread is still blocked in a store get (issue 44 B2)."""
+
 import torch
 import torch.distributed as dist
 

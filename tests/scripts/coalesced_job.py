@@ -4,6 +4,7 @@ do: async all-reduces waited through the manager, sync all-reduces, then
 batch_isend_irecv and destroy_process_group. Meanwhile a second thread runs
 all-reduces on a group of its own (an async checkpoint upload's, a communication
 thread's). Writes every result to --out (rank 0)."""
+
 import argparse
 import json
 import threading
@@ -36,12 +37,12 @@ def main():
         grads = [torch.full((4 + i,), float(rank + i + step)) for i in range(3)]
         with dist._coalescing_manager(async_ops=True) as cm:
             for t in grads:
-                dist.all_reduce(t, async_op=True)    # an _IllegalWork: nothing runs yet
+                dist.all_reduce(t, async_op=True)  # an _IllegalWork: nothing runs yet
         cm.wait()
         norms = [torch.full((2,), float(rank * 10 + i)) for i in range(2)]
         with dist._coalescing_manager():
             for t in norms:
-                dist.all_reduce(t)                   # None; runs at the manager's exit
+                dist.all_reduce(t)  # None; runs at the manager's exit
         send, recv = torch.full((3,), float(rank + step)), torch.empty(3)
         ops = [dist.P2POp(dist.isend, send, (rank + 1) % world), dist.P2POp(dist.irecv, recv, (rank - 1) % world)]
         for work in dist.batch_isend_irecv(ops):

@@ -9,6 +9,7 @@ that calls dist.all_reduce and a functional all_reduce, and an ordinary
 compiled module trained for a few optimizer steps (forward, backward, step:
 diagnose's step and forward/backward instrumentation in play).
 """
+
 import json
 import os
 import sys

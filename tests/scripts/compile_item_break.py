@@ -1,6 +1,7 @@
 """A compiled function that reads a value on the host (`.item()`): dynamo breaks
 the graph there and runs the read eagerly, a synchronisation on CUDA. One rank,
 gloo, 8 optimizer steps, backend aot_eager (no C++ toolchain needed)."""
+
 import torch
 import torch.distributed as dist
 

@@ -1,6 +1,7 @@
 """Trains a little, then kills itself at a chosen step (rank 1 only) with SIGKILL, or
 SIGABRT as NCCL's async error handling aborts a rank on a collective timeout (argv[3]),
 after writing its own monotonic clock to a file: the test then checks what survived."""
+
 import os
 import signal
 import sys

@@ -13,6 +13,7 @@
     launcher_job.py mpspawn torch.multiprocessing.spawn of --procs ranks that each
                             create a process group with the rank spawn gave them
 """
+
 import argparse
 import os
 import time

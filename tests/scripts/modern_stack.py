@@ -11,6 +11,7 @@ not change the numbers. argv[1] picks the parallelism:
   (rank 0: layers 0-1, rank 1: layer 2 and the head), Schedule1F1B with 2
   micro-batches (a bubble of 1/3 by its own order), no phases marked by the job.
 """
+
 import gc
 import json
 import sys
@@ -43,12 +44,14 @@ class LayeredMLP(torch.nn.Module):
 def dtensor_model():
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
     return parallelize_module(DTensorMLP(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()}), 0
 
 
 def fsdp2_model():
     from torch.distributed.fsdp import fully_shard
+
     model = LayeredMLP()
     for layer in model.layers:
         fully_shard(layer)
@@ -59,9 +62,13 @@ def fsdp2_model():
 def pipelined_steps(steps: int) -> list:
     """The losses of `steps` 1F1B steps, on the last stage (empty on the first)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
     rank, model = dist.get_rank(), LayeredMLP()
-    part = (torch.nn.Sequential(model.layers[0], torch.nn.ReLU(), model.layers[1], torch.nn.ReLU()) if rank == 0
-            else torch.nn.Sequential(model.layers[2], torch.nn.ReLU(), model.head))
+    part = (
+        torch.nn.Sequential(model.layers[0], torch.nn.ReLU(), model.layers[1], torch.nn.ReLU())
+        if rank == 0
+        else torch.nn.Sequential(model.layers[2], torch.nn.ReLU(), model.head)
+    )
     stage = PipelineStage(part, rank, dist.get_world_size(), torch.device("cpu"))
     schedule = Schedule1F1B(stage, n_microbatches=2, loss_fn=lambda out, target: (out - target).square().mean())
     opt = torch.optim.SGD(part.parameters(), lr=0.05)

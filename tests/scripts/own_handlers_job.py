@@ -2,6 +2,7 @@
 SIGRTMIN+1 (before torch is imported, as SLURM-aware jobs do), records any call
 to them in HANDLED_LOG, then hangs: rank 1 sleeps, rank 0 waits in all_reduce
 (issue 47: diagnose's stack signal must reach only its own handler)."""
+
 import os
 import signal
 import sys

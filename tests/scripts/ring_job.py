@@ -10,6 +10,7 @@ for it, so the ring slows down with its slowest member.
 
     torchrun --standalone --nproc-per-node 3 tests/scripts/ring_job.py --slow-rank 1 --factor 1.5
 """
+
 import argparse
 import time
 

@@ -15,12 +15,21 @@ returns, which is when the collective is done everywhere).
 This model checks the analysis against a known cause; the real traces in
 tests/data are the judge.
 """
+
 T0_US = 1_700_000_000_000_000.0
 LAUNCH_US = 20.0
 
 
-def traces(world: int, steps: int, slow_rank: int, slow_factor: float, fwd_us=(5000.0,) * 4,
-           bwd_us=(10000.0,) * 4, transfer_us=5000.0, optimizer_us=2000.0) -> tuple[list, list]:
+def traces(
+    world: int,
+    steps: int,
+    slow_rank: int,
+    slow_factor: float,
+    fwd_us=(5000.0,) * 4,
+    bwd_us=(10000.0,) * 4,
+    transfer_us=5000.0,
+    optimizer_us=2000.0,
+) -> tuple[list, list]:
     """(one Kineto trace per rank, one host-side view per rank: the collective
     calls and syncs as a host-side recorder sees them)."""
     events = [[] for _ in range(world)]
@@ -30,14 +39,33 @@ def traces(world: int, steps: int, slow_rank: int, slow_factor: float, fwd_us=(5
 
     def launch(rank, t_us, name, start_us, dur_us, stream, args=None):
         corr[0] += 1
-        events[rank].append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": rank,
-                             "tid": 1, "ts": t_us, "dur": LAUNCH_US / 2, "args": {"correlation": corr[0]}})
-        events[rank].append({"ph": "X", "cat": "kernel", "name": name, "pid": rank, "tid": stream,
-                             "ts": start_us, "dur": dur_us,
-                             "args": {"stream": stream, "correlation": corr[0], "device": rank, **(args or {})}})
+        events[rank].append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "pid": rank,
+                "tid": 1,
+                "ts": t_us,
+                "dur": LAUNCH_US / 2,
+                "args": {"correlation": corr[0]},
+            }
+        )
+        events[rank].append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": name,
+                "pid": rank,
+                "tid": stream,
+                "ts": start_us,
+                "dur": dur_us,
+                "args": {"stream": stream, "correlation": corr[0], "device": rank, **(args or {})},
+            }
+        )
 
-    host_t = [T0_US] * world       # when each host starts its step
-    device_t = [T0_US] * world     # when each compute stream is free
+    host_t = [T0_US] * world  # when each host starts its step
+    device_t = [T0_US] * world  # when each compute stream is free
     for step in range(steps):
         arrival, launched = [], []
         for r in range(world):
@@ -56,28 +84,75 @@ def traces(world: int, steps: int, slow_rank: int, slow_factor: float, fwd_us=(5
         end = max(arrival) + transfer_us
         for r in range(world):
             t = launched[r]
-            events[r].append({"ph": "X", "cat": "user_annotation", "name": "nccl:all_reduce", "pid": r,
-                              "tid": 1, "ts": t - 5, "dur": LAUNCH_US})
-            launch(r, t, "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
-                   arrival[r], end - arrival[r], 20,
-                   {"Collective name": "allreduce", "Process Group Name": "0", "Process Group Ranks": ranks,
-                    "In msg nelems": 1 << 20, "dtype": "Float"})
+            events[r].append(
+                {
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "name": "nccl:all_reduce",
+                    "pid": r,
+                    "tid": 1,
+                    "ts": t - 5,
+                    "dur": LAUNCH_US,
+                }
+            )
+            launch(
+                r,
+                t,
+                "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                arrival[r],
+                end - arrival[r],
+                20,
+                {
+                    "Collective name": "allreduce",
+                    "Process Group Name": "0",
+                    "Process Group Ranks": ranks,
+                    "In msg nelems": 1 << 20,
+                    "dtype": "Float",
+                },
+            )
             host[r].append(("collective", "all_reduce", t - 5, t - 5 + LAUNCH_US, step, ranks[1:-1].replace(" ", "")))
             t += LAUNCH_US
             launch(r, t, "void adam_kernel<float>(float*)", end, optimizer_us, 7)
             done = end + optimizer_us
             sync_start = t + LAUNCH_US
-            events[r].append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": r,
-                              "tid": 1, "ts": sync_start, "dur": done - sync_start})
+            events[r].append(
+                {
+                    "ph": "X",
+                    "cat": "cuda_runtime",
+                    "name": "cudaStreamSynchronize",
+                    "pid": r,
+                    "tid": 1,
+                    "ts": sync_start,
+                    "dur": done - sync_start,
+                }
+            )
             host[r].append(("sync", "cudaStreamSynchronize", sync_start, done, step, ""))
             step_start = host_t[r] - (len(fwd_us) + len(bwd_us) + 1) * LAUNCH_US
-            events[r].append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": r,
-                              "tid": 1, "ts": step_start, "dur": done + 100 - step_start})
+            events[r].append(
+                {
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "name": f"ProfilerStep#{step}",
+                    "pid": r,
+                    "tid": 1,
+                    "ts": step_start,
+                    "dur": done + 100 - step_start,
+                }
+            )
             host[r].append(("step", "step", step_start, done + 100, step, ""))
             host_t[r] = done + 100
             device_t[r] = done
-    return ([{"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": r, "world_size": world},
-              "traceEvents": sorted(events[r], key=lambda e: e["ts"])} for r in range(world)], host)
+    return (
+        [
+            {
+                "schemaVersion": 1,
+                "distributedInfo": {"backend": "nccl", "rank": r, "world_size": world},
+                "traceEvents": sorted(events[r], key=lambda e: e["ts"]),
+            }
+            for r in range(world)
+        ],
+        host,
+    )
 
 
 DATA_NEXT = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
@@ -108,15 +183,25 @@ def program_traces(world: int, steps: int, program: list) -> list:
     kernel_ends = [[] for _ in range(world)]
 
     def runtime(rank, name, ts, dur, **args):
-        events[rank].append({"ph": "X", "cat": "cuda_runtime", "name": name, "pid": rank, "tid": 1,
-                             "ts": ts, "dur": dur, "args": args})
+        events[rank].append(
+            {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": rank, "tid": 1, "ts": ts, "dur": dur, "args": args}
+        )
 
     def launch(rank, name, start_us, dur_us, stream, args=None):
         corr[0] += 1
         runtime(rank, "cudaLaunchKernel", host_t[rank], LAUNCH_US / 2, correlation=corr[0])
-        events[rank].append({"ph": "X", "cat": "kernel", "name": name, "pid": rank, "tid": stream,
-                             "ts": start_us, "dur": dur_us,
-                             "args": {"stream": stream, "correlation": corr[0], "device": rank, **(args or {})}})
+        events[rank].append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": name,
+                "pid": rank,
+                "tid": stream,
+                "ts": start_us,
+                "dur": dur_us,
+                "args": {"stream": stream, "correlation": corr[0], "device": rank, **(args or {})},
+            }
+        )
 
     for step in range(steps):
         step_start = list(host_t)
@@ -129,12 +214,31 @@ def program_traces(world: int, steps: int, program: list) -> list:
                     arrival.append(max(device_t[r], host_t[r]))
                 end = max(arrival) + action[1]
                 for r in range(world):
-                    events[r].append({"ph": "X", "cat": "user_annotation", "name": "nccl:all_reduce", "pid": r,
-                                      "tid": 1, "ts": host_t[r] - 5, "dur": LAUNCH_US})
-                    launch(r, "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
-                           arrival[r], end - arrival[r], 20,
-                           {"Collective name": "allreduce", "Process Group Name": "0",
-                            "Process Group Ranks": ranks, "In msg nelems": 1 << 20, "dtype": "Float"})
+                    events[r].append(
+                        {
+                            "ph": "X",
+                            "cat": "user_annotation",
+                            "name": "nccl:all_reduce",
+                            "pid": r,
+                            "tid": 1,
+                            "ts": host_t[r] - 5,
+                            "dur": LAUNCH_US,
+                        }
+                    )
+                    launch(
+                        r,
+                        "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                        arrival[r],
+                        end - arrival[r],
+                        20,
+                        {
+                            "Collective name": "allreduce",
+                            "Process Group Name": "0",
+                            "Process Group Ranks": ranks,
+                            "In msg nelems": 1 << 20,
+                            "dtype": "Float",
+                        },
+                    )
                     device_t[r] = end
                 continue
             for r in range(world):
@@ -151,22 +255,36 @@ def program_traces(world: int, steps: int, program: list) -> list:
                 elif what == "host":
                     host_t[r] = t + us
                 elif what == "data":
-                    events[r].append({"ph": "X", "cat": "cpu_op", "name": DATA_NEXT, "pid": r, "tid": 1,
-                                      "ts": t, "dur": us})
+                    events[r].append(
+                        {"ph": "X", "cat": "cpu_op", "name": DATA_NEXT, "pid": r, "tid": 1, "ts": t, "dur": us}
+                    )
                     host_t[r] = t + us
                 elif what in ("sync", "event_sync"):
                     k = action[1] if what == "event_sync" else 0
-                    until = (device_t[r] if what == "sync" else
-                             kernel_ends[r][-1 - k] if len(kernel_ends[r]) > k else t)
+                    until = device_t[r] if what == "sync" else kernel_ends[r][-1 - k] if len(kernel_ends[r]) > k else t
                     done = max(t, until)
-                    runtime(r, "cudaStreamSynchronize" if what == "sync" else "cudaEventSynchronize",
-                            t, done - t)
+                    runtime(r, "cudaStreamSynchronize" if what == "sync" else "cudaEventSynchronize", t, done - t)
                     host_t[r] = done + 5
         for r in range(world):
-            events[r].append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": r,
-                              "tid": 1, "ts": step_start[r], "dur": host_t[r] - step_start[r]})
-    return [{"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": r, "world_size": world},
-             "traceEvents": sorted(events[r], key=lambda e: e["ts"])} for r in range(world)]
+            events[r].append(
+                {
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "name": f"ProfilerStep#{step}",
+                    "pid": r,
+                    "tid": 1,
+                    "ts": step_start[r],
+                    "dur": host_t[r] - step_start[r],
+                }
+            )
+    return [
+        {
+            "schemaVersion": 1,
+            "distributedInfo": {"backend": "nccl", "rank": r, "world_size": world},
+            "traceEvents": sorted(events[r], key=lambda e: e["ts"]),
+        }
+        for r in range(world)
+    ]
 
 
 def pipeline_rows(stages: int, microbatches: int, steps: int, fwd_us=4000.0, bwd_us=8000.0) -> list:
@@ -202,8 +320,17 @@ def pipeline_rows(stages: int, microbatches: int, steps: int, fwd_us=4000.0, bwd
             for phase, ends, dur in (("forward", f_end[s], fwd_us), ("backward", b_end[s], bwd_us)):
                 for i in range(microbatches):
                     out.append(event_row("phase", phase, ns(host), ns(host + LAUNCH_US), step, i, s))
-                    out.append(event_row("kernel", "void gemm_kernel<float>(float*)", ns(ends[i] - dur), ns(ends[i]),
-                                         step, group="7", detail="compute"))
+                    out.append(
+                        event_row(
+                            "kernel",
+                            "void gemm_kernel<float>(float*)",
+                            ns(ends[i] - dur),
+                            ns(ends[i]),
+                            step,
+                            group="7",
+                            detail="compute",
+                        )
+                    )
                     host += LAUNCH_US
                     peer = s + 1 if phase == "forward" else s - 1
                     if 0 <= peer < stages:  # the send of this micro-batch's output, and its matching recv
@@ -211,14 +338,34 @@ def pipeline_rows(stages: int, microbatches: int, steps: int, fwd_us=4000.0, bwd
                         seq = sent[(src, dst)] = sent.get((src, dst), -1) + 1
                         t = ends[i]
                         for rank, op in ((src, "send"), (dst, "recv")):
-                            common = dict(group=f"{src}->{dst}", group_ranks=f"{src},{dst}", seq=seq,
-                                          async_op=True, detail="gpu")
-                            rows[rank].append(event_row("p2p", op, ns(t), ns(t), step, i, peer=dst if op == "send"
-                                                        else src, nbytes=1 << 20, **common))
+                            common = dict(
+                                group=f"{src}->{dst}", group_ranks=f"{src},{dst}", seq=seq, async_op=True, detail="gpu"
+                            )
+                            rows[rank].append(
+                                event_row(
+                                    "p2p",
+                                    op,
+                                    ns(t),
+                                    ns(t),
+                                    step,
+                                    i,
+                                    peer=dst if op == "send" else src,
+                                    nbytes=1 << 20,
+                                    **common,
+                                )
+                            )
                             rows[rank].append(event_row("done", op, ns(t + 50), ns(t + 50), step, i, **common))
-                            rows[rank].append(event_row("kernel", "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
-                                                        ns(t), ns(t + 50), step, group="20",
-                                                        detail="communication"))
+                            rows[rank].append(
+                                event_row(
+                                    "kernel",
+                                    "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
+                                    ns(t),
+                                    ns(t + 50),
+                                    step,
+                                    group="20",
+                                    detail="communication",
+                                )
+                            )
             out.append(event_row("sync", "cudaStreamSynchronize", ns(host), ns(end), step, detail="cuda"))
             out.append(event_row("step", "step", ns(t0), ns(end + 50), step))
         t0 = end + 100

@@ -7,6 +7,7 @@ client (no browser-automation dependency). Used by the report and UI tests:
         page.evaluate("document.title")
         page.console_errors, page.dialogs, page.requests
 """
+
 import base64
 import json
 import os
@@ -20,10 +21,20 @@ import time
 import urllib.request
 
 CHROMIUM = os.environ.get("DIAGNOSE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run",
-         "--disable-default-apps", "--disable-extensions", "--mute-audio",
-         "--window-size=1400,1000", "--remote-debugging-port=0"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--mute-audio",
+    "--window-size=1400,1000",
+    "--remote-debugging-port=0",
+]
 
 
 def chromium_available() -> bool:
@@ -39,9 +50,13 @@ class WebSocket:
         host, port, path = m.group(1), int(m.group(2)), m.group(3)
         self.sock = socket.create_connection((host, port), timeout=timeout)
         key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall((f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
-                           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-                           "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        self.sock.sendall(
+            (
+                f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+                f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                "Sec-WebSocket-Version: 13\r\n\r\n"
+            ).encode()
+        )
         response = b""
         while b"\r\n\r\n" not in response:
             chunk = self.sock.recv(4096)
@@ -127,12 +142,14 @@ class Page:
         method, params = message.get("method"), message.get("params", {})
         self.events.append(message)
         if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
-            self.console_errors.append(" ".join(str(a.get("value", a.get("description", "")))
-                                                for a in params.get("args", [])))
+            self.console_errors.append(
+                " ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args", []))
+            )
         elif method == "Runtime.exceptionThrown":
             details = params.get("exceptionDetails", {})
-            self.console_errors.append(details.get("exception", {}).get("description")
-                                       or details.get("text", "exception"))
+            self.console_errors.append(
+                details.get("exception", {}).get("description") or details.get("text", "exception")
+            )
         elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
             entry = params["entry"]
             self.console_errors.append(f"{entry.get('source')}: {entry.get('text')} {entry.get('url', '')}")
@@ -160,8 +177,14 @@ class Page:
         self.call("Target.setAutoAttach", autoAttach=True, waitForDebuggerOnStart=False, flatten=True)
 
     def frame_evaluate(self, session: str, expression: str, timeout: float = 60.0):
-        result = self.call("Runtime.evaluate", timeout=timeout, session=session, expression=expression,
-                           returnByValue=True, awaitPromise=True)
+        result = self.call(
+            "Runtime.evaluate",
+            timeout=timeout,
+            session=session,
+            expression=expression,
+            returnByValue=True,
+            awaitPromise=True,
+        )
         if "exceptionDetails" in result:
             raise RuntimeError(f"evaluate failed: {result['exceptionDetails']}")
         return result.get("result", {}).get("value")
@@ -194,8 +217,9 @@ class Page:
                 self._on_event(message)
 
     def evaluate(self, expression: str, timeout: float = 60.0):
-        result = self.call("Runtime.evaluate", timeout=timeout, expression=expression,
-                           returnByValue=True, awaitPromise=True)
+        result = self.call(
+            "Runtime.evaluate", timeout=timeout, expression=expression, returnByValue=True, awaitPromise=True
+        )
         if "exceptionDetails" in result:
             raise RuntimeError(f"evaluate failed: {result['exceptionDetails']}")
         return result.get("result", {}).get("value")
@@ -211,8 +235,9 @@ class Page:
             self.pump(interval)
 
     def offline(self) -> None:
-        self.call("Network.emulateNetworkConditions", offline=True, latency=0,
-                  downloadThroughput=-1, uploadThroughput=-1)
+        self.call(
+            "Network.emulateNetworkConditions", offline=True, latency=0, downloadThroughput=-1, uploadThroughput=-1
+        )
 
     def navigate(self, url: str, timeout: float = 60.0) -> None:
         self.call("Page.navigate", url=url)
@@ -224,8 +249,7 @@ class Page:
             metrics = self.call("Page.getLayoutMetrics")
             size = metrics.get("cssContentSize") or metrics.get("contentSize")
             height = min(int(size["height"]), 16000)
-            params["clip"] = {"x": 0, "y": 0, "width": int(size["width"]), "height": height,
-                              "scale": 1}
+            params["clip"] = {"x": 0, "y": 0, "width": int(size["width"]), "height": height, "scale": 1}
             params["captureBeyondViewport"] = True
         data = self.call("Page.captureScreenshot", timeout=120, **params)["data"]
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -240,10 +264,12 @@ class Page:
 class Browser:
     def __init__(self, extra_flags=()):
         self.profile = tempfile.mkdtemp(prefix="diagnose-chromium-")
-        self.proc = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={self.profile}",
-                                      *extra_flags, "about:blank"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            [CHROMIUM, *FLAGS, f"--user-data-dir={self.profile}", *extra_flags, "about:blank"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         self.port = None
         deadline = time.monotonic() + 60
         seen = []
@@ -261,6 +287,7 @@ class Browser:
             raise RuntimeError("chromium did not start:\n" + "".join(seen[-20:]))
         # Keep draining stderr so chromium never blocks on a full pipe.
         import threading
+
         threading.Thread(target=self._drain, daemon=True).start()
 
     def _drain(self):

@@ -1,5 +1,6 @@
 """pynvml faked name for name (no GPU here): the NVML sampler, the node health and the
 NVML tests read it as they read the real module."""
+
 import types
 
 
@@ -46,9 +47,8 @@ def fake_pynvml(fail_init=False, nvlink=True):
     m.nvmlDeviceGetHandleByIndex = lambda i: m.opened.append(i) or f"gpu{i}"
     m.nvmlDeviceGetHandleByUUID = lambda u: m.opened.append(u) or f"gpu-{u}"
     m.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=87, memory=40)
-    m.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(
-        used=m.mem_used.get(h, 3 * 2 ** 30), total=80 * 2 ** 30)
-    m.nvmlDeviceGetPowerUsage = lambda h: 312_500          # mW
+    m.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=m.mem_used.get(h, 3 * 2**30), total=80 * 2**30)
+    m.nvmlDeviceGetPowerUsage = lambda h: 312_500  # mW
     m.nvmlDeviceGetClockInfo = lambda h, c: 1980
     m.nvmlDeviceGetTemperature = lambda h, s: 61
     m.nvmlDeviceGetCurrentClocksEventReasons = lambda h: 0x4  # SW power cap
@@ -66,17 +66,27 @@ def fake_pynvml(fail_init=False, nvlink=True):
             fid, scope = fid if isinstance(fid, tuple) else (fid, 0)
             if fid in (197, 198):  # PCIe byte counters
                 ok = m.pcie_bytes is not None
-                out.append(types.SimpleNamespace(
-                    fieldId=fid, scopeId=scope, nvmlReturn=0 if ok else m.NVML_ERROR_NOT_SUPPORTED,
-                    value=types.SimpleNamespace(ullVal=m.pcie_bytes["tx" if fid == 197 else "rx"] if ok else 0)))
+                out.append(
+                    types.SimpleNamespace(
+                        fieldId=fid,
+                        scopeId=scope,
+                        nvmlReturn=0 if ok else m.NVML_ERROR_NOT_SUPPORTED,
+                        value=types.SimpleNamespace(ullVal=m.pcie_bytes["tx" if fid == 197 else "rx"] if ok else 0),
+                    )
+                )
                 continue
             link = m.nvlink.get(scope)
             if link is None and m.refuse_whole_request:
                 raise NVMLError_NotSupported()
             ok = link is not None and fid in (138, 139)
-            out.append(types.SimpleNamespace(
-                fieldId=fid, scopeId=scope, nvmlReturn=0 if ok else m.NVML_ERROR_NOT_SUPPORTED,
-                value=types.SimpleNamespace(ullVal=link["tx" if fid == 138 else "rx"] if ok else 0)))
+            out.append(
+                types.SimpleNamespace(
+                    fieldId=fid,
+                    scopeId=scope,
+                    nvmlReturn=0 if ok else m.NVML_ERROR_NOT_SUPPORTED,
+                    value=types.SimpleNamespace(ullVal=link["tx" if fid == 138 else "rx"] if ok else 0),
+                )
+            )
         return out
 
     m.nvmlDeviceGetFieldValues = fields

@@ -1,5 +1,6 @@
 """How the suite launches jobs and reads what they leave: real processes, real
 torchrun (gloo), real files. The fixtures built on these are in tests/conftest.py."""
+
 import json
 import os
 import subprocess
@@ -7,7 +8,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-DATA = REPO / "tests" / "data"   # fixtures, each with its SOURCE.txt (tests/data/README.md)
+DATA = REPO / "tests" / "data"  # fixtures, each with its SOURCE.txt (tests/data/README.md)
 PYTHON = sys.executable
 DIAGNOSE = [PYTHON, "-m", "diagnose"]
 ARTIFACTS = REPO / "test-artifacts"  # screenshots kept for a person to look at (gitignored)
@@ -26,6 +27,7 @@ def load_run(*run_dirs, expected_warnings=(), **options):
     come. `expected_warnings`: substrings, each matching at least one warning;
     options: load()'s own (engine, max_events)."""
     import diagnose
+
     warnings = []
     run = diagnose.load(*map(str, run_dirs), warn=warnings.append, **options)
     assert [w for w in warnings if not any(e in w for e in expected_warnings)] == [], warnings
@@ -56,8 +58,9 @@ def torchrun(nproc: int, *program, rdzv_standalone=True) -> list:
 
 
 def run_diagnose(args, timeout=300, env=None, check=True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*DIAGNOSE, *map(str, args)], cwd=REPO, env=env or job_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [*DIAGNOSE, *map(str, args)], cwd=REPO, env=env or job_env(), capture_output=True, text=True, timeout=timeout
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"diagnose {args} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc

@@ -9,6 +9,7 @@ member has arrived and the data moved). A pair of NCCL kernels is one
 collective when the original trace has them ending within 1 ms of each other.
 The host side is left as it was: the host runs ahead of the GPU.
 """
+
 import gzip
 import json
 
@@ -43,8 +44,9 @@ def shift_clock(trace: dict, shift_us: float) -> dict:
 
 
 def _gpu(trace):
-    return sorted((e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") in GPU_CATS),
-                  key=lambda e: e["ts"])
+    return sorted(
+        (e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") in GPU_CATS), key=lambda e: e["ts"]
+    )
 
 
 def _nccl(e) -> bool:
@@ -59,8 +61,17 @@ def stretch_compute(slow: dict, other: dict, factor: float) -> tuple[dict, dict]
     """(slow, other) with slow's compute kernels `factor` times as long."""
     gpu_s, gpu_o = _gpu(slow), _gpu(other)
     end = {id(e): e["ts"] + e["dur"] for e in gpu_s + gpu_o}
-    pairs = sorted(((a, b) for a in gpu_s if _nccl(a) for b in gpu_o if _nccl(b)
-                    if abs(end[id(a)] - end[id(b)]) < SAME_COLLECTIVE_US), key=lambda p: end[id(p[0])])
+    pairs = sorted(
+        (
+            (a, b)
+            for a in gpu_s
+            if _nccl(a)
+            for b in gpu_o
+            if _nccl(b)
+            if abs(end[id(a)] - end[id(b)]) < SAME_COLLECTIVE_US
+        ),
+        key=lambda p: end[id(p[0])],
+    )
     state = {"s": [0, 0.0], "o": [0, 0.0]}  # next index, shift (us)
 
     def advance(which, events, upto, stretch):

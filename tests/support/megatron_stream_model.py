@@ -47,6 +47,7 @@ distributedInfo carries pg_config with Megatron's descriptions (ranks laid out
 tensor-data-pipeline: pipeline groups [d, d+dp, ...], data-parallel groups of
 consecutive ranks).
 """
+
 import numpy as np
 
 from tests.support.stream_sim_faults import COMPUTE_STREAM, P2P_STREAM, bucketed, drop_waits, interleaved, ring_schedule
@@ -89,13 +90,33 @@ def traces(*args, **kwargs) -> list:
     return simulate(*args, **kwargs).traces
 
 
-def simulate(pp: int, dp: int, microbatches: int, steps: int, seed: int = 0, fwd_us: float = 3000.0,
-             stage_factor: dict | None = None, length=None, jitter_sigma: float = 0.0, delay_every: int = 0,
-             delay_us: float = 20000.0, peer_args: bool = True, kernels=(4, 8), transfer_us: float = 200.0,
-             chunks: int = 1, rank_factor: dict | None = None, launch_us: dict | float | None = None,
-             host_gap_us: float = 0.0, host_sync_every_mb: int = 0, blocking_p2p: bool = False,
-             ring: bool = False, record_waits: bool = False, drop_waits_frac: float = 0.0, buckets: int = 0,
-             allreduce_us: float | None = None) -> Sim:
+def simulate(
+    pp: int,
+    dp: int,
+    microbatches: int,
+    steps: int,
+    seed: int = 0,
+    fwd_us: float = 3000.0,
+    stage_factor: dict | None = None,
+    length=None,
+    jitter_sigma: float = 0.0,
+    delay_every: int = 0,
+    delay_us: float = 20000.0,
+    peer_args: bool = True,
+    kernels=(4, 8),
+    transfer_us: float = 200.0,
+    chunks: int = 1,
+    rank_factor: dict | None = None,
+    launch_us: dict | float | None = None,
+    host_gap_us: float = 0.0,
+    host_sync_every_mb: int = 0,
+    blocking_p2p: bool = False,
+    ring: bool = False,
+    record_waits: bool = False,
+    drop_waits_frac: float = 0.0,
+    buckets: int = 0,
+    allreduce_us: float | None = None,
+) -> Sim:
     """A micro-batch's forward is `fwd_us` (x stage_factor[stage], x
     rank_factor[rank], x length(rng, rank, step, mb) when given), its backward
     twice that, split into kernels[0] / kernels[1] equal kernels; each kernel x
@@ -125,11 +146,13 @@ def simulate(pp: int, dp: int, microbatches: int, steps: int, seed: int = 0, fwd
     data_of = {r: [stage_of[r] * dp + d for d in range(dp)] for r in range(world)}
     groups = [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl", "ranks": list(range(world))}]
     for d in range(dp):
-        groups.append({"pg_name": str(1 + d), "pg_desc": PIPELINE_DESC, "backend_config": "cuda:nccl",
-                       "ranks": pipeline_of[d]})
+        groups.append(
+            {"pg_name": str(1 + d), "pg_desc": PIPELINE_DESC, "backend_config": "cuda:nccl", "ranks": pipeline_of[d]}
+        )
     for s in range(pp):
-        groups.append({"pg_name": str(1 + dp + s), "pg_desc": DATA_DESC, "backend_config": "cuda:nccl",
-                       "ranks": data_of[s * dp]})
+        groups.append(
+            {"pg_name": str(1 + dp + s), "pg_desc": DATA_DESC, "backend_config": "cuda:nccl", "ranks": data_of[s * dp]}
+        )
     model = StreamQueues(world, rng, jitter_sigma, delay_every, delay_us, transfer_us)
     model.allreduce_us = transfer_us if allreduce_us is None else allreduce_us
     model.buckets = buckets if dp > 1 else 0
@@ -143,14 +166,24 @@ def simulate(pp: int, dp: int, microbatches: int, steps: int, seed: int = 0, fwd
     step_end_us = [[] for _ in range(world)]
     for step in range(steps):
         # (x 1.0 is exact: without faults the floats, and so the traces, are as before them)
-        sizes = {(r, i): (length(rng, r, step, i) if length else 1.0) * (stage_factor or {}).get(stage_of[r], 1.0)
-                 * factor[r] for r in range(world) for i in range(microbatches)}
+        sizes = {
+            (r, i): (length(rng, r, step, i) if length else 1.0)
+            * (stage_factor or {}).get(stage_of[r], 1.0)
+            * factor[r]
+            for r in range(world)
+            for i in range(microbatches)
+        }
         programs = []
         for r in range(world):  # drawn rank by rank, kernel by kernel: the draws' order of old
-            schedule = (ring_schedule(microbatches) if ring
-                        else interleaved(stage_of[r], pp, microbatches, chunks) if chunks > 1
-                        else one_f_one_b(stage_of[r], pp, microbatches) if pp > 1
-                        else [(p, i) for i in range(microbatches) for p in "FB"])
+            schedule = (
+                ring_schedule(microbatches)
+                if ring
+                else interleaved(stage_of[r], pp, microbatches, chunks)
+                if chunks > 1
+                else one_f_one_b(stage_of[r], pp, microbatches)
+                if pp > 1
+                else [(p, i) for i in range(microbatches) for p in "FB"]
+            )
             peers, desc = (data_of[r], DATA_DESC) if ring else (pipeline_of[r], PIPELINE_DESC)
             program = []
             last_backward = max(j for j, (what, _) in enumerate(schedule) if what == "B")
@@ -185,6 +218,11 @@ def simulate(pp: int, dp: int, microbatches: int, steps: int, seed: int = 0, fwd
     out = []
     for r in range(world):
         mine = [g for g in groups if r in g["ranks"]]
-        out.append({"schemaVersion": 1, "traceEvents": sorted(model.events[r], key=lambda e: e["ts"]),
-                    "distributedInfo": {"backend": "nccl", "rank": r, "world_size": world, "pg_config": mine}})
+        out.append(
+            {
+                "schemaVersion": 1,
+                "traceEvents": sorted(model.events[r], key=lambda e: e["ts"]),
+                "distributedInfo": {"backend": "nccl", "rank": r, "world_size": world, "pg_config": mine},
+            }
+        )
     return Sim(drop_waits(out, drop_waits_frac, seed), step_end_us)

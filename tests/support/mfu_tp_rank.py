@@ -2,6 +2,7 @@
 its own: torch.multiprocessing.spawn imports the target's module in each child,
 and this one imports torch and the counter only (the test module's imports,
 pandas and the analysis among them, cost each child seconds)."""
+
 import json
 import os
 
@@ -13,8 +14,9 @@ from collectors.instrument import flop_count
 def tp_block():
     """LayerNorm, a column-parallel up projection, GELU, a row-parallel down projection."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.LayerNorm(32), torch.nn.Linear(32, 128), torch.nn.GELU(),
-                               torch.nn.Linear(128, 32))
+    return torch.nn.Sequential(
+        torch.nn.LayerNorm(32), torch.nn.Linear(32, 128), torch.nn.GELU(), torch.nn.Linear(128, 32)
+    )
 
 
 def count_step(step_fn) -> dict:
@@ -31,11 +33,13 @@ def tp_rank(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        block = parallelize_module(tp_block(), init_device_mesh("cpu", (2,)),
-                                   {"1": ColwiseParallel(), "3": RowwiseParallel()})
+        block = parallelize_module(
+            tp_block(), init_device_mesh("cpu", (2,)), {"1": ColwiseParallel(), "3": RowwiseParallel()}
+        )
         x = torch.randn(16, 32)
         count = count_step(lambda: block(x).sum().backward())
         with open(os.path.join(out, f"rank{rank}.json"), "w") as f:

@@ -60,11 +60,12 @@ in tests/data/kineto/hta/critical_path/{alexnet,simple_add}/:
   simple_add trace has no wait_on_cuda_event_record_corr_id; real args also hold
   "External id", which the model never writes.
 """
+
 import numpy as np
 
 COMPUTE_STREAM, DP_STREAM, P2P_STREAM = 7, 21, 24
 NCCL_STREAMS = (P2P_STREAM, DP_STREAM)
-CALL_US = 4.0         # host time of a cudaEventRecord / cudaStreamWaitEvent
+CALL_US = 4.0  # host time of a cudaEventRecord / cudaStreamWaitEvent
 SYNC_RETURN_US = 5.0  # from the device's last end to the host call's return
 CBID = {"cudaEventRecord": 135, "cudaStreamWaitEvent": 147, "cudaStreamSynchronize": 131}
 STREAM_WAIT, STREAM_SYNC = "Stream Wait Event", "Stream Sync"
@@ -130,22 +131,45 @@ class HostCalls:
 
     def _runtime(self, name: str) -> int:
         self.corr += 1
-        self.cpu(self.rank, name, self.t, CALL_US, cat="cuda_runtime",
-                 args={"cbid": CBID[name], "correlation": self.corr})
+        self.cpu(
+            self.rank, name, self.t, CALL_US, cat="cuda_runtime", args={"cbid": CBID[name], "correlation": self.corr}
+        )
         self.t += CALL_US
         return self.corr
 
     def _sync_record(self, kind: str, stream: int, ts: float, dur: float, corr: int, extra=None):
-        args = {"cuda_sync_kind": kind, **(extra or {}), "stream": stream, "correlation": corr,
-                "device": self.rank, "context": 1}
-        self.events[self.rank].append({"ph": "X", "cat": "cuda_sync", "name": kind, "pid": self.rank,
-                                       "tid": stream, "ts": ts, "dur": dur, "args": args})
+        args = {
+            "cuda_sync_kind": kind,
+            **(extra or {}),
+            "stream": stream,
+            "correlation": corr,
+            "device": self.rank,
+            "context": 1,
+        }
+        self.events[self.rank].append(
+            {
+                "ph": "X",
+                "cat": "cuda_sync",
+                "name": kind,
+                "pid": self.rank,
+                "tid": stream,
+                "ts": ts,
+                "dur": dur,
+                "args": args,
+            }
+        )
 
     def _wait_event(self, stream: int, on_stream: int, record_corr: int):
         ts = self.t
         corr = self._runtime("cudaStreamWaitEvent")
-        self._sync_record(STREAM_WAIT, stream, ts + 1, 0.0, corr,
-                          {"wait_on_stream": on_stream, "wait_on_cuda_event_record_corr_id": record_corr})
+        self._sync_record(
+            STREAM_WAIT,
+            stream,
+            ts + 1,
+            0.0,
+            corr,
+            {"wait_on_stream": on_stream, "wait_on_cuda_event_record_corr_id": record_corr},
+        )
 
     buckets = 0
 
@@ -188,8 +212,14 @@ class HostCalls:
         self.corr += 1
         if why == "item":  # loss.item(): the op that syncs, around the runtime call
             self.cpu(r, "aten::item", t_call - 1, done - t_call + 2)
-        self.cpu(r, "cudaStreamSynchronize", t_call, done - t_call, cat="cuda_runtime",
-                 args={"cbid": CBID["cudaStreamSynchronize"], "correlation": self.corr})
+        self.cpu(
+            r,
+            "cudaStreamSynchronize",
+            t_call,
+            done - t_call,
+            cat="cuda_runtime",
+            args={"cbid": CBID["cudaStreamSynchronize"], "correlation": self.corr},
+        )
         self._sync_record(STREAM_SYNC, stream, t_call + 1, done - t_call - 1, self.corr)
         self.t = done + 1
         return True
@@ -207,6 +237,12 @@ def drop_waits(traces: list, frac: float, seed: int) -> list:
         events = trace["traceEvents"]
         waits = [e["args"]["correlation"] for e in events if e["cat"] == "cuda_sync" and e["name"] == STREAM_WAIT]
         gone = set(rng.choice(waits, size=int(round(frac * len(waits))), replace=False).tolist()) if waits else set()
-        trace["traceEvents"] = [e for e in events if not (
-            e["args"].get("correlation") in gone and (e["name"] == STREAM_WAIT or e["name"] == "cudaStreamWaitEvent"))]
+        trace["traceEvents"] = [
+            e
+            for e in events
+            if not (
+                e["args"].get("correlation") in gone
+                and (e["name"] == STREAM_WAIT or e["name"] == "cudaStreamWaitEvent")
+            )
+        ]
     return traces

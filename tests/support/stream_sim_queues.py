@@ -3,6 +3,7 @@ step: each rank's host launches (its Kineto CPU records) and each device's
 stream queues (its kernels), with the kernel names and Megatron's group
 descriptions they carry. The model itself (what waits for what) is described in
 megatron_stream_model.py's docstring."""
+
 from tests.support.stream_sim_faults import COMPUTE_STREAM, DP_STREAM, NCCL_STREAMS, P2P_STREAM, HostCalls
 
 T0_US = 1_700_000_000_000_000.0
@@ -27,8 +28,7 @@ class StreamQueues(HostCalls):
         self.launch_us, self.peer_args = [LAUNCH_US] * world, True
 
     def cpu(self, rank, name, ts, dur, tid=1, cat="cpu_op", args=None):
-        event = {"ph": "X", "cat": cat, "name": name, "pid": rank, "tid": tid, "ts": ts, "dur": dur,
-                 "args": args or {}}
+        event = {"ph": "X", "cat": cat, "name": name, "pid": rank, "tid": tid, "ts": ts, "dur": dur, "args": args or {}}
         self.events[rank].append(event)
         return event
 
@@ -81,13 +81,20 @@ class StreamQueues(HostCalls):
     def _launch(self, tid, op, name, stream, args=None):
         launch_us, latest = self.launch_us[self.rank], self.latest[self.rank]
         self.corr += 1
-        self.cpu(self.rank, "cudaLaunchKernel", self.t, launch_us / 2, tid, "cuda_runtime",
-                 {"correlation": self.corr})
+        self.cpu(self.rank, "cudaLaunchKernel", self.t, launch_us / 2, tid, "cuda_runtime", {"correlation": self.corr})
         # it waits for the op before it on its stream and the latest launched on the
         # streams it waits on (compute on the NCCL streams, NCCL on compute)
         waits_on = (stream, *(op.pop("on", NCCL_STREAMS) if op["kind"] == "compute" else (COMPUTE_STREAM,)))
-        op.update(launch=self.t, stream=stream, name=name, corr=self.corr, args=args or {}, start=None, end=None,
-                  deps=[latest[s] for s in waits_on if s in latest])
+        op.update(
+            launch=self.t,
+            stream=stream,
+            name=name,
+            corr=self.corr,
+            args=args or {},
+            start=None,
+            end=None,
+            deps=[latest[s] for s in waits_on if s in latest],
+        )
         count = self.count[self.rank]
         for kind, peer in op.get("msgs", ()):
             pair = (self.rank, peer) if kind == "send" else (peer, self.rank)
@@ -103,23 +110,31 @@ class StreamQueues(HostCalls):
         on = self.compute_waits_on()
         self.order_streams(COMPUTE_STREAM, on)
         if backward:
-            self.cpu(self.rank, "autograd::engine::evaluate_function: MmBackward0", self.t - 1,
-                     self.launch_us[self.rank], tid=2)
+            self.cpu(
+                self.rank,
+                "autograd::engine::evaluate_function: MmBackward0",
+                self.t - 1,
+                self.launch_us[self.rank],
+                tid=2,
+            )
         self._launch(2 if backward else 1, {"kind": "compute", "dur": dur, "on": on}, GEMM, COMPUTE_STREAM)
 
     def exchange(self, ops, group, peer_args, desc=PIPELINE_DESC):
         t0 = self.t
         self.t += 2
         for op, peer in ops:  # one CPU op per message: the only place the peer is written
-            args = {"Process Group Description": desc, "Process Group Ranks": str(group),
-                    "In msg nelems": 1 << 20, "dtype": "BFloat16"}
+            args = {
+                "Process Group Description": desc,
+                "Process Group Ranks": str(group),
+                "In msg nelems": 1 << 20,
+                "dtype": "BFloat16",
+            }
             if peer_args:
                 args["Dst Rank" if op == "send" else "Src Rank"] = peer
             args["Process Group Name"] = self.names[tuple(group)]
             self.cpu(self.rank, f"nccl:{op}", self.t, 6, args=args)
             self.t += 8
-        args = {"Collective name": "coalesced", "Process Group Description": desc,
-                "Process Group Ranks": str(group)}
+        args = {"Collective name": "coalesced", "Process Group Description": desc, "Process Group Ranks": str(group)}
         args["Process Group Name"] = self.names[tuple(group)]
         self.order_streams(P2P_STREAM)
         kernel = {"kind": "p2p", "msgs": ops}
@@ -128,8 +143,13 @@ class StreamQueues(HostCalls):
         self.cpu(self.rank, "nccl:coalesced", t0, self.t - t0, args={"Process Group Ranks": str(group)})
 
     def all_reduce(self, group):
-        args = {"Collective name": "allreduce", "Process Group Description": DATA_DESC,
-                "Process Group Ranks": str(group), "In msg nelems": 1 << 24, "dtype": "BFloat16"}
+        args = {
+            "Collective name": "allreduce",
+            "Process Group Description": DATA_DESC,
+            "Process Group Ranks": str(group),
+            "In msg nelems": 1 << 24,
+            "dtype": "BFloat16",
+        }
         args["Process Group Name"] = self.names[tuple(group)]
         t0, call = self.t, self.cpu(self.rank, "nccl:all_reduce", self.t - 2, 0)
         self.order_streams(DP_STREAM)
@@ -171,10 +191,18 @@ class StreamQueues(HostCalls):
         last = []
         for r, ops in enumerate(self.ops):
             for op in ops:
-                self.events[r].append({"ph": "X", "cat": "kernel", "name": op["name"], "pid": r, "tid": op["stream"],
-                                       "ts": op["start"], "dur": op["end"] - op["start"],
-                                       "args": {"stream": op["stream"], "correlation": op["corr"], "device": r,
-                                                **op["args"]}})
+                self.events[r].append(
+                    {
+                        "ph": "X",
+                        "cat": "kernel",
+                        "name": op["name"],
+                        "pid": r,
+                        "tid": op["stream"],
+                        "ts": op["start"],
+                        "dur": op["end"] - op["start"],
+                        "args": {"stream": op["stream"], "correlation": op["corr"], "device": r, **op["args"]},
+                    }
+                )
             last.append(max(op["end"] for op in ops))
             self.ops[r] = []
         return last
@@ -183,8 +211,12 @@ class StreamQueues(HostCalls):
         if op["kind"] == "compute":
             return op["start"] + op["dur"]
         if op["kind"] == "all_reduce":
-            starts = [o["start"] for r in op["members"] for o in self.ops[r]
-                      if o["kind"] == "all_reduce" and o["n"] == op["n"]]
+            starts = [
+                o["start"]
+                for r in op["members"]
+                for o in self.ops[r]
+                if o["kind"] == "all_reduce" and o["n"] == op["n"]
+            ]
             if len(starts) < len(op["members"]) or None in starts:
                 return None
             return max(starts) + self.allreduce_us

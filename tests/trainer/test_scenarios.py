@@ -5,6 +5,7 @@ below with the reason) and is ranked below the planted cause. Each scenario's
 recorded run (tests/data/runs/<scenario>, scripts/record_test_runs.py) is analyzed
 in this process; the `make demo` path (showcase) is also launched live, outputs and
 all. The summary table is printed."""
+
 import json
 
 import numpy as np
@@ -21,10 +22,14 @@ _BUBBLE_4X8 = "8 micro-batches on 4 stages: the schedule's bubble is 3/11 = 27%,
 EXPLAINED = {
     "slow_stage": {"pipeline_bubble": _BUBBLE_4X8},
     "pipeline_straggler": {"pipeline_bubble": _BUBBLE_4X8},
-    "accum_sync": {"exposed_comm": "each micro-batch's all-reduces are waited at the end of its backward, "
-                                   "with nothing left to overlap them: exposed communication, ranked below"},
-    "showcase": {"input_stall": "slow_input:ms=4 is planted as well",
-                 "pipeline_bubble": "4 micro-batches on 2 stages: the schedule's bubble is 1/5 = 20%"},
+    "accum_sync": {
+        "exposed_comm": "each micro-batch's all-reduces are waited at the end of its backward, "
+        "with nothing left to overlap them: exposed communication, ranked below"
+    },
+    "showcase": {
+        "input_stall": "slow_input:ms=4 is planted as well",
+        "pipeline_bubble": "4 micro-batches on 2 stages: the schedule's bubble is 1/5 = 20%",
+    },
 }
 # scenario -> kinds planted besides its expected one
 PLANTED_TOO = {"showcase": {"input_stall"}}
@@ -81,23 +86,32 @@ def check_scenario(name, out, stdout, monkeypatch):
     scenario = SCENARIOS[name]
     findings = json.loads((out / "analysis" / "findings.json").read_text())
     serious = [f for f in findings if f["severity"] != "info"]
-    expected = (f"{scenario.expected_kind} ranks={list(scenario.expected_ranks)} stage={scenario.expected_stage}"
-                if scenario.expected_kind else "nothing above info")
-    _summary.append((name, expected, ", ".join(
-        f"{f['kind']}[{f['severity']}] ranks={f['ranks']} stage={f['stage']}" for f in serious) or "-"))
+    expected = (
+        f"{scenario.expected_kind} ranks={list(scenario.expected_ranks)} stage={scenario.expected_stage}"
+        if scenario.expected_kind
+        else "nothing above info"
+    )
+    _summary.append(
+        (
+            name,
+            expected,
+            ", ".join(f"{f['kind']}[{f['severity']}] ranks={f['ranks']} stage={f['stage']}" for f in serious) or "-",
+        )
+    )
     if scenario.expected_kind is None:
         assert serious == [], serious
     else:
         planted = [i for i, f in enumerate(serious) if _matches(scenario, f)]
         assert planted, findings
-        for f in serious[:planted[0]] + serious[planted[0] + 1:]:
+        for f in serious[: planted[0]] + serious[planted[0] + 1 :]:
             assert f["kind"] in EXPLAINED.get(name, {}), f"{name}: unexplained {f['kind']}: {f['title']}"
         # the others rank below the planted cause (findings.json: by severity, then impact),
         # except a second planted cause of comparable cost (showcase's slow input: 32 ms of
         # loading per step against the straggler's ~35 ms, either may come first)
-        ahead = [f["kind"] for f in serious[:planted[0]]]
-        assert set(ahead) <= PLANTED_TOO.get(name, set()), \
-            [(f["kind"], f["severity"], f["impact_ms_per_step"]) for f in serious]
+        ahead = [f["kind"] for f in serious[: planted[0]]]
+        assert set(ahead) <= PLANTED_TOO.get(name, set()), [
+            (f["kind"], f["severity"], f["impact_ms_per_step"]) for f in serious
+        ]
     if name == "pipeline_straggler":  # its waits are other stages' receives, yet it costs the step
         assert serious[0]["severity"] == "critical", serious[0]
         check_neighbours_not_named(diagnose.load(out), monkeypatch)
@@ -113,6 +127,7 @@ def check_neighbours_not_named(run, monkeypatch):
     from diagnose.analysis.detectors import straggler
     from diagnose.analysis.detectors.straggler_waits import waiting_caused
     from diagnose.analysis.findings.run_detectors import Context
+
     monkeypatch.setattr(straggler, "BUSY_RATIO", 0.0)
     ctx = Context(run)
     caused = waiting_caused(ctx).mean(axis=1)
@@ -121,8 +136,16 @@ def check_neighbours_not_named(run, monkeypatch):
 
 
 # kinds whose impact is a what-if replay's saving (diagnose/analysis/replay/whatif.py)
-WHATIF_KINDS = {"straggler", "workload_imbalance", "stage_imbalance", "input_stall", "hidden_sync", "exposed_comm",
-                "pipeline_bubble", "accumulation_sync"}
+WHATIF_KINDS = {
+    "straggler",
+    "workload_imbalance",
+    "stage_imbalance",
+    "input_stall",
+    "hidden_sync",
+    "exposed_comm",
+    "pipeline_bubble",
+    "accumulation_sync",
+}
 
 
 def check_replay(scenario, out, findings, stdout):
@@ -133,8 +156,10 @@ def check_replay(scenario, out, findings, stdout):
     assert figures["impact_from_replay"] is True
     assert figures["ideal_step_ms"] <= figures["replay_step_ms"] + 1e-6, figures
     # the user sees the ideal step beside the measured one
-    assert (f"step: measured {figures['measured_step_ms']:.1f} ms" in stdout
-            and f"ideal {figures['ideal_step_ms']:.1f} ms" in stdout), stdout[-600:]
+    assert (
+        f"step: measured {figures['measured_step_ms']:.1f} ms" in stdout
+        and f"ideal {figures['ideal_step_ms']:.1f} ms" in stdout
+    ), stdout[-600:]
     # issue 48: where the step goes adds up: MFU (absent on CPU without a peak), each
     # finding's share with overlaps counted once, and a rest no finding explains
     waterfall = figures["waterfall"]
@@ -165,19 +190,19 @@ def check_fault_in_trace(name, run):
     if name == "pipeline_straggler":  # factor 3 on rank 5's compute, 8 ranks on 2 cores
         forward = _phase_ms(run, "forward")
         assert forward[5] >= 1.5 * forward[1], forward  # its stage-1 peer in the other pipeline
-    elif name == "straggler":       # factor 3 on rank 2's compute
+    elif name == "straggler":  # factor 3 on rank 2's compute
         # 4 ranks on 2 cores: the others compute two to a core, rank 2 mostly alone
         # while they wait for it, so its phases come out F/2 to F times theirs
         # (measured 1.78-3x here)
         forward = _phase_ms(run, "forward")
         assert forward[2] >= 1.5 * forward.drop(2).median(), forward
-    elif name == "slow_stage":    # factor 3 on stage 2
+    elif name == "slow_stage":  # factor 3 on stage 2
         forward = _phase_ms(run, "forward")
         assert forward[2] >= 2 * forward.drop(2).max(), forward
-    elif name == "slow_input":    # 15 ms per sample, 2 samples per micro-batch
+    elif name == "slow_input":  # 15 ms per sample, 2 samples per micro-batch
         data = run.breakdown()
         assert data[data["step"].isin(run.steady_steps())]["data_wait_ms"].median() >= 2 * 2 * 15 * 0.9
-    elif name == "hidden_sync":   # one loss all_reduce per micro-batch (4)
+    elif name == "hidden_sync":  # one loss all_reduce per micro-batch (4)
         calls = run.collectives()
         calls = calls[calls["callsite"].str.contains("faults.py") & calls["step"].isin(run.steady_steps())]
         assert set(calls.groupby(["rank", "step"]).size()) == {4}
@@ -185,23 +210,26 @@ def check_fault_in_trace(name, run):
         calls = run.collectives()
         sends = calls[(calls["name"] == "send") & calls["wait_start_ns"].notna()]
         assert (sends["wait_start_ns"] - sends["return_ns"] < 500_000).mean() > 0.9
-    elif name == "accum_sync":    # the gradient buckets all-reduced in each of the 4 backwards
+    elif name == "accum_sync":  # the gradient buckets all-reduced in each of the 4 backwards
         calls = run.collectives()
         calls = calls[calls["callsite"].str.contains("dp.py") & calls["step"].isin(run.steady_steps())]
         per_mb = calls.groupby(["rank", "step", "microbatch"]).size()
         assert set(per_mb.index.get_level_values("microbatch")) == {0, 1, 2, 3}, per_mb
         assert per_mb.nunique() == 1, per_mb  # every bucket, every micro-batch
-    elif name == "comm_bound":    # an extra 32 MB all-reduce per step
+    elif name == "comm_bound":  # an extra 32 MB all-reduce per step
         calls = run.collectives()
         assert (calls["bytes"] >= 32 * 2**20).any()
-    elif name == "varlen":        # micro-batch lengths drawn in 1-7x per (step, micro-batch, rank)
+    elif name == "varlen":  # micro-batch lengths drawn in 1-7x per (step, micro-batch, rank)
         spans = run.spans()
-        spans = spans[(spans["kind"] == "phase") & spans["name"].isin(["forward", "backward"])
-                      & spans["step"].isin(run.steady_steps())]
+        spans = spans[
+            (spans["kind"] == "phase")
+            & spans["name"].isin(["forward", "backward"])
+            & spans["step"].isin(run.steady_steps())
+        ]
         per_step = spans.groupby(["step", "rank"])["dur_ms"].sum().unstack()
         # the slowest rank changes: at least 3 of the 4 are slowest in some step
         assert per_step.idxmax(axis=1).nunique() >= 3, per_step
-    elif name == "bubble":        # AFAB with 2 micro-batches on 4 stages
+    elif name == "bubble":  # AFAB with 2 micro-batches on 4 stages
         assert run.breakdown()["pipeline_wait_ms"].median() > 0
         assert np.isfinite(run.breakdown()["step_ms"]).all()
 
@@ -214,13 +242,16 @@ def test_an_impact_is_the_saving_measured_with_the_fault_removed(recorded_scenar
     hands its core to the others, and removing it slows their compute (the matrix's
     slow_input: 63 ms predicted, 94 measured), which no device-per-rank job does."""
     from diagnose.analysis.findings.run_detectors import Context
+
     slow, _ = recorded_scenario("whatif-slow_input")
     fixed, _ = recorded_scenario("whatif-slow_input-fixed")
-    (stall,) = [f for f in json.loads((slow / "analysis" / "findings.json").read_text())
-                if f["kind"] == "input_stall"]
+    (stall,) = [f for f in json.loads((slow / "analysis" / "findings.json").read_text()) if f["kind"] == "input_stall"]
     measured_ms = float(Context(diagnose.load(slow)).step_ms) - float(Context(diagnose.load(fixed)).step_ms)
     assert measured_ms > 0
-    assert stall["impact_ms_per_step"] == pytest.approx(measured_ms, rel=0.25), (stall["impact_ms_per_step"], measured_ms)
+    assert stall["impact_ms_per_step"] == pytest.approx(measured_ms, rel=0.25), (
+        stall["impact_ms_per_step"],
+        measured_ms,
+    )
 
 
 def test_every_recorded_run_is_of_the_current_schema():
@@ -229,6 +260,7 @@ def test_every_recorded_run_is_of_the_current_schema():
     collectors write today."""
     from collectors.schema import SCHEMA_VERSION
     from tests.support.jobs import DATA
+
     recorded = {p.name: p for p in (DATA / "runs").iterdir()}
     assert set(MATRIX) <= set(recorded), sorted(set(MATRIX) - set(recorded))
     for name, path in recorded.items():

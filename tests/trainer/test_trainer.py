@@ -3,6 +3,7 @@
 Launches are cached per module, and each test groups the checks its launches
 allow, because every torchrun costs several seconds on a 2-core machine.
 """
+
 import json
 import os
 import signal
@@ -32,17 +33,46 @@ LAUNCHES = {
     "tp2_pp2_1f1b": (1, 2, 2, ["--microbatches", "4", "--schedule", "1f1b", "--num-workers", "2"]),
     "dp2_pp2_1f1b_zero1": (2, 1, 2, ["--microbatches", "2", "--schedule", "1f1b", "--zero1"]),
     # faults that must not change the math, with an uneven split of layers over stages
-    "dp2_pp2_faults": (2, 1, 2, [
-        "--microbatches", "2", "--schedule", "afab", "--layers-per-stage", "3,1",
-        "--fault", "straggler:rank=2,factor=4", "--fault", "slow_input:ms=5",
-        "--fault", "hidden_sync:every=microbatch", "--fault", "blocking_p2p",
-        "--fault", "comm_bound:mb=4,repeat=2", "--fault", "accum_sync"]),
+    "dp2_pp2_faults": (
+        2,
+        1,
+        2,
+        [
+            "--microbatches",
+            "2",
+            "--schedule",
+            "afab",
+            "--layers-per-stage",
+            "3,1",
+            "--fault",
+            "straggler:rank=2,factor=4",
+            "--fault",
+            "slow_input:ms=5",
+            "--fault",
+            "hidden_sync:every=microbatch",
+            "--fault",
+            "blocking_p2p",
+            "--fault",
+            "comm_bound:mb=4,repeat=2",
+            "--fault",
+            "accum_sync",
+        ],
+    ),
 }
 
 
 def torchrun_cmd(nproc: int, args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-            str(nproc), "-m", "reference_trainer", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        "reference_trainer",
+        *args,
+    ]
 
 
 def descendant_pids(root: int) -> list[int]:
@@ -94,14 +124,29 @@ class Launch:
     def __init__(self, out_dir: Path, dp: int, tp: int, pp: int, args: list[str]):
         self.log_path = out_dir / "loss.jsonl"
         self.debug_dir = out_dir / "debug"
-        self.args = ["--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--steps", str(STEPS),
-                     "--seed", "7", "--log-jsonl", str(self.log_path), "--debug-dir", str(self.debug_dir),
-                     *args]
+        self.args = [
+            "--dp",
+            str(dp),
+            "--tp",
+            str(tp),
+            "--pp",
+            str(pp),
+            "--steps",
+            str(STEPS),
+            "--seed",
+            "7",
+            "--log-jsonl",
+            str(self.log_path),
+            "--debug-dir",
+            str(self.debug_dir),
+            *args,
+        ]
         self.nproc = dp * tp * pp
 
     def run(self, timeout_s: float = 180) -> "Launch":
-        self.proc = subprocess.run(torchrun_cmd(self.nproc, self.args), env=ENV, cwd=REPO,
-                                   capture_output=True, text=True, timeout=timeout_s)
+        self.proc = subprocess.run(
+            torchrun_cmd(self.nproc, self.args), env=ENV, cwd=REPO, capture_output=True, text=True, timeout=timeout_s
+        )
         return self
 
     @property
@@ -127,12 +172,27 @@ def launched(tmp_path_factory):
             assert launch.proc.returncode == 0, launch.proc.stderr[-4000:]
             cache[name] = launch
         return cache[name]
+
     return get
 
 
 def test_cli_and_fault_parsing():
-    cfg = parse_args(["--dp", "2", "--pp", "2", "--layers", "5", "--layers-per-stage", "4,1",
-                      "--fault", "straggler:rank=3,factor=1.5", "--fault", "blocking_p2p"])
+    cfg = parse_args(
+        [
+            "--dp",
+            "2",
+            "--pp",
+            "2",
+            "--layers",
+            "5",
+            "--layers-per-stage",
+            "4,1",
+            "--fault",
+            "straggler:rank=3,factor=1.5",
+            "--fault",
+            "blocking_p2p",
+        ]
+    )
     assert cfg.world_size == 4 and cfg.stage_layer_ranges() == [(0, 4), (4, 5)]
     assert cfg.faults[0].params == {"rank": 3, "factor": 1.5}
     assert parse_fault("comm_bound").params == {"mb": 32.0, "repeat": 1}
@@ -147,12 +207,37 @@ def test_cli_and_fault_parsing():
 
 def test_scenarios_cover_design_and_parse():
     # every demo scenario, plus `showcase` (what `make demo` runs)
-    assert set(SCENARIOS) == {"clean", "straggler", "slow_stage", "slow_input", "hidden_sync",
-                              "blocking_p2p", "hang", "crash", "comm_bound", "bubble", "varlen", "showcase",
-                              "pipeline_straggler", "accum_sync"}
-    kinds = {None, "straggler", "stage_imbalance", "pipeline_bubble", "input_stall", "hidden_sync",
-             "blocking_async", "exposed_comm", "hang", "rank_failure", "memory_imbalance",
-             "workload_imbalance", "accumulation_sync"}
+    assert set(SCENARIOS) == {
+        "clean",
+        "straggler",
+        "slow_stage",
+        "slow_input",
+        "hidden_sync",
+        "blocking_p2p",
+        "hang",
+        "crash",
+        "comm_bound",
+        "bubble",
+        "varlen",
+        "showcase",
+        "pipeline_straggler",
+        "accum_sync",
+    }
+    kinds = {
+        None,
+        "straggler",
+        "stage_imbalance",
+        "pipeline_bubble",
+        "input_stall",
+        "hidden_sync",
+        "blocking_async",
+        "exposed_comm",
+        "hang",
+        "rank_failure",
+        "memory_imbalance",
+        "workload_imbalance",
+        "accumulation_sync",
+    }
     for s in SCENARIOS.values():
         cfg = parse_args(s.argv)
         assert cfg.world_size == s.nproc, s.name
@@ -232,8 +317,9 @@ def test_soft_faults_keep_the_math_and_hit_the_right_rank(launched):
 
 
 def test_crash_fault_sigkills_the_rank(tmp_path):
-    launch = Launch(tmp_path, 2, 1, 1, ["--microbatches", "2", "--precision", "bf16",
-                                        "--fault", "crash:rank=1,step=3"]).run()
+    launch = Launch(
+        tmp_path, 2, 1, 1, ["--microbatches", "2", "--precision", "bf16", "--fault", "crash:rank=1,step=3"]
+    ).run()
     assert launch.proc.returncode != 0
     err = launch.proc.stderr
     assert "fault crash: rank 1 at step 3" in err
@@ -247,8 +333,14 @@ def test_hang_fault_blocks_the_job(tmp_path):
     launch = Launch(tmp_path, 2, 1, 1, ["--microbatches", "2", "--fault", "hang:rank=1,step=3"])
     err_path = tmp_path / "stderr.txt"
     with open(err_path, "w") as err:
-        proc = subprocess.Popen(torchrun_cmd(launch.nproc, launch.args), env=ENV, cwd=REPO,
-                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        proc = subprocess.Popen(
+            torchrun_cmd(launch.nproc, launch.args),
+            env=ENV,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 90
         while "fault hang: rank 1 at step 3" not in err_path.read_text():

@@ -8,6 +8,7 @@ interprocess=...)` with `record(stream=None)`, `query()`, `elapsed_time(end_even
 (an error unless both have completed) and `synchronize()`, and
 `_sleep(cycles)`, over a model of one stream: work queues behind the stream's
 end, an event completes when the device clock passes it."""
+
 import time
 
 import pytest
@@ -18,7 +19,7 @@ from reference_trainer import faults as faults_module
 from reference_trainer.faults import Faults, parse_fault
 from reference_trainer.train import LossLog
 
-GHZ_CYCLES_PER_MS = 1_500_000   # the fake GPU's clock: 1.5 GHz
+GHZ_CYCLES_PER_MS = 1_500_000  # the fake GPU's clock: 1.5 GHz
 
 
 class FakeStream:
@@ -78,11 +79,11 @@ def test_a_cuda_straggler_makes_its_stream_busy_f_times_as_long_without_waiting(
     for i in range(6):
         start_ms = stream.end_ms
         begun = faults.compute_begins()
-        stream.kernel(5.0)          # the phase's own kernels: 5 ms on the device
+        stream.kernel(5.0)  # the phase's own kernels: 5 ms on the device
         faults.compute_ends(begun)
         phases.append(stream.end_ms - start_ms)
         if i % 2:
-            stream.run_all()        # the device catches up now and then; the host never waits
+            stream.run_all()  # the device catches up now and then; the host never waits
     # the calibration spin and the first phase were not measured yet: no spin after it
     assert phases[0] == pytest.approx(5.0 + device_slowdown.CALIBRATION_CYCLES / GHZ_CYCLES_PER_MS)
     # once a phase is measured, every phase is twice as long on the device
@@ -131,14 +132,14 @@ def test_the_cuda_loss_log_reads_each_loss_once_copied_never_waiting_in_the_step
     rows = Rows()
     log = LossLog(rows, torch.device("cuda"))
     for step in range(3):
-        stream.kernel(10.0)   # the step's work, still queued when the host logs it
+        stream.kernel(10.0)  # the step's work, still queued when the host logs it
         log.add({"step": step}, torch.tensor(float(step)))
-    assert rows.rows == []    # nothing has run yet; nothing was waited for
-    stream.now_ms = 15.0      # step 0's work (and its loss copy) has run
+    assert rows.rows == []  # nothing has run yet; nothing was waited for
+    stream.now_ms = 15.0  # step 0's work (and its loss copy) has run
     stream.kernel(10.0)
     log.add({"step": 3}, torch.tensor(3.0))
     assert rows.rows == [{"step": 0, "loss": 0.0}]
-    log.close()               # after the last step: the rest, in order
+    log.close()  # after the last step: the rest, in order
     assert [r["step"] for r in rows.rows] == [0, 1, 2, 3] and rows.closed
 
 
@@ -149,12 +150,18 @@ def test_no_device_sync_in_the_trainer_step():
     import pathlib
 
     import reference_trainer
+
     offenders = []
     for path in pathlib.Path(reference_trainer.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             func = getattr(node, "func", None)
-            if (isinstance(node, ast.Call) and isinstance(func, ast.Attribute) and func.attr == "synchronize"
-                    and isinstance(func.value, ast.Attribute) and func.value.attr == "cuda"):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(func, ast.Attribute)
+                and func.attr == "synchronize"
+                and isinstance(func.value, ast.Attribute)
+                and func.value.attr == "cuda"
+            ):
                 offenders.append(f"{path.name}:{node.lineno}")
     assert offenders == []
 

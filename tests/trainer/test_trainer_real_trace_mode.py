@@ -7,6 +7,7 @@ The trainer posts its pipeline traffic as Megatron does (--p2p-mode batched:
 one batch_isend_irecv with both neighbours; preposted: each receive alone,
 posted a compute early): the slow stage must still be named, and every mode
 must train the same model. Two launches (pp4, 4 ranks), shared by the tests."""
+
 import json
 import threading
 import types
@@ -37,12 +38,20 @@ def real_trace_run(tmp_path_factory):
     def get(mode: str):
         if mode not in runs:
             out = tmp_path_factory.mktemp(mode)
-            run_diagnose(["run", "--out", out / "run", "--",
-                          *torchrun(SLOW_STAGE.nproc, "-m", "reference_trainer", *_argv(mode, out / "loss.jsonl"))],
-                         env=job_env(REFERENCE_TRAINER_PHASES=0, DIAGNOSE_COMPUTE_ROWS=0))
+            run_diagnose(
+                [
+                    "run",
+                    "--out",
+                    out / "run",
+                    "--",
+                    *torchrun(SLOW_STAGE.nproc, "-m", "reference_trainer", *_argv(mode, out / "loss.jsonl")),
+                ],
+                env=job_env(REFERENCE_TRAINER_PHASES=0, DIAGNOSE_COMPUTE_ROWS=0),
+            )
             losses = [json.loads(line)["loss"] for line in (out / "loss.jsonl").read_text().splitlines()]
             runs[mode] = (out / "run", losses)
         return runs[mode]
+
     return get
 
 
@@ -62,8 +71,12 @@ def _check_recorded_like_a_profiler_trace_and_slow_stage_named(run_dir) -> None:
     assert inferred.groupby("rank")["stage"].unique().map(list).to_dict() == {r: [r] for r in range(4)}
     serious = [f for f in _findings(run_dir) if f["severity"] != "info"]
     titles = [f"{f['kind']} ranks={f['ranks']} stage={f.get('stage')}: {f['title']}" for f in serious]
-    assert any(f["kind"] == SLOW_STAGE.expected_kind and tuple(f["ranks"]) == SLOW_STAGE.expected_ranks
-               and f["stage"] == SLOW_STAGE.expected_stage for f in serious), titles
+    assert any(
+        f["kind"] == SLOW_STAGE.expected_kind
+        and tuple(f["ranks"]) == SLOW_STAGE.expected_ranks
+        and f["stage"] == SLOW_STAGE.expected_stage
+        for f in serious
+    ), titles
     assert not any(f["kind"] == "stage_imbalance" and f["stage"] != SLOW_STAGE.expected_stage for f in serious), titles
 
 
@@ -86,13 +99,14 @@ def test_preposted_receives_name_the_same_stage_and_train_the_same_model(real_tr
 class FakeDist:
     """torch.distributed's p2p as gloo does it: receives from a peer take that peer's
     sends in the order the receives were posted; each rank's posts are logged."""
+
     isend, irecv = object(), object()
 
     def __init__(self):
         self.local, self.cond = threading.local(), threading.Condition()
-        self.sent, self.posted = {}, {}   # (src, dst) -> tensors sent / receives posted
-        self.log: dict = {}               # rank -> [("batch", [(op, peer)]) | ("compute", kind, mb)]
-        self.posted_at: dict = {}         # id(receive buffer) -> its batch's index in its rank's log
+        self.sent, self.posted = {}, {}  # (src, dst) -> tensors sent / receives posted
+        self.log: dict = {}  # rank -> [("batch", [(op, peer)]) | ("compute", kind, mb)]
+        self.posted_at: dict = {}  # id(receive buffer) -> its batch's index in its rank's log
 
     def P2POp(self, op, tensor, peer, group):  # noqa: N802 (torch's name)
         return types.SimpleNamespace(op=op, tensor=tensor, peer=peer, group=group)
@@ -129,7 +143,11 @@ class StubRunner:
     def _note(self, kind, mb, tensor):
         log = self.fake.log.setdefault(self.stage, [])
         posted = None if tensor is None else self.fake.posted_at[id(tensor)]
-        self.received[(self.stage, kind, mb)] = (None if tensor is None else float(tensor.detach()[0]), posted, len(log))
+        self.received[(self.stage, kind, mb)] = (
+            None if tensor is None else float(tensor.detach()[0]),
+            posted,
+            len(log),
+        )
         log.append(("compute", kind, mb))
 
     def forward(self, x, mb):
@@ -151,12 +169,21 @@ def _simulate(monkeypatch, mode: str, schedule: str, pp: int = 4, m: int = 5):
     def stage_main(s):
         fake.local.rank = s
         try:
-            p2p = PipelineP2P(stage=s, prev_rank=s - 1 if s else None, next_rank=s + 1 if s < pp - 1 else None,
-                              group=None, activation_shape=(2,), dtype=torch.float32,
-                              device=torch.device("cpu"), blocking=False, mode=mode)
+            p2p = PipelineP2P(
+                stage=s,
+                prev_rank=s - 1 if s else None,
+                next_rank=s + 1 if s < pp - 1 else None,
+                group=None,
+                activation_shape=(2,),
+                dtype=torch.float32,
+                device=torch.device("cpu"),
+                blocking=False,
+                mode=mode,
+            )
             run_schedule(schedule, StubRunner(s, fake, received), p2p, m, pp, s)
         except Exception as exc:  # noqa: BLE001 (reported by the test)
             errors.append((s, repr(exc)))
+
     threads = [threading.Thread(target=stage_main, args=(s,)) for s in range(pp)]
     for t in threads:
         t.start()
@@ -179,8 +206,9 @@ def test_every_mode_hands_each_compute_its_neighbours_output(monkeypatch, mode, 
 
 def test_what_one_exchange_posts_in_each_mode(monkeypatch):
     """Stage 1 of pp4 1F1B (2 warm-up forwards): its warm-up, steady and cool-down exchanges."""
-    batches = {mode: [b[1] for b in _simulate(monkeypatch, mode, "1f1b")[0].log[1] if b[0] == "batch"]
-               for mode in P2P_MODES}
+    batches = {
+        mode: [b[1] for b in _simulate(monkeypatch, mode, "1f1b")[0].log[1] if b[0] == "batch"] for mode in P2P_MODES
+    }
     # separate: a batch never holds both neighbours
     assert all(len({peer for _, peer in b}) == 1 for b in batches["separate"])
     # batched: the warm-up's activation on and next activation in are one batch, in Megatron's

@@ -22,6 +22,7 @@ template arguments and parameters ("void flash::flash_fwd_kernel<Traits...>
 instantiations, and a change of tile size must not read as one kernel gone
 and another come.
 """
+
 import re
 
 import pandas as pd
@@ -30,9 +31,12 @@ from collectors.schema import MEMORY
 from diagnose.analysis.tables.device_collectives import kernel_steps
 
 FIGURES = ("kernel_ms", "comm_ms", "exposed_comm_ms", "memory_ms")
-LABELS = {"kernel_ms": "GPU kernel time", "comm_ms": "communication kernels",
-          "exposed_comm_ms": "exposed communication (no compute overlaps)",
-          "memory_ms": "memory copies and sets"}
+LABELS = {
+    "kernel_ms": "GPU kernel time",
+    "comm_ms": "communication kernels",
+    "exposed_comm_ms": "exposed communication (no compute overlaps)",
+    "memory_ms": "memory copies and sets",
+}
 TOP_KERNELS = 8  # the families whose time changed most, in compare
 _NAMESPACE_MARKS = re.compile(r"<unnamed>|\(anonymous namespace\)")
 
@@ -60,11 +64,14 @@ def device_figures(run, steps=None) -> dict | None:
     exposed = exposed[exposed["step"].isin(steps)]
     per_family = launched.groupby(launched["name"].astype(str).map(kernel_family))["dur_ms"].sum()
     n = len(steps)
-    return {"steps": steps, "kernel_ms": float(launched["dur_ms"].sum()) / n,
-            "comm_ms": float(exposed["comm_ms"].sum()) / n,
-            "exposed_comm_ms": float(exposed["exposed_comm_ms"].sum()) / n,
-            "memory_ms": float(kernels.loc[memory, "dur_ms"].sum()) / n,
-            "kernels": {str(k): float(v) / n for k, v in per_family.items()}}
+    return {
+        "steps": steps,
+        "kernel_ms": float(launched["dur_ms"].sum()) / n,
+        "comm_ms": float(exposed["comm_ms"].sum()) / n,
+        "exposed_comm_ms": float(exposed["exposed_comm_ms"].sum()) / n,
+        "memory_ms": float(kernels.loc[memory, "dur_ms"].sum()) / n,
+        "kernels": {str(k): float(v) / n for k, v in per_family.items()},
+    }
 
 
 def compare_figures(a: dict | None, b: dict | None) -> dict | None:
@@ -72,12 +79,14 @@ def compare_figures(a: dict | None, b: dict | None) -> dict | None:
     the size of their change; None unless both runs have device figures."""
     if a is None or b is None:
         return None
-    rows = [{"figure": f, "label": LABELS[f], "a_ms": a[f], "b_ms": b[f], "delta_ms": b[f] - a[f]}
-            for f in FIGURES]
-    families = pd.DataFrame({"a_ms": pd.Series(a["kernels"], dtype=float),
-                             "b_ms": pd.Series(b["kernels"], dtype=float)}).fillna(0.0)
+    rows = [{"figure": f, "label": LABELS[f], "a_ms": a[f], "b_ms": b[f], "delta_ms": b[f] - a[f]} for f in FIGURES]
+    families = pd.DataFrame(
+        {"a_ms": pd.Series(a["kernels"], dtype=float), "b_ms": pd.Series(b["kernels"], dtype=float)}
+    ).fillna(0.0)
     families["delta_ms"] = families["b_ms"] - families["a_ms"]
     top = families.reindex(families["delta_ms"].abs().sort_values(ascending=False, kind="stable").index)
-    kernels = [{"family": str(k), "a_ms": float(r.a_ms), "b_ms": float(r.b_ms), "delta_ms": float(r.delta_ms)}
-               for k, r in top.head(TOP_KERNELS).iterrows()]
+    kernels = [
+        {"family": str(k), "a_ms": float(r.a_ms), "b_ms": float(r.b_ms), "delta_ms": float(r.delta_ms)}
+        for k, r in top.head(TOP_KERNELS).iterrows()
+    ]
     return {"figures": rows, "kernels": kernels}

@@ -28,6 +28,7 @@ Checks, each one verdict line with its statistic:
 
 The bootstrap is seeded (SEED): the same runs give the same verdict.
 """
+
 import math
 
 import numpy as np
@@ -42,7 +43,7 @@ CHECKS = ("step-time", "new-critical", "impact")
 
 
 def parse_fail_on(text: str) -> list[str]:
-    """"regression" (every check) or a comma list of CHECKS; ValueError otherwise."""
+    """ "regression" (every check) or a comma list of CHECKS; ValueError otherwise."""
     names = [t.strip() for t in text.split(",") if t.strip()]
     if names == ["regression"]:
         return list(CHECKS)
@@ -66,25 +67,52 @@ def step_time(a: np.ndarray, b: np.ndarray, rng) -> dict:
     low, high = np.percentile(ratio, [2.5, 97.5])
     estimate = float(b.mean() / a.mean())
     worse = low > 1.0 and estimate >= 1.0 + MIN_EFFECT
-    why = ("beyond noise" if worse else "below the minimum effect" if low > 1.0
-           else "faster beyond noise" if high < 1.0 else "within noise")
-    return {"check": "step-time", "regression": bool(worse),
-            "line": (f"step-time {estimate - 1:+.1%} (95% CI {low - 1:+.1%} to {high - 1:+.1%}, "
-                     f"block bootstrap, {len(a)} vs {len(b)} steps): {why}"),
-            "ratio": estimate, "ci": [float(low), float(high)]}
+    why = (
+        "beyond noise"
+        if worse
+        else "below the minimum effect"
+        if low > 1.0
+        else "faster beyond noise"
+        if high < 1.0
+        else "within noise"
+    )
+    return {
+        "check": "step-time",
+        "regression": bool(worse),
+        "line": (
+            f"step-time {estimate - 1:+.1%} (95% CI {low - 1:+.1%} to {high - 1:+.1%}, "
+            f"block bootstrap, {len(a)} vs {len(b)} steps): {why}"
+        ),
+        "ratio": estimate,
+        "ci": [float(low), float(high)],
+    }
 
 
 def new_critical(findings_a: list, findings_b: list, key) -> list[dict]:
     before = {key(f) for f in findings_a if f.get("severity") == "critical"}
-    return [{"check": "new-critical", "regression": True,
-             "line": f"new-critical {f['kind']} (ranks {','.join(map(str, f.get('ranks') or [])) or '-'}): "
-                     f"{f.get('title', '')}"}
-            for f in findings_b if f.get("severity") == "critical" and key(f) not in before]
+    return [
+        {
+            "check": "new-critical",
+            "regression": True,
+            "line": f"new-critical {f['kind']} (ranks {','.join(map(str, f.get('ranks') or [])) or '-'}): "
+            f"{f.get('title', '')}",
+        }
+        for f in findings_b
+        if f.get("severity") == "critical" and key(f) not in before
+    ]
 
 
 def impact(parts_a: dict, parts_b: dict, findings_b: list, base_step_ms: float, rng) -> list[dict]:
-    parts = sorted({p for f in findings_b if f.get("severity") in ("warning", "critical")
-                    for p in finding_kinds.parts_of(f.get("kind"))} & set(parts_a) & set(parts_b))
+    parts = sorted(
+        {
+            p
+            for f in findings_b
+            if f.get("severity") in ("warning", "critical")
+            for p in finding_kinds.parts_of(f.get("kind"))
+        }
+        & set(parts_a)
+        & set(parts_b)
+    )
     tests = []
     for part in parts:
         a, b = np.asarray(parts_a[part], float), np.asarray(parts_b[part], float)
@@ -97,10 +125,18 @@ def impact(parts_a: dict, parts_b: dict, findings_b: list, base_step_ms: float, 
     for i, (part, grew_ms, p) in enumerate(sorted(tests, key=lambda t: t[2])):  # Holm, step-down
         running = max(running, min(1.0, (m - i) * p))
         worse = running <= ALPHA and grew_ms >= MIN_EFFECT * base_step_ms
-        verdicts.append({"check": "impact", "regression": bool(worse), "part": part,
-                         "line": (f"impact {part} {grew_ms:+.1f} ms/step (Holm p={running:.3g} over {m} "
-                                  f"part{'s' if m > 1 else ''}): "
-                                  + ("beyond noise" if worse else "within noise or below the minimum effect"))})
+        verdicts.append(
+            {
+                "check": "impact",
+                "regression": bool(worse),
+                "part": part,
+                "line": (
+                    f"impact {part} {grew_ms:+.1f} ms/step (Holm p={running:.3g} over {m} "
+                    f"part{'s' if m > 1 else ''}): "
+                    + ("beyond noise" if worse else "within noise or below the minimum effect")
+                ),
+            }
+        )
     return verdicts
 
 
@@ -109,17 +145,26 @@ def gate(a: dict, b: dict, checks: list, key) -> list[dict]:
     (diagnose.analysis.compare.run_compare.summarize: steady_step_ms, steady_parts)."""
     rng = np.random.default_rng(SEED)
     out = []
-    series_a, series_b = np.asarray(a.get("steady_step_ms") or [], float), np.asarray(b.get("steady_step_ms") or [], float)
+    series_a, series_b = (
+        np.asarray(a.get("steady_step_ms") or [], float),
+        np.asarray(b.get("steady_step_ms") or [], float),
+    )
     if "step-time" in checks:
         if len(series_a) >= 2 and len(series_b) >= 2:
             out.append(step_time(series_a, series_b, rng))
         else:
-            out.append({"check": "step-time", "regression": False,
-                        "line": "step-time: not judged (fewer than 2 steady steps in a run)"})
+            out.append(
+                {
+                    "check": "step-time",
+                    "regression": False,
+                    "line": "step-time: not judged (fewer than 2 steady steps in a run)",
+                }
+            )
     if "new-critical" in checks:
         found = new_critical(a["findings"], b["findings"], key)
         out.extend(found or [{"check": "new-critical", "regression": False, "line": "new-critical: none"}])
     if "impact" in checks and len(series_a):
-        out.extend(impact(a.get("steady_parts") or {}, b.get("steady_parts") or {}, b["findings"],
-                          float(series_a.mean()), rng))
+        out.extend(
+            impact(a.get("steady_parts") or {}, b.get("steady_parts") or {}, b["findings"], float(series_a.mean()), rng)
+        )
     return out

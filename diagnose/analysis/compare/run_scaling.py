@@ -18,6 +18,7 @@ got slower in total: scaling went negative). What grew: the parts of the step
 (breakdown, ms per step, steady-state mean over ranks) that grew most against
 the smallest run.
 """
+
 import re
 
 import numpy as np
@@ -63,15 +64,22 @@ def scaling(summaries: list) -> list:
             per_rank = s["work"]["per_step"] / (step_ms / 1000) / s["world_size"]
         else:  # equal work per rank assumed: steps per second per rank
             per_rank = 1000 / step_ms if step_ms else None
-        rows.append({"root": s["root"], "name": s["name"], "world_size": s["world_size"],
-                     "layout": s.get("layout") or "-", "step_ms": step_ms,
-                     "work_per_step": s["work"]["per_step"] if unit else None,
-                     "unit": unit or "steps (equal work per rank assumed)",
-                     "per_rank_per_s": per_rank, "grew": _grew(base, s)})
+        rows.append(
+            {
+                "root": s["root"],
+                "name": s["name"],
+                "world_size": s["world_size"],
+                "layout": s.get("layout") or "-",
+                "step_ms": step_ms,
+                "work_per_step": s["work"]["per_step"] if unit else None,
+                "unit": unit or "steps (equal work per rank assumed)",
+                "per_rank_per_s": per_rank,
+                "grew": _grew(base, s),
+            }
+        )
     first = rows[0]["per_rank_per_s"]
     for row in rows:
-        row["efficiency"] = (row["per_rank_per_s"] / first
-                             if first and row["per_rank_per_s"] is not None else None)
+        row["efficiency"] = row["per_rank_per_s"] / first if first and row["per_rank_per_s"] is not None else None
     return rows
 
 

@@ -19,6 +19,7 @@ rank (their exposed part is what a fix saves, overlapped time is not).
 Evidence: backwards and reduction rounds per step, bytes per round, the
 backward's callsite.
 """
+
 import numpy as np
 import pandas as pd
 
@@ -27,8 +28,7 @@ from diagnose.analysis.tables.device_collectives import timed_on_device
 from diagnose.analysis.tables.matching import as_str
 from diagnose.analysis.tables.per_rank import rank_slice, sorted_by_rank
 
-REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base",
-              "all_reduce_coalesced")
+REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "all_reduce_coalesced")
 FUNCTIONAL = "functional"  # collectors/instrument/functional_collectives.py's detail
 STEP_FRAC = 0.5
 RANK_FRAC = 0.5
@@ -37,10 +37,12 @@ RANK_FRAC = 0.5
 def _in_backward(calls: pd.DataFrame, backwards: pd.DataFrame) -> np.ndarray:
     """For each call, the index (into `backwards`) of its own rank's backward it was
     issued in, or -1."""
-    rank, start, end, index = sorted_by_rank(backwards["rank"].to_numpy(np.int64),
-                                             backwards["start_ns"].to_numpy(np.int64),
-                                             backwards["end_ns"].to_numpy(np.int64),
-                                             np.arange(len(backwards)))
+    rank, start, end, index = sorted_by_rank(
+        backwards["rank"].to_numpy(np.int64),
+        backwards["start_ns"].to_numpy(np.int64),
+        backwards["end_ns"].to_numpy(np.int64),
+        np.arange(len(backwards)),
+    )
     out = np.full(len(calls), -1)
     c_rank, c_start = calls["rank"].to_numpy(np.int64), calls["start_ns"].to_numpy(np.int64)
     for r in np.unique(c_rank):
@@ -70,8 +72,12 @@ def reduction_rounds(events: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     waits = events[(events["kind"] == "wait").to_numpy() & ~timed_on_device(events["detail"])]
     waits = waits[pd.MultiIndex.from_frame(waits[["rank", "group", "seq"]].astype({"group": str})).isin(keys)]
     calls = calls.assign(_what=as_str(calls["callsite"]) + "|" + calls["bytes"].astype(str))
-    marks = pd.concat([calls[["rank", "step", "start_ns", "_what"]].assign(_issue=True),
-                       waits[["rank", "step", "start_ns"]].assign(_issue=False, _what="")])
+    marks = pd.concat(
+        [
+            calls[["rank", "step", "start_ns", "_what"]].assign(_issue=True),
+            waits[["rank", "step", "start_ns"]].assign(_issue=False, _what=""),
+        ]
+    )
     marks = marks.sort_values(["rank", "step", "start_ns"], kind="stable")
     issue = marks["_issue"].to_numpy(bool)
     same = (marks[["rank", "step"]].shift() == marks[["rank", "step"]]).all(axis=1).to_numpy()
@@ -79,9 +85,13 @@ def reduction_rounds(events: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     new_run = issue & ~(same & np.roll(issue, 1))
     run_id = np.cumsum(new_run)
     issues = marks[issue].assign(_run=run_id[issue])
-    rounds = issues.groupby("_run").agg(rank=("rank", "first"), step=("step", "first"),
-                                         start_ns=("start_ns", "min"), end_ns=("start_ns", "max"),
-                                         what=("_what", lambda w: "/".join(sorted(w))))
+    rounds = issues.groupby("_run").agg(
+        rank=("rank", "first"),
+        step=("step", "first"),
+        start_ns=("start_ns", "min"),
+        end_ns=("start_ns", "max"),
+        what=("_what", lambda w: "/".join(sorted(w))),
+    )
     # the same gradients reduced again: rounds of one step that issue the same calls
     # (callsites and sizes); two different reductions waited in turn are not rounds
     again = rounds.groupby(["rank", "step", "what"])["what"].transform("size") >= 2
@@ -105,9 +115,15 @@ def _extra_rounds(ctx) -> pd.DataFrame | None:
     steady = events["step"].isin(ctx.steady).to_numpy()
     kind, device = events["kind"], timed_on_device(events["detail"])
     backwards = events[steady & (kind == "backward").to_numpy()].reset_index(drop=True)
-    calls = events[steady & (kind == "collective").to_numpy() & events["async_op"].astype(bool).to_numpy()
-                   & events["name"].isin(REDUCTIONS).to_numpy() & (events["detail"] != FUNCTIONAL).to_numpy()
-                   & ~device & (events["seq"] >= 0).to_numpy()]
+    calls = events[
+        steady
+        & (kind == "collective").to_numpy()
+        & events["async_op"].astype(bool).to_numpy()
+        & events["name"].isin(REDUCTIONS).to_numpy()
+        & (events["detail"] != FUNCTIONAL).to_numpy()
+        & ~device
+        & (events["seq"] >= 0).to_numpy()
+    ]
     if backwards.empty:
         backwards = reduction_rounds(events, calls)
     if backwards.empty:
@@ -123,20 +139,24 @@ def _extra_rounds(ctx) -> pd.DataFrame | None:
     table = table.fillna({"rounds": 0, "bytes_per_round": 0}).reset_index()
     # the last backward of each (rank, step) is the one that must reduce
     last_bw = backwards.reset_index().groupby(["rank", "step"])["index"].max()
-    is_last = calls["_bw"].to_numpy() == last_bw.reindex(
-        pd.MultiIndex.from_arrays([calls["rank"], calls["step"]])).to_numpy()
+    is_last = (
+        calls["_bw"].to_numpy() == last_bw.reindex(pd.MultiIndex.from_arrays([calls["rank"], calls["step"]])).to_numpy()
+    )
     extra = calls.loc[~is_last, ["rank", "step", "group", "seq", "start_ns", "end_ns"]]
     # what those rounds blocked the rank: the issue call, and the wait on it (DDP's reducer
     # row has no wait of its own: the replay models it)
     waits = events[steady & (kind == "wait").to_numpy() & ~device]
     # groups as text: the two frames' categoricals can have codes of different widths
     # (int8 vs int16), which pandas cannot look up one in the other
-    waits = waits.assign(_wait_ns=waits["end_ns"] - waits["start_ns"], group=waits["group"].astype(str)).groupby(
-        ["rank", "group", "seq"])["_wait_ns"].sum()
-    waited = waits.reindex(pd.MultiIndex.from_arrays([extra["rank"], extra["group"].astype(str),
-                                                      extra["seq"]])).fillna(0)
-    table.attrs["extra"] = extra.assign(blocked_ns=(extra["end_ns"] - extra["start_ns"]).to_numpy()
-                                        + waited.to_numpy())
+    waits = (
+        waits.assign(_wait_ns=waits["end_ns"] - waits["start_ns"], group=waits["group"].astype(str))
+        .groupby(["rank", "group", "seq"])["_wait_ns"]
+        .sum()
+    )
+    waited = waits.reindex(pd.MultiIndex.from_arrays([extra["rank"], extra["group"].astype(str), extra["seq"]])).fillna(
+        0
+    )
+    table.attrs["extra"] = extra.assign(blocked_ns=(extra["end_ns"] - extra["start_ns"]).to_numpy() + waited.to_numpy())
     table.attrs["callsites"] = as_str(backwards["callsite"])
     table.attrs["details"] = as_str(calls["detail"])
     return table
@@ -159,34 +179,53 @@ def detect(ctx):
     extra = table.attrs["extra"]
     extra = extra[extra["rank"].isin(syncing.index)]
     n_steps = max(len(ctx.steady), 1)
-    blocked_ms = float((extra["blocked_ns"] / 1e6).groupby(extra["rank"]).sum().median()) / n_steps \
-        if len(extra) else 0.0
+    blocked_ms = (
+        float((extra["blocked_ns"] / 1e6).groupby(extra["rank"]).sum().median()) / n_steps if len(extra) else 0.0
+    )
     callsites = table.attrs["callsites"]
     callsites = callsites[callsites != ""]
     callsite = ctx.relpath(callsites.mode().iloc[0]) if len(callsites) else None
     details = table.attrs["details"]
     ddp = details.str.startswith("ddp").mean() > 0.5 if len(details) else False
     fsdp = details.str.startswith("fsdp").mean() > 0.5 if len(details) else False
-    where = (f"the backward at {callsite}" if callsite else "each backward") + \
-        (" (DDP)" if ddp else " (FSDP)" if fsdp else "")
+    where = (f"the backward at {callsite}" if callsite else "each backward") + (
+        " (DDP)" if ddp else " (FSDP)" if fsdp else ""
+    )
     if ddp:
-        fix = ("run the micro-batches before the last inside `with model.no_sync():` (DDP then "
-               "all-reduces once, in the last backward)")
+        fix = (
+            "run the micro-batches before the last inside `with model.no_sync():` (DDP then "
+            "all-reduces once, in the last backward)"
+        )
     elif fsdp:
-        fix = ("call `model.set_requires_gradient_sync(False)` before the micro-batches before the "
-               "last and `True` before the last (FSDP2; FSDP1: `with model.no_sync():`), trading "
-               "memory for unsharded gradients for communication")
+        fix = (
+            "call `model.set_requires_gradient_sync(False)` before the micro-batches before the "
+            "last and `True` before the last (FSDP2; FSDP1: `with model.no_sync():`), trading "
+            "memory for unsharded gradients for communication"
+        )
     else:
-        fix = ("launch the gradient reduction only in the last micro-batch's backward (Megatron: "
-               "`config.no_sync_func`; DeepSpeed: let its engine accumulate with "
-               "`gradient_accumulation_steps`)")
-    return [Finding(
-        kind="accumulation_sync",
-        title=(f"gradients are reduced after every micro-batch: {rounds:.0f} reduction rounds per "
-               f"optimizer step for {backwards:.0f} backwards ({mb:.1f} MiB each) from {where}; "
-               f"one is needed"),
-        ranks=sorted(int(r) for r in syncing.index), callsite=callsite, impact_ms_per_step=blocked_ms,
-        recommendation=f"Accumulate locally and reduce once per step: {fix}.",
-        metrics={"backwards_per_step": backwards, "reduction_rounds_per_step": rounds,
-                 "mib_per_round": mb, "extra_rounds_blocked_ms_per_step": blocked_ms,
-                 "steps_frac": float(syncing.median())})]
+        fix = (
+            "launch the gradient reduction only in the last micro-batch's backward (Megatron: "
+            "`config.no_sync_func`; DeepSpeed: let its engine accumulate with "
+            "`gradient_accumulation_steps`)"
+        )
+    return [
+        Finding(
+            kind="accumulation_sync",
+            title=(
+                f"gradients are reduced after every micro-batch: {rounds:.0f} reduction rounds per "
+                f"optimizer step for {backwards:.0f} backwards ({mb:.1f} MiB each) from {where}; "
+                f"one is needed"
+            ),
+            ranks=sorted(int(r) for r in syncing.index),
+            callsite=callsite,
+            impact_ms_per_step=blocked_ms,
+            recommendation=f"Accumulate locally and reduce once per step: {fix}.",
+            metrics={
+                "backwards_per_step": backwards,
+                "reduction_rounds_per_step": rounds,
+                "mib_per_round": mb,
+                "extra_rounds_blocked_ms_per_step": blocked_ms,
+                "steps_frac": float(syncing.median()),
+            },
+        )
+    ]

@@ -18,6 +18,7 @@ the host and only makes the compute stream wait, so the gap is the compute the
 device had queued between the call's arrival and the wait, and the wait is how
 long the compute stream stalled behind it, never how long Python waited.
 """
+
 import pandas as pd
 
 from diagnose.analysis.detectors.finding_record import Finding
@@ -41,9 +42,11 @@ def async_waits(calls: pd.DataFrame) -> pd.DataFrame:
     # as strings: the two callsite columns are categoricals of different categories,
     # which neither compare nor mix
     wait_site, call_site = as_str(calls["wait_callsite"]), as_str(calls["callsite"])
-    return calls.assign(gap_ns=calls["wait_start_ns"] - calls["return_ns"],
-                        wait_ms=(calls["wait_end_ns"] - calls["wait_start_ns"]) / 1e6,
-                        site=wait_site.where(wait_site != "", call_site))
+    return calls.assign(
+        gap_ns=calls["wait_start_ns"] - calls["return_ns"],
+        wait_ms=(calls["wait_end_ns"] - calls["wait_start_ns"]) / 1e6,
+        site=wait_site.where(wait_site != "", call_site),
+    )
 
 
 def detect(ctx):
@@ -69,15 +72,28 @@ def detect(ctx):
         ops = "/".join(sorted(at_site["name"].unique()))
         on_device = bool(at_site["detail"].isin([WAIT_BOUND, NCCL_TIMED]).all())
         what = "the compute stream stalled" if on_device else "non-overlapped waiting"
-        findings.append(Finding(
-            kind="blocking_async", callsite=where, ranks=sorted(int(r) for r in per_rank_ms.index),
-            impact_ms_per_step=impact_ms,
-            title=(f"{where}: async {ops} waited immediately after issue ({frac:.0%} of "
-                   f"{len(at_site)} ops), {impact_ms:.1f} ms/step of {what}"
-                   + (" (on the GPUs' clocks)" if on_device else "")),
-            recommendation=("Issue the operation earlier and wait only where its result is needed "
-                            "(e.g. start the send, run the next micro-batch's compute, then wait); "
-                            "post a send and the receive from the same peer as one batch_isend_irecv."),
-            metrics={"immediate_wait_frac": frac, "ops_per_step": per_step,
-                     "blocked_ms_per_step": impact_ms, "device_time": float(on_device)}))
+        findings.append(
+            Finding(
+                kind="blocking_async",
+                callsite=where,
+                ranks=sorted(int(r) for r in per_rank_ms.index),
+                impact_ms_per_step=impact_ms,
+                title=(
+                    f"{where}: async {ops} waited immediately after issue ({frac:.0%} of "
+                    f"{len(at_site)} ops), {impact_ms:.1f} ms/step of {what}"
+                    + (" (on the GPUs' clocks)" if on_device else "")
+                ),
+                recommendation=(
+                    "Issue the operation earlier and wait only where its result is needed "
+                    "(e.g. start the send, run the next micro-batch's compute, then wait); "
+                    "post a send and the receive from the same peer as one batch_isend_irecv."
+                ),
+                metrics={
+                    "immediate_wait_frac": frac,
+                    "ops_per_step": per_step,
+                    "blocked_ms_per_step": impact_ms,
+                    "device_time": float(on_device),
+                },
+            )
+        )
     return findings

@@ -23,6 +23,7 @@ async_save (the caller then waits only for the copy to CPU; the next save waits
 for the previous upload) or saving less often; one rank far slower than its
 peers (>= 2x the median, its share of the waits) -> its disk or volume.
 """
+
 import numpy as np
 import pandas as pd
 
@@ -34,14 +35,18 @@ SLOW_RANK_X = 2.0
 
 def detect(ctx):
     events = ctx.run.events()
-    saves = events[(events["kind"] == "checkpoint").to_numpy() & events["step"].isin(ctx.steady).to_numpy()
-                   & (events["detail"] == TRAINING_THREAD).to_numpy()]
+    saves = events[
+        (events["kind"] == "checkpoint").to_numpy()
+        & events["step"].isin(ctx.steady).to_numpy()
+        & (events["detail"] == TRAINING_THREAD).to_numpy()
+    ]
     if saves.empty or not ctx.steady or ctx.step_ms <= 0:
         return []
     saves = saves.assign(ms=(saves["end_ns"] - saves["start_ns"]) / 1e6, api=saves["name"].astype(str))
     n_steps = len(ctx.steady)
-    per_rank = saves.groupby("rank").agg(blocked_ms=("ms", "sum"), saves=("ms", "size"), bytes=("bytes", "sum"),
-                                         save_ms=("ms", "median"))
+    per_rank = saves.groupby("rank").agg(
+        blocked_ms=("ms", "sum"), saves=("ms", "size"), bytes=("bytes", "sum"), save_ms=("ms", "median")
+    )
     # an async upload's cost is not the caller's wait: it competes for the cores (and the
     # GIL) with the steps it overlaps, which run longer than the others
     per_rank["contention_ms"] = upload_contention_ms(ctx, events, saves).reindex(per_rank.index).fillna(0.0)
@@ -55,39 +60,61 @@ def detect(ctx):
     others_ms = float(per_rank["save_ms"].drop(slowest).median()) if len(per_rank) > 1 else float("nan")
     slow_disk = bool(others_ms > 0 and per_rank.loc[slowest, "save_ms"] >= SLOW_RANK_X * others_ms)
     apis = sorted(saves["api"].unique())
-    metrics = {"saves_per_rank": float(per_rank["saves"].median()),
-               "bytes_per_save": float(saves["bytes"].median()),
-               "blocked_ms_per_step": float((per_rank["blocked_ms"] / n_steps).max()),
-               "upload_contention_ms_per_step": float((per_rank["contention_ms"] / n_steps).max()),
-               "blocked_frac": share,
-               "slowest_rank": slowest, "slowest_save_ms": float(per_rank.loc[slowest, "save_ms"]),
-               "others_save_ms": others_ms, "apis": ",".join(apis)}
+    metrics = {
+        "saves_per_rank": float(per_rank["saves"].median()),
+        "bytes_per_save": float(saves["bytes"].median()),
+        "blocked_ms_per_step": float((per_rank["blocked_ms"] / n_steps).max()),
+        "upload_contention_ms_per_step": float((per_rank["contention_ms"] / n_steps).max()),
+        "blocked_frac": share,
+        "slowest_rank": slowest,
+        "slowest_save_ms": float(per_rank.loc[slowest, "save_ms"]),
+        "others_save_ms": others_ms,
+        "apis": ",".join(apis),
+    }
     for rank, row in per_rank.iterrows():
-        metrics[f"rank{int(rank)}_mb_per_s"] = row["bytes"] / 2**20 / (row["blocked_ms"] / 1e3) \
-            if row["blocked_ms"] > 0 else float("nan")
+        metrics[f"rank{int(rank)}_mb_per_s"] = (
+            row["bytes"] / 2**20 / (row["blocked_ms"] / 1e3) if row["blocked_ms"] > 0 else float("nan")
+        )
     upload = _async_uploads(events, saves)
     if upload is not None:
         metrics["async_upload_ms"] = upload
     what = "/".join(apis)
-    title = (f"checkpoint saves block training {share:.1%} of the time ({what}, "
-             f"{int(metrics['saves_per_rank'])} saves of {metrics['bytes_per_save'] / 2**20:.1f} MiB, "
-             f"{impact_ms:.1f} ms/step)")
+    title = (
+        f"checkpoint saves block training {share:.1%} of the time ({what}, "
+        f"{int(metrics['saves_per_rank'])} saves of {metrics['bytes_per_save'] / 2**20:.1f} MiB, "
+        f"{impact_ms:.1f} ms/step)"
+    )
     if slow_disk:
-        title += (f": rank {slowest}'s take {per_rank.loc[slowest, 'save_ms']:.0f} ms, "
-                  f"{per_rank.loc[slowest, 'save_ms'] / others_ms:.0f}x its peers' {others_ms:.0f} ms")
+        title += (
+            f": rank {slowest}'s take {per_rank.loc[slowest, 'save_ms']:.0f} ms, "
+            f"{per_rank.loc[slowest, 'save_ms'] / others_ms:.0f}x its peers' {others_ms:.0f} ms"
+        )
     advice = []
     if slow_disk:
-        advice.append(f"check rank {slowest}'s disk or volume: its saves are {per_rank.loc[slowest, 'save_ms'] / others_ms:.0f}x "
-                      "its peers', and the others wait for it")
+        advice.append(
+            f"check rank {slowest}'s disk or volume: its saves are {per_rank.loc[slowest, 'save_ms'] / others_ms:.0f}x "
+            "its peers', and the others wait for it"
+        )
     if any(api != "dcp.async_save" for api in apis):
-        advice.append("save asynchronously (torch.distributed.checkpoint.async_save: the loop then waits only "
-                      "for the copy to CPU, the write runs behind training) or less often")
+        advice.append(
+            "save asynchronously (torch.distributed.checkpoint.async_save: the loop then waits only "
+            "for the copy to CPU, the write runs behind training) or less often"
+        )
     else:
-        advice.append("the staging copy to CPU still blocks: pin its buffers or save less often; the next "
-                      "save waits for the previous upload")
-    return [Finding(kind="checkpoint_stall", ranks=sorted(int(r) for r in per_rank.index),
-                    impact_ms_per_step=impact_ms, title=title,
-                    recommendation="; ".join(advice).capitalize() + ".", metrics=metrics)]
+        advice.append(
+            "the staging copy to CPU still blocks: pin its buffers or save less often; the next "
+            "save waits for the previous upload"
+        )
+    return [
+        Finding(
+            kind="checkpoint_stall",
+            ranks=sorted(int(r) for r in per_rank.index),
+            impact_ms_per_step=impact_ms,
+            title=title,
+            recommendation="; ".join(advice).capitalize() + ".",
+            metrics=metrics,
+        )
+    ]
 
 
 def upload_contention_ms(ctx, events: pd.DataFrame, saves: pd.DataFrame) -> pd.Series:
@@ -101,8 +128,8 @@ def upload_contention_ms(ctx, events: pd.DataFrame, saves: pd.DataFrame) -> pd.S
     for rank, mine in calls.groupby("rank"):
         ups = done[done["rank"] == rank]["detail"].astype(str).str.extract(r"upload_ns=(\d+)")[0]
         ups = ups.astype(float).to_numpy()
-        start = np.sort(mine["end_ns"].to_numpy(np.int64))[:len(ups)]
-        end = start + ups[:len(start)]
+        start = np.sort(mine["end_ns"].to_numpy(np.int64))[: len(ups)]
+        end = start + ups[: len(start)]
         st = ctx.run.steps()
         st = st[(st["rank"] == rank) & st["step"].isin(ctx.steady)]
         overlap = np.zeros(len(st), bool)

@@ -15,6 +15,7 @@ impact). Impact: the exposed time (what overlapping the copy with compute
 saves; not a replay). Evidence: copy time, exposed time, MB per step, the
 pageable share, the copies' directions.
 """
+
 import numpy as np
 import pandas as pd
 
@@ -41,9 +42,16 @@ def exposed_copies(kernels) -> list:
         copy_ns = covered_ns(s, e)
         hidden = intersection_ns((s, e), (cs, ce)) if len(comp) else 0
         pageable = copy[copy["_pageable"]]
-        rows.append((int(rank), int(step), copy_ns / 1e6, (copy_ns - hidden) / 1e6,
-                     float(copy["bytes"].clip(lower=0).sum()) / 1e6,
-                     covered_ns(pageable["start_ns"].to_numpy(np.int64), pageable["end_ns"].to_numpy(np.int64)) / 1e6))
+        rows.append(
+            (
+                int(rank),
+                int(step),
+                copy_ns / 1e6,
+                (copy_ns - hidden) / 1e6,
+                float(copy["bytes"].clip(lower=0).sum()) / 1e6,
+                covered_ns(pageable["start_ns"].to_numpy(np.int64), pageable["end_ns"].to_numpy(np.int64)) / 1e6,
+            )
+        )
     return rows
 
 
@@ -62,23 +70,40 @@ def detect(ctx):
     if exposed_ms < MIN_STEP_FRAC * ctx.step_ms:
         return []
     copy_ms = float(per_rank["copy_ms"].median())
-    pageable_frac = float(per_rank["pageable_ms"].sum() / per_rank["copy_ms"].sum()) if per_rank["copy_ms"].sum() else 0.0
+    pageable_frac = (
+        float(per_rank["pageable_ms"].sum() / per_rank["copy_ms"].sum()) if per_rank["copy_ms"].sum() else 0.0
+    )
     mb = float(per_rank["mb"].median())
     if pageable_frac >= 0.5:
-        advice = ("copy from pinned memory: `DataLoader(..., pin_memory=True)` and "
-                  "`batch.to(device, non_blocking=True)` (a pageable copy is staged through a bounce "
-                  "buffer and blocks the stream), and prefetch the next batch on a side stream")
+        advice = (
+            "copy from pinned memory: `DataLoader(..., pin_memory=True)` and "
+            "`batch.to(device, non_blocking=True)` (a pageable copy is staged through a bounce "
+            "buffer and blocks the stream), and prefetch the next batch on a side stream"
+        )
     else:
-        advice = ("overlap the copies with compute: issue them with `non_blocking=True` on a side "
-                  "stream ahead of use (prefetch), and keep optimizer state and offloaded parameters "
-                  "on the GPU if memory allows (CPU offload moves them every step)")
+        advice = (
+            "overlap the copies with compute: issue them with `non_blocking=True` on a side "
+            "stream ahead of use (prefetch), and keep optimizer state and offloaded parameters "
+            "on the GPU if memory allows (CPU offload moves them every step)"
+        )
     ranks = sorted(int(r) for r in per_rank.index[per_rank["exposed_ms"] >= MIN_STEP_FRAC * ctx.step_ms])
-    return [Finding(
-        kind="copy_stall",
-        title=(f"host-device copies stall the GPU {exposed_ms:.1f} ms/step: {copy_ms:.1f} ms of copies "
-               f"({mb:.1f} MB) per step, {exposed_ms / copy_ms:.0%} of it with no compute beside it"
-               f"{', mostly from pageable memory' if pageable_frac >= 0.5 else ''} (on the GPUs' clocks)"),
-        ranks=ranks or sorted(int(r) for r in per_rank.index), impact_ms_per_step=exposed_ms,
-        recommendation=f"Take the copies off the critical path: {advice}.",
-        metrics={"copy_ms_per_step": copy_ms, "exposed_copy_ms_per_step": exposed_ms, "copy_mb_per_step": mb,
-                 "pageable_frac": pageable_frac, "device_time": 1.0})]
+    return [
+        Finding(
+            kind="copy_stall",
+            title=(
+                f"host-device copies stall the GPU {exposed_ms:.1f} ms/step: {copy_ms:.1f} ms of copies "
+                f"({mb:.1f} MB) per step, {exposed_ms / copy_ms:.0%} of it with no compute beside it"
+                f"{', mostly from pageable memory' if pageable_frac >= 0.5 else ''} (on the GPUs' clocks)"
+            ),
+            ranks=ranks or sorted(int(r) for r in per_rank.index),
+            impact_ms_per_step=exposed_ms,
+            recommendation=f"Take the copies off the critical path: {advice}.",
+            metrics={
+                "copy_ms_per_step": copy_ms,
+                "exposed_copy_ms_per_step": exposed_ms,
+                "copy_mb_per_step": mb,
+                "pageable_frac": pageable_frac,
+                "device_time": 1.0,
+            },
+        )
+    ]

@@ -31,6 +31,7 @@ skipped; list-valued variables (NCCL_SOCKET_IFNAME, NCCL_IB_HCA) are compared
 as sets, since their order means nothing. A difference costs no step time
 that can be measured here, so impact is 0 and severity is set here.
 """
+
 from collections import Counter
 
 from diagnose.analysis.detectors.finding_record import Finding
@@ -38,10 +39,18 @@ from diagnose.analysis.detectors.finding_record import Finding
 CRITICAL_VERSIONS = ("torch", "cuda", "nccl")
 WARNING_VERSIONS = ("driver", "cuda_driver", "python")
 GPU_FIELDS = ("model", "app_sm_clock_mhz", "app_mem_clock_mhz")
-LABELS = {"torch": "torch {}", "cuda": "CUDA {} (torch build)", "nccl": "NCCL {}", "driver": "driver {}",
-          "cuda_driver": "driver CUDA {}", "python": "Python {}", "model": "GPU {}",
-          "app_sm_clock_mhz": "application SM clock {} MHz",
-          "app_mem_clock_mhz": "application memory clock {} MHz", "ecc": "ECC {}"}
+LABELS = {
+    "torch": "torch {}",
+    "cuda": "CUDA {} (torch build)",
+    "nccl": "NCCL {}",
+    "driver": "driver {}",
+    "cuda_driver": "driver CUDA {}",
+    "python": "Python {}",
+    "model": "GPU {}",
+    "app_sm_clock_mhz": "application SM clock {} MHz",
+    "app_mem_clock_mhz": "application memory clock {} MHz",
+    "ecc": "ECC {}",
+}
 SKIPPED_SUFFIXES = ("_FILE", "_DIR", "_PATH")
 SKIPPED_VARS = {"NCCL_HOSTID"}
 SET_VALUED_VARS = {"NCCL_SOCKET_IFNAME", "NCCL_IB_HCA"}
@@ -64,15 +73,30 @@ def mismatch_findings(envs: dict, hosts: dict | None = None) -> list:
     diffs = []  # (severity, metric name, odd ranks, phrase)
     for key in CRITICAL_VERSIONS + WARNING_VERSIONS:
         values = {r: _section(e, "versions").get(key) for r, e in envs.items()}
-        _compare(diffs, "critical" if key in CRITICAL_VERSIONS else "warning", key,
-                 LABELS[key].format, {r: v for r, v in values.items() if isinstance(v, (str, int))})
+        _compare(
+            diffs,
+            "critical" if key in CRITICAL_VERSIONS else "warning",
+            key,
+            LABELS[key].format,
+            {r: v for r, v in values.items() if isinstance(v, (str, int))},
+        )
     for key in GPU_FIELDS:
         values = {r: _section(e, "gpu").get(key) for r, e in envs.items()}
-        _compare(diffs, "warning", f"gpu_{key}", LABELS[key].format,
-                 {r: v for r, v in values.items() if isinstance(v, (str, int))})
+        _compare(
+            diffs,
+            "warning",
+            f"gpu_{key}",
+            LABELS[key].format,
+            {r: v for r, v in values.items() if isinstance(v, (str, int))},
+        )
     ecc = {r: _section(e, "gpu").get("ecc") for r, e in envs.items()}
-    _compare(diffs, "warning", "gpu_ecc", LABELS["ecc"].format,
-             {r: ("on" if v.get("current") else "off") for r, v in ecc.items() if isinstance(v, dict)})
+    _compare(
+        diffs,
+        "warning",
+        "gpu_ecc",
+        LABELS["ecc"].format,
+        {r: ("on" if v.get("current") else "off") for r, v in ecc.items() if isinstance(v, dict)},
+    )
     _compare_ib(diffs, envs)
     _compare_nccl_env(diffs, envs)
     if not diffs:
@@ -81,11 +105,17 @@ def mismatch_findings(envs: dict, hosts: dict | None = None) -> list:
     severity = "critical" if any(s == "critical" for s, _, _, _ in diffs) else "warning"
     metrics = {"ranks_compared": len(envs), "differences": len(diffs)}
     metrics.update({name: len(ranks) for _, name, ranks, _ in diffs})
-    return [Finding(
-        kind="env_mismatch", ranks=odd, severity=severity,
-        title=f"{_ranks(odd).capitalize()} {'differs' if len(odd) == 1 else 'differ'} from the rest of "
-              "the job: " + "; ".join(phrase for _, _, _, phrase in diffs),
-        recommendation=_recommendation(diffs, odd, hosts or {}), metrics=metrics)]
+    return [
+        Finding(
+            kind="env_mismatch",
+            ranks=odd,
+            severity=severity,
+            title=f"{_ranks(odd).capitalize()} {'differs' if len(odd) == 1 else 'differ'} from the rest of "
+            "the job: " + "; ".join(phrase for _, _, _, phrase in diffs),
+            recommendation=_recommendation(diffs, odd, hosts or {}),
+            metrics=metrics,
+        )
+    ]
 
 
 def _section(env: dict, name: str) -> dict:
@@ -124,13 +154,25 @@ def _compare_ib(diffs: list, envs: dict) -> None:
     none = sorted(r for r, n in counts.items() if n == 0 and reference > 0)
     fewer = sorted(r for r, n in counts.items() if 0 < n < reference)
     if none:
-        diffs.append(("critical", "ib_devices_missing_ranks_differing", none,
-                      f"no InfiniBand device on {_ranks(none)} (the others: {reference}), "
-                      "so NCCL falls back to TCP sockets there"))
+        diffs.append(
+            (
+                "critical",
+                "ib_devices_missing_ranks_differing",
+                none,
+                f"no InfiniBand device on {_ranks(none)} (the others: {reference}), "
+                "so NCCL falls back to TCP sockets there",
+            )
+        )
     if fewer:
         shown = ", ".join(f"{counts[r]}" for r in fewer)
-        diffs.append(("warning", "ib_devices_fewer_ranks_differing", fewer,
-                      f"fewer InfiniBand devices on {_ranks(fewer)} ({shown}; the others: {reference})"))
+        diffs.append(
+            (
+                "warning",
+                "ib_devices_fewer_ranks_differing",
+                fewer,
+                f"fewer InfiniBand devices on {_ranks(fewer)} ({shown}; the others: {reference})",
+            )
+        )
 
 
 def _compare_nccl_env(diffs: list, envs: dict) -> None:
@@ -140,8 +182,7 @@ def _compare_nccl_env(diffs: list, envs: dict) -> None:
         if name in SKIPPED_VARS or name.endswith(SKIPPED_SUFFIXES):
             continue
         values = {r: _normalised(name, t.get(name)) for r, t in tables.items()}
-        _compare(diffs, "warning", name, lambda v, n=name: f"{n} unset" if v is None else f"{n}={v}",
-                 values)
+        _compare(diffs, "warning", name, lambda v, n=name: f"{n} unset" if v is None else f"{n}={v}", values)
 
 
 def _normalised(name: str, value):
@@ -151,7 +192,7 @@ def _normalised(name: str, value):
         # "^docker,lo" and "lo,^docker" are not the same, but "eth1,eth0" is "eth0,eth1":
         # keep the leading ^ (exclude) or = (exact) prefix, sort the names after it
         prefix = value[:1] if value[:1] in "^=" and value else ""
-        return prefix + ",".join(sorted(p.strip() for p in value[len(prefix):].split(",") if p.strip()))
+        return prefix + ",".join(sorted(p.strip() for p in value[len(prefix) :].split(",") if p.strip()))
     return value
 
 
@@ -172,17 +213,22 @@ def _recommendation(diffs: list, odd: list, hosts: dict) -> str:
     names = {name for _, name, _, _ in diffs}
     out = []
     if names & {f"{k}_ranks_differing" for k in CRITICAL_VERSIONS + WARNING_VERSIONS}:
-        out.append("Run every rank from the same image or environment (torch, CUDA, NCCL, driver): "
-                   "mixed versions can hang or fail at the first collective.")
+        out.append(
+            "Run every rank from the same image or environment (torch, CUDA, NCCL, driver): "
+            "mixed versions can hang or fail at the first collective."
+        )
     if any(n.startswith("ib_devices") for n in names):
-        out.append("Check the InfiniBand devices and drivers on the odd nodes (ibv_devinfo); "
-                   "NCCL_DEBUG=INFO shows 'NET/Socket' where NCCL fell back to sockets.")
+        out.append(
+            "Check the InfiniBand devices and drivers on the odd nodes (ibv_devinfo); "
+            "NCCL_DEBUG=INFO shows 'NET/Socket' where NCCL fell back to sockets."
+        )
     if any(n.startswith("gpu_") for n in names):
-        out.append("Use the same GPU model, clocks and ECC mode on every rank, or expect the slowest "
-                   "to pace the job.")
+        out.append("Use the same GPU model, clocks and ECC mode on every rank, or expect the slowest to pace the job.")
     if any(n.startswith(("NCCL_", "TORCH_NCCL_")) for n in names):
-        out.append("Set NCCL_*/TORCH_NCCL_* variables once in the launcher's environment so every "
-                   "rank gets the same, not per node or in the script on some ranks.")
+        out.append(
+            "Set NCCL_*/TORCH_NCCL_* variables once in the launcher's environment so every "
+            "rank gets the same, not per node or in the script on some ranks."
+        )
     where = sorted({str(hosts[r]) for r in odd if hosts.get(r)})
     if where and len(where) <= 8:
         out.append(f"The odd ranks run on {', '.join(where)}.")

@@ -31,6 +31,7 @@ of a larger world (one rank's profile of an 8-rank job) is reported at info
 with that said: a collective kernel spins until its last member arrives, so
 from those ranks alone waiting and transfer are one figure.
 """
+
 import pandas as pd
 
 from collectors.schema import COMMUNICATION
@@ -42,30 +43,45 @@ from diagnose.analysis.tables.gpu_tables import device_exposed_comm
 from diagnose.analysis.tables.process_group_roles import group_roles
 
 INFO_FRAC, WARNING_FRAC, CRITICAL_FRAC = 0.10, 0.35, 0.50
-BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-              "all_gather_into_tensor": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
-              "reduce_scatter_tensor": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
-              "all_to_all_single": lambda n: (n - 1) / n}
+BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "all_gather_into_tensor": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "reduce_scatter_tensor": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "all_to_all_single": lambda n: (n - 1) / n,
+}
 
 
 def bandwidth_table(ctx):
     arrivals = ctx.run.arrivals()
-    arrivals = arrivals[(arrivals["kind"] == "collective") & arrivals["step"].isin(ctx.steady)
-                        & (arrivals["bytes"] > 0) & (arrivals["transfer_ms"] > 0)]
+    arrivals = arrivals[
+        (arrivals["kind"] == "collective")
+        & arrivals["step"].isin(ctx.steady)
+        & (arrivals["bytes"] > 0)
+        & (arrivals["transfer_ms"] > 0)
+    ]
     if arrivals.empty:
         return arrivals
     per_instance = arrivals.groupby(["group", "seq"]).agg(
-        name=("name", "first"), bytes=("bytes", "max"), transfer_ms=("transfer_ms", "first"),
-        members=("members", "first"), group_ranks=("group_ranks", "first"))
+        name=("name", "first"),
+        bytes=("bytes", "max"),
+        transfer_ms=("transfer_ms", "first"),
+        members=("members", "first"),
+        group_ranks=("group_ranks", "first"),
+    )
     per_instance["algbw_gbps"] = per_instance["bytes"] / (per_instance["transfer_ms"] / 1e3) / 1e9
     factor = [BUS_FACTOR.get(n, lambda m: 1.0)(m) for n, m in zip(per_instance["name"], per_instance["members"])]
     per_instance["busbw_gbps"] = per_instance["algbw_gbps"] * factor
     return per_instance
 
 
-RECOMMENDATION = ("Overlap communication with compute (bucketed async all-reduce during backward, "
-                  "prefetching all-gathers), shrink what is communicated (bf16 gradients, "
-                  "larger micro-batches per sync), or use a faster interconnect/topology-aware groups.")
+RECOMMENDATION = (
+    "Overlap communication with compute (bucketed async all-reduce during backward, "
+    "prefetching all-gathers), shrink what is communicated (bf16 gradients, "
+    "larger micro-batches per sync), or use a faster interconnect/topology-aware groups."
+)
 
 
 def fsdp_blocked_ms(ctx):
@@ -78,12 +94,14 @@ def fsdp_blocked_ms(ctx):
 
 def fsdp_recommendation(units: dict) -> str:
     top = next(iter(units))
-    return (f"FSDP2: the most exposed unit is {top} ({units[top]:.1f} ms per step blocked in its all-gathers "
-            "and reduce-scatters). Prefetch the next units' all-gathers "
-            "(`set_modules_to_forward_prefetch` / `set_modules_to_backward_prefetch`), keep parameters "
-            "gathered after forward where memory allows (`reshard_after_forward=False`, often right for the "
-            "last units), or shard coarser units (`fully_shard` on groups of layers: fewer, larger "
-            "all-gathers that overlap compute).")
+    return (
+        f"FSDP2: the most exposed unit is {top} ({units[top]:.1f} ms per step blocked in its all-gathers "
+        "and reduce-scatters). Prefetch the next units' all-gathers "
+        "(`set_modules_to_forward_prefetch` / `set_modules_to_backward_prefetch`), keep parameters "
+        "gathered after forward where memory allows (`reshard_after_forward=False`, often right for the "
+        "last units), or shard coarser units (`fully_shard` on groups of layers: fewer, larger "
+        "all-gathers that overlap compute)."
+    )
 
 
 def _device_exposed_comm(run):
@@ -108,8 +126,11 @@ def detect(ctx):
     on_device = bool(ctx.kernel_steady)
     if on_device:
         device = _device_exposed_comm(ctx.run)
-        b = b[b["step"].isin(ctx.kernel_steady)].drop(columns="exposed_comm_ms").merge(
-            device, on=["rank", "step"], how="left")
+        b = (
+            b[b["step"].isin(ctx.kernel_steady)]
+            .drop(columns="exposed_comm_ms")
+            .merge(device, on=["rank", "step"], how="left")
+        )
         b["exposed_comm_ms"] = b["exposed_comm_ms"].fillna(0.0)
         # a step's kernels may run past the host's step end: the share is of the longer,
         # so it is never above 100% (median of each, each step's exposed <= its own)
@@ -118,17 +139,22 @@ def detect(ctx):
     syncs = hidden_sync.candidates(ctx)
     syncs = syncs[syncs["kind"].astype(str) == "collective"]
     if len(syncs) and ctx.steady and not on_device:
-        per_rank["exposed_comm_ms"] = (per_rank["exposed_comm_ms"]
-                                       - syncs.groupby("rank")["dur_ms"].sum().reindex(per_rank.index).fillna(0)
-                                       / len(ctx.steady)).clip(lower=0)
+        per_rank["exposed_comm_ms"] = (
+            per_rank["exposed_comm_ms"]
+            - syncs.groupby("rank")["dur_ms"].sum().reindex(per_rank.index).fillna(0) / len(ctx.steady)
+        ).clip(lower=0)
     frac = per_rank["exposed_comm_ms"] / per_rank["step_ms"]
     least = int(frac.idxmin())
     exposed = float(frac.min())
     if exposed < INFO_FRAC:
         return []
     severity = "critical" if exposed >= CRITICAL_FRAC else "warning" if exposed >= WARNING_FRAC else "info"
-    metrics = {"exposed_comm_frac": exposed, "exposed_comm_ms_per_step": float(per_rank.loc[least, "exposed_comm_ms"]),
-               "max_rank_exposed_comm_frac": float(frac.max()), "device_time": float(on_device)}
+    metrics = {
+        "exposed_comm_frac": exposed,
+        "exposed_comm_ms_per_step": float(per_rank.loc[least, "exposed_comm_ms"]),
+        "max_rank_exposed_comm_frac": float(frac.max()),
+        "device_time": float(on_device),
+    }
     world, seen = ctx.run.world_size, len(frac)
     partial = ""
     if on_device and seen < world:
@@ -136,8 +162,10 @@ def detect(ctx):
         # only, waiting for the absent ones and transferring cannot be told apart
         severity = "info"
         metrics.update(ranks_seen=seen, world_size=world)
-        partial = (f"; from {seen} of {world} ranks, this counts waiting for the others inside the kernels as "
-                   "communication: the other ranks' traces tell which it is")
+        partial = (
+            f"; from {seen} of {world} ranks, this counts waiting for the others inside the kernels as "
+            "communication: the other ranks' traces tell which it is"
+        )
     bandwidth = bandwidth_table(ctx)
     slowest = ""
     if len(bandwidth):
@@ -157,11 +185,18 @@ def detect(ctx):
     for row in ctx.run.fsdp_unit_comm().itertuples():
         if row.op.startswith("all_gather"):
             metrics[f"fsdp_all_gather_overlapped_ms_per_step[{row.unit}]"] = float(row.overlapped_ms_per_step)
-    return [Finding(
-        kind="exposed_comm", ranks=sorted(int(r) for r in frac.index), severity=severity,
-        impact_ms_per_step=float(per_rank.loc[least, "exposed_comm_ms"]),
-        title=(f"communication not overlapped with compute takes {exposed:.0%} of the "
-               f"{'window' if trace_windows.window_ranks(ctx.run.steps()) else 'step'}{slowest}"
-               f"{' (NCCL kernels on the GPUs)' if on_device else ''}{partial}"),
-        recommendation=fsdp_recommendation(units) if units else RECOMMENDATION,
-        metrics=metrics)]
+    return [
+        Finding(
+            kind="exposed_comm",
+            ranks=sorted(int(r) for r in frac.index),
+            severity=severity,
+            impact_ms_per_step=float(per_rank.loc[least, "exposed_comm_ms"]),
+            title=(
+                f"communication not overlapped with compute takes {exposed:.0%} of the "
+                f"{'window' if trace_windows.window_ranks(ctx.run.steps()) else 'step'}{slowest}"
+                f"{' (NCCL kernels on the GPUs)' if on_device else ''}{partial}"
+            ),
+            recommendation=fsdp_recommendation(units) if units else RECOMMENDATION,
+            metrics=metrics,
+        )
+    ]

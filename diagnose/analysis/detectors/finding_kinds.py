@@ -12,6 +12,7 @@ CLI, the report, compare and MLflow.
 Readers look KINDS up when they run, not when they are imported, so that a test
 can register a kind with monkeypatch.
 """
+
 from dataclasses import dataclass
 
 DETECTORS_PACKAGE = "diagnose.analysis.detectors"
@@ -21,13 +22,13 @@ DEFAULT_PARTS = ("exposed_comm",)
 
 @dataclass(frozen=True)
 class FindingKind:
-    name: str            # the `kind` of its findings (findings.json, metric and tag names)
-    label: str           # what a person reads: the CLI, the report, compare
-    docs: str            # where its signal and threshold are explained: "docs/FILE.md#anchor"
+    name: str  # the `kind` of its findings (findings.json, metric and tag names)
+    label: str  # what a person reads: the CLI, the report, compare
+    docs: str  # where its signal and threshold are explained: "docs/FILE.md#anchor"
     # what the what-if replay removes to price a fix (docs/whatif.md, "What each fix
     # changes"); None: the detector's estimate is the impact
     whatif: str | None = None
-    device_whatif: bool = False     # the device graph (GPU traces) replays it too
+    device_whatif: bool = False  # the device graph (GPU traces) replays it too
     # why its impact stays the detector's estimate even where the replay holds
     estimate_why: str | None = None
     # the report's views that prove it, the first one present wins (dashboards/fig_findings.py)
@@ -35,7 +36,7 @@ class FindingKind:
     # the parts of the host breakdown its time shows in (the regression gate's impact check)
     parts: tuple = DEFAULT_PARTS
     job_stopped: bool = False  # the job did not finish: leads the findings, keeps its own severity
-    culprits: bool = False     # its ranks are to blame: their machines are tracked across runs
+    culprits: bool = False  # its ranks are to blame: their machines are tracked across runs
     detector: str | None = None  # the detector's module; None: DETECTORS_PACKAGE.<name>
 
     @property
@@ -44,46 +45,108 @@ class FindingKind:
 
 
 KINDS = (
-    FindingKind("hang", "The job hung", "docs/analysis.md#hang",
-                evidence=("timeline", "collectives"), job_stopped=True, culprits=True),
-    FindingKind("rank_failure", "A rank died", "docs/analysis.md#rank_failure",
-                evidence=("timeline",), job_stopped=True, culprits=True),
-    FindingKind("straggler", "Straggler rank", "docs/analysis.md#straggler",
-                whatif="its own work per step down to its stage peers' median", device_whatif=True,
-                evidence=("heat-busy", "heat-wait-caused", "breakdown-ranks"), culprits=True),
-    FindingKind("workload_imbalance", "Uneven work per micro-batch", "docs/analysis.md#workload_imbalance",
-                whatif="every rank's compute per step at its stage's mean", device_whatif=True,
-                evidence=("heat-busy", "heat-wait-caused", "breakdown-ranks")),
-    FindingKind("stage_imbalance", "Unbalanced pipeline stages", "docs/analysis.md#stage_imbalance",
-                whatif="the stage's own work down to the other stages' mean", device_whatif=True,
-                evidence=("pipeline-stages", "pipeline", "breakdown-ranks"), parts=("pipeline_wait",)),
-    FindingKind("pipeline_bubble", "Pipeline bubble", "docs/analysis.md#pipeline_bubble",
-                whatif="the schedule's theoretical bubble at the recommended micro-batch count",
-                device_whatif=True,
-                estimate_why="the schedule's theoretical bubble at the recommended micro-batch count "
-                             "(a schedule change, not a duration the replay can change)",
-                evidence=("pipeline", "pipeline-stages", "breakdown-steps"), parts=("pipeline_wait",)),
-    FindingKind("input_stall", "Input pipeline stall", "docs/analysis.md#input_stall",
-                whatif="the data waits removed",
-                evidence=("data-wait", "breakdown-steps"), parts=("data_wait",)),
-    FindingKind("hidden_sync", "Hidden synchronization", "docs/analysis.md#hidden_sync",
-                whatif="the callsite's collectives and host syncs removed", device_whatif=True,
-                # a hidden sync is a blocking collective or a device sync
-                evidence=("timeline", "breakdown-ranks"), parts=("host_sync", "exposed_comm")),
-    FindingKind("accumulation_sync", "Gradients reduced every micro-batch", "docs/analysis.md#accumulation_sync",
-                whatif="the extra reduction rounds removed"),
-    FindingKind("blocking_async", "Async operation waited at once", "docs/analysis.md#blocking_async",
-                whatif="the p2p ops waited at once posted as the fix would: a send and the receive from "
-                       "its own peer as one batch, a lone send waited at the end of its step's schedule",
-                evidence=("timeline", "breakdown-ranks")),
-    FindingKind("exposed_comm", "Exposed communication", "docs/analysis.md#exposed_comm",
-                whatif="every collective instant", device_whatif=True,
-                evidence=("breakdown-ranks", "timeline")),
+    FindingKind(
+        "hang",
+        "The job hung",
+        "docs/analysis.md#hang",
+        evidence=("timeline", "collectives"),
+        job_stopped=True,
+        culprits=True,
+    ),
+    FindingKind(
+        "rank_failure",
+        "A rank died",
+        "docs/analysis.md#rank_failure",
+        evidence=("timeline",),
+        job_stopped=True,
+        culprits=True,
+    ),
+    FindingKind(
+        "straggler",
+        "Straggler rank",
+        "docs/analysis.md#straggler",
+        whatif="its own work per step down to its stage peers' median",
+        device_whatif=True,
+        evidence=("heat-busy", "heat-wait-caused", "breakdown-ranks"),
+        culprits=True,
+    ),
+    FindingKind(
+        "workload_imbalance",
+        "Uneven work per micro-batch",
+        "docs/analysis.md#workload_imbalance",
+        whatif="every rank's compute per step at its stage's mean",
+        device_whatif=True,
+        evidence=("heat-busy", "heat-wait-caused", "breakdown-ranks"),
+    ),
+    FindingKind(
+        "stage_imbalance",
+        "Unbalanced pipeline stages",
+        "docs/analysis.md#stage_imbalance",
+        whatif="the stage's own work down to the other stages' mean",
+        device_whatif=True,
+        evidence=("pipeline-stages", "pipeline", "breakdown-ranks"),
+        parts=("pipeline_wait",),
+    ),
+    FindingKind(
+        "pipeline_bubble",
+        "Pipeline bubble",
+        "docs/analysis.md#pipeline_bubble",
+        whatif="the schedule's theoretical bubble at the recommended micro-batch count",
+        device_whatif=True,
+        estimate_why="the schedule's theoretical bubble at the recommended micro-batch count "
+        "(a schedule change, not a duration the replay can change)",
+        evidence=("pipeline", "pipeline-stages", "breakdown-steps"),
+        parts=("pipeline_wait",),
+    ),
+    FindingKind(
+        "input_stall",
+        "Input pipeline stall",
+        "docs/analysis.md#input_stall",
+        whatif="the data waits removed",
+        evidence=("data-wait", "breakdown-steps"),
+        parts=("data_wait",),
+    ),
+    FindingKind(
+        "hidden_sync",
+        "Hidden synchronization",
+        "docs/analysis.md#hidden_sync",
+        whatif="the callsite's collectives and host syncs removed",
+        device_whatif=True,
+        # a hidden sync is a blocking collective or a device sync
+        evidence=("timeline", "breakdown-ranks"),
+        parts=("host_sync", "exposed_comm"),
+    ),
+    FindingKind(
+        "accumulation_sync",
+        "Gradients reduced every micro-batch",
+        "docs/analysis.md#accumulation_sync",
+        whatif="the extra reduction rounds removed",
+    ),
+    FindingKind(
+        "blocking_async",
+        "Async operation waited at once",
+        "docs/analysis.md#blocking_async",
+        whatif="the p2p ops waited at once posted as the fix would: a send and the receive from "
+        "its own peer as one batch, a lone send waited at the end of its step's schedule",
+        evidence=("timeline", "breakdown-ranks"),
+    ),
+    FindingKind(
+        "exposed_comm",
+        "Exposed communication",
+        "docs/analysis.md#exposed_comm",
+        whatif="every collective instant",
+        device_whatif=True,
+        evidence=("breakdown-ranks", "timeline"),
+    ),
     FindingKind("fp32_math", "Matrix math in fp32", "docs/analysis.md#fp32_math"),
     FindingKind("copy_stall", "Host-device copies on the critical path", "docs/analysis.md#copy_stall"),
     FindingKind("checkpoint_stall", "Checkpoint saves block training", "docs/analysis.md#checkpoint_stall"),
-    FindingKind("memory_imbalance", "Uneven peak memory", "docs/analysis.md#memory_imbalance",
-                evidence=("samples", "breakdown-ranks")),
+    FindingKind(
+        "memory_imbalance",
+        "Uneven peak memory",
+        "docs/analysis.md#memory_imbalance",
+        evidence=("samples", "breakdown-ranks"),
+    ),
     FindingKind("env_mismatch", "Ranks run in different environments", "docs/analysis.md#env_mismatch"),
 )
 

@@ -5,6 +5,7 @@ Severity follows from the time a fix would save, as a fraction of the median
 step: >= 15% critical, >= 3% warning, else info. Fractions, not absolute ms, so
 one rule serves a 50 ms CPU step and a 5 s LLM step.
 """
+
 from dataclasses import asdict, dataclass, field
 
 from diagnose.analysis.detectors import finding_kinds
@@ -67,6 +68,11 @@ def with_severity(finding: Finding, step_ms: float) -> Finding:
 def sort_findings(findings: list[dict]) -> list[dict]:
     """By severity, then by impact; a job that did not finish (hang, rank_failure:
     finding_kinds' job_stopped) leads, since nothing else matters until it does."""
-    return sorted(findings, key=lambda f: (SEVERITY_ORDER.get(f["severity"], 3),
-                                           not finding_kinds.job_stopped(f["kind"]),
-                                           -f.get("impact_ms_per_step", 0.0)))
+    return sorted(
+        findings,
+        key=lambda f: (
+            SEVERITY_ORDER.get(f["severity"], 3),
+            not finding_kinds.job_stopped(f["kind"]),
+            -f.get("impact_ms_per_step", 0.0),
+        ),
+    )

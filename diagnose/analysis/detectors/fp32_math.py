@@ -16,6 +16,7 @@ A100 and H100, 8-16x SIMT fp32's: half is the conservative end). Evidence: the
 share of GEMM/conv time per precision, the heaviest fp32 kernels, the 16-bit
 kernels that show mixed precision is in use.
 """
+
 from diagnose.analysis.detectors.finding_record import Finding
 from diagnose.analysis.tables.kernel_precision import REDUCED, classify_names
 
@@ -48,24 +49,35 @@ def detect(ctx):
     fp32_ms = float(per_rank_ms.median())
     if not ctx.step_ms or fp32_ms < MIN_STEP_FRAC * ctx.step_ms:
         return []
-    top = (math[wide].groupby("name", observed=True)["dur_ms"].sum().sort_values(ascending=False)
-           .head(TOP_KERNELS))
-    top_text = "; ".join(f"{str(name)[:80]} ({ms / n_steps / max(len(per_rank_ms), 1):.1f} ms/step)"
-                         for name, ms in top.items())
+    top = math[wide].groupby("name", observed=True)["dur_ms"].sum().sort_values(ascending=False).head(TOP_KERNELS)
+    top_text = "; ".join(
+        f"{str(name)[:80]} ({ms / n_steps / max(len(per_rank_ms), 1):.1f} ms/step)" for name, ms in top.items()
+    )
     reduced_kinds = sorted(set(reduced["precision"]))
     example = str(reduced.groupby("name", observed=True)["dur_ms"].sum().idxmax())[:80]
     total = float(by_precision.sum())
-    return [Finding(
-        kind="fp32_math",
-        title=(f"{share:.0%} of the GEMM/convolution time runs in fp32/TF32 ({fp32_ms:.1f} ms/step) while "
-               f"{'/'.join(reduced_kinds)} kernels run elsewhere: the heaviest math forgoes the tensor cores' "
-               "16-bit rate (on the GPUs' clocks)"),
-        ranks=sorted(int(r) for r in per_rank_ms.index), impact_ms_per_step=fp32_ms * (1 - 1 / SPEEDUP),
-        recommendation=(f"Run these matmuls in bf16: {top_text}. Put the layers that launch them under "
-                        "`torch.autocast(\"cuda\", dtype=torch.bfloat16)` (or cast their weights), check "
-                        "for modules excluded from autocast or called outside it (a loss head, a custom "
-                        "layer), and keep fp32 only where accuracy needs it (e.g. a final softmax). "
-                        f"16-bit kernels seen: {example}."),
-        metrics={"fp32_gemm_share_frac": share, "fp32_gemm_ms_per_step": fp32_ms,
-                 **{f"gemm_{p}_share_frac": float(ms / total) for p, ms in by_precision.items()},
-                 "device_time": 1.0})]
+    return [
+        Finding(
+            kind="fp32_math",
+            title=(
+                f"{share:.0%} of the GEMM/convolution time runs in fp32/TF32 ({fp32_ms:.1f} ms/step) while "
+                f"{'/'.join(reduced_kinds)} kernels run elsewhere: the heaviest math forgoes the tensor cores' "
+                "16-bit rate (on the GPUs' clocks)"
+            ),
+            ranks=sorted(int(r) for r in per_rank_ms.index),
+            impact_ms_per_step=fp32_ms * (1 - 1 / SPEEDUP),
+            recommendation=(
+                f"Run these matmuls in bf16: {top_text}. Put the layers that launch them under "
+                '`torch.autocast("cuda", dtype=torch.bfloat16)` (or cast their weights), check '
+                "for modules excluded from autocast or called outside it (a loss head, a custom "
+                "layer), and keep fp32 only where accuracy needs it (e.g. a final softmax). "
+                f"16-bit kernels seen: {example}."
+            ),
+            metrics={
+                "fp32_gemm_share_frac": share,
+                "fp32_gemm_ms_per_step": fp32_ms,
+                **{f"gemm_{p}_share_frac": float(ms / total) for p, ms in by_precision.items()},
+                "device_time": 1.0,
+            },
+        )
+    ]

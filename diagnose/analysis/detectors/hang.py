@@ -20,6 +20,7 @@ Without dumps (a rank too wedged to write one), the traces still say who fell
 behind: the members of a group whose last sequence number is lowest.
 Severity: always critical, the job did not finish.
 """
+
 from collections import defaultdict
 
 from diagnose.analysis.detectors.finding_record import Finding
@@ -46,15 +47,17 @@ def _stuck_at(ctx, dump: dict | None) -> tuple[str | None, str | None]:
 
 
 def waiters_by_place(ctx, dumps: dict) -> str:
-    """"3 ranks wait in all_reduce at train.py:120; ...": the blocked ranks grouped by op and line."""
+    """ "3 ranks wait in all_reduce at train.py:120; ...": the blocked ranks grouped by op and line."""
     places = defaultdict(list)
     for rank, dump in sorted(dumps.items()):
         rows = _blocking(dump)
         if rows:
             places[(str(rows[0].get("op")), rows[0].get("callsite") or "")].append(rank)
-    return "; ".join(f"{len(ranks)} rank{'s wait' if len(ranks) > 1 else ' waits'} in {op}"
-                     + (f" at {ctx.relpath(site)}" if site else "")
-                     for (op, site), ranks in sorted(places.items(), key=lambda p: -len(p[1])))
+    return "; ".join(
+        f"{len(ranks)} rank{'s wait' if len(ranks) > 1 else ' waits'} in {op}"
+        + (f" at {ctx.relpath(site)}" if site else "")
+        for (op, site), ranks in sorted(places.items(), key=lambda p: -len(p[1]))
+    )
 
 
 def _blocking(dump: dict) -> list[dict]:
@@ -62,15 +65,14 @@ def _blocking(dump: dict) -> list[dict]:
 
 
 def _instance_key(row):
-    return (str(row.get("group")), int(row.get("seq", -1)), str(row.get("op")),
-            str(row.get("group_ranks", "")))
+    return (str(row.get("group")), int(row.get("seq", -1)), str(row.get("op")), str(row.get("group_ranks", "")))
 
 
 def _from_dumps(ctx, dumps):
     """Waiters per instance; the root cause is a missing member that is not itself
     blocked in another collective (those are victims of a cascade)."""
     waiting = defaultdict(list)  # instance -> ranks blocked there
-    blocked_in = {}              # rank -> the instance it is blocked in
+    blocked_in = {}  # rank -> the instance it is blocked in
     for rank, dump in dumps.items():
         for row in _blocking(dump):
             key = _instance_key(row)
@@ -99,18 +101,37 @@ def _from_dumps(ctx, dumps):
         callsite = ctx.relpath(frame) if frame else None
         victims = sorted({r for k in waiting for r in waiting[k]})
         grouped = waiters_by_place(ctx, dumps)
-        findings.append(Finding(
-            kind="hang", severity="critical", ranks=[rank], callsite=callsite,
-            title=(f"rank {rank} never entered {op} #{seq} of group {group} (ranks {group_ranks}); "
-                   f"{state}; {len(victims)} rank{'s' if len(victims) != 1 else ''} "
-                   f"({','.join(map(str, victims))}) waited on it" + (f" ({grouped})" if grouped else "")),
-            recommendation=("Make every member issue the same collectives in the same order: look at "
-                            "the stuck line for a rank-dependent branch, early exit, exception or "
-                            "blocking I/O before the collective."),
-            metrics={"source": "watchdog", "group": group, "group_ranks": group_ranks, "op": op, "seq": seq,
-                     "waiting_ranks": len(victims), "waiting_rank_list": _ranks_text(victims),
-                     "direct_waiters": len(waiting[key]), "root_cause": float(rank in roots), "waiters": grouped,
-                     "stalled_s": stalled_s}))
+        findings.append(
+            Finding(
+                kind="hang",
+                severity="critical",
+                ranks=[rank],
+                callsite=callsite,
+                title=(
+                    f"rank {rank} never entered {op} #{seq} of group {group} (ranks {group_ranks}); "
+                    f"{state}; {len(victims)} rank{'s' if len(victims) != 1 else ''} "
+                    f"({','.join(map(str, victims))}) waited on it" + (f" ({grouped})" if grouped else "")
+                ),
+                recommendation=(
+                    "Make every member issue the same collectives in the same order: look at "
+                    "the stuck line for a rank-dependent branch, early exit, exception or "
+                    "blocking I/O before the collective."
+                ),
+                metrics={
+                    "source": "watchdog",
+                    "group": group,
+                    "group_ranks": group_ranks,
+                    "op": op,
+                    "seq": seq,
+                    "waiting_ranks": len(victims),
+                    "waiting_rank_list": _ranks_text(victims),
+                    "direct_waiters": len(waiting[key]),
+                    "root_cause": float(rank in roots),
+                    "waiters": grouped,
+                    "stalled_s": stalled_s,
+                },
+            )
+        )
     return findings
 
 
@@ -120,16 +141,21 @@ def _ranks_text(ranks) -> str:
 
 def _from_flight_recorder(ctx, dumps, witness):
     # diagnose's own dumps see gloo's point-to-point waits, which Flight Recorder does not record
-    blocked_in = {r: {str(row.get("group")) for row in _blocking(d)}
-                  for r, d in ctx.run.watchdog_dumps.items() if _blocking(d)}
+    blocked_in = {
+        r: {str(row.get("group")) for row in _blocking(d)} for r, d in ctx.run.watchdog_dumps.items() if _blocking(d)
+    }
     result = diverge(dumps, ctx.run.manifest.get("world_size"), blocked_in=blocked_in)
     culprits, head = result["culprits"], result["headline"]
     if not culprits:
         return []
     stalled_s = float((ctx.run.manifest.get("hang") or {}).get("stalled_s", 0) or 0)
     groups = result["groups"]
-    metrics = {"source": "flight_recorder", "stalled_s": stalled_s, "victim_ranks": len(result["victims"]),
-               "cycle_of_waits": float(result["cycle"])}
+    metrics = {
+        "source": "flight_recorder",
+        "stalled_s": stalled_s,
+        "victim_ranks": len(result["victims"]),
+        "cycle_of_waits": float(result["cycle"]),
+    }
     parts = []
     for rank in sorted(culprits):
         c = culprits[rank]
@@ -143,27 +169,43 @@ def _from_flight_recorder(ctx, dumps, witness):
         # a culprit with an empty buffer: what its pg_status says of that group, or that it cannot say
         said = c.get("pg_status_says", {}).get(first)
         _, where = _stuck_at(ctx, ctx.run.watchdog_dumps.get(rank))
-        parts.append((said or f"rank {rank} {c['role']} at #{c['seq'][first]}"
-                      + (f" ({why})" if why and c["role"] == "missing" else ""))
-                     + (f", also in {len(named) - 1} more group{'s' if len(named) > 2 else ''}"
-                        if len(named) > 1 else "")
-                     + (f"; its host is {where}" if where else ""))
+        parts.append(
+            (
+                said
+                or f"rank {rank} {c['role']} at #{c['seq'][first]}"
+                + (f" ({why})" if why and c["role"] == "missing" else "")
+            )
+            + (f", also in {len(named) - 1} more group{'s' if len(named) > 2 else ''}" if len(named) > 1 else "")
+            + (f"; its host is {where}" if where else "")
+        )
     if head:
         what = f"{head['op'] or 'a collective'} #{head['seq']}"
         if head["sizes"]:
             what += f" ({head['sizes']}{' ' + head['dtype'] if head['dtype'] else ''})"
         # torch names a group made without a description "undefined"
         label = head["desc"] if head["desc"] not in ("", "undefined") else "a process group"
-        title = (f"hang in {label} (group {head['group']}, ranks {_ranks_text(head['ranks'])}): "
-                 f"{what}, waited for by rank{'s' if len(head['waiting']) > 1 else ''} "
-                 f"{_ranks_text(head['waiting'])}; " + "; ".join(parts))
-        metrics.update(group=head["group"], group_desc=head["desc"], group_ranks=_ranks_text(head["ranks"]),
-                       op=head["op"], sizes=head["sizes"], dtype=head["dtype"], seq=head["seq"],
-                       waiting_ranks=len(head["waiting"]), waiting_rank_list=_ranks_text(head["waiting"]))
+        title = (
+            f"hang in {label} (group {head['group']}, ranks {_ranks_text(head['ranks'])}): "
+            f"{what}, waited for by rank{'s' if len(head['waiting']) > 1 else ''} "
+            f"{_ranks_text(head['waiting'])}; " + "; ".join(parts)
+        )
+        metrics.update(
+            group=head["group"],
+            group_desc=head["desc"],
+            group_ranks=_ranks_text(head["ranks"]),
+            op=head["op"],
+            sizes=head["sizes"],
+            dtype=head["dtype"],
+            seq=head["seq"],
+            waiting_ranks=len(head["waiting"]),
+            waiting_rank_list=_ranks_text(head["waiting"]),
+        )
         if head["also_pending"]:
             # the other ops culprits left peers waiting in, in the order the waiters entered them
-            metrics["also_pending"] = "; ".join(f"{o['op'] or 'a collective'} #{o['seq']} in group {o['group']} "
-                                                f"({o['desc']})" for o in head["also_pending"])
+            metrics["also_pending"] = "; ".join(
+                f"{o['op'] or 'a collective'} #{o['seq']} in group {o['group']} ({o['desc']})"
+                for o in head["also_pending"]
+            )
     else:
         title = "hang: " + "; ".join(parts)
     if result["notes"]:
@@ -173,14 +215,17 @@ def _from_flight_recorder(ctx, dumps, witness):
     roles = {c["role"] for c in culprits.values()}
     advice = []
     if roles & {"device stopped", "stuck"}:
-        advice.append("a rank whose device stopped or whose kernel never ended: check that GPU and its "
-                      "links (Xid errors in dmesg, nvidia-smi, NCCL_DEBUG=INFO) and take it out of the job")
+        advice.append(
+            "a rank whose device stopped or whose kernel never ended: check that GPU and its "
+            "links (Xid errors in dmesg, nvidia-smi, NCCL_DEBUG=INFO) and take it out of the job"
+        )
     if "missing" in roles:
-        advice.append("a rank that never enqueued the collective: its host is stuck before it (the line "
-                      "above; every thread's stack is in its rank folder, stacks-PID.txt) or took another branch")
+        advice.append(
+            "a rank that never enqueued the collective: its host is stuck before it (the line "
+            "above; every thread's stack is in its rank folder, stacks-PID.txt) or took another branch"
+        )
     if "desync" in roles:
-        advice.append("a desync: make every member issue the same collectives, with the same sizes, in the "
-                      "same order")
+        advice.append("a desync: make every member issue the same collectives, with the same sizes, in the same order")
     grouped = waiters_by_place(ctx, ctx.run.watchdog_dumps)
     if grouped:
         title += f" ({grouped})"
@@ -188,10 +233,17 @@ def _from_flight_recorder(ctx, dumps, witness):
     # where a culprit's host is (its stacks, else diagnose's own dump of its main thread)
     frames = [_stuck_at(ctx, ctx.run.watchdog_dumps.get(r))[0] for r in sorted(culprits)]
     frame = next((f for f in frames if f), None)
-    return [Finding(kind="hang", severity="critical", ranks=sorted(culprits), title=title,
-                    callsite=ctx.relpath(frame) if frame else None,
-                    recommendation=("Fix the culprit, not the waiters: " + "; ".join(advice) + "."),
-                    metrics=metrics)]
+    return [
+        Finding(
+            kind="hang",
+            severity="critical",
+            ranks=sorted(culprits),
+            title=title,
+            callsite=ctx.relpath(frame) if frame else None,
+            recommendation=("Fix the culprit, not the waiters: " + "; ".join(advice) + "."),
+            metrics=metrics,
+        )
+    ]
 
 
 def _from_traces(ctx):
@@ -207,12 +259,17 @@ def _from_traces(ctx):
             continue
         ranks = sorted(int(r) for r in behind["rank"])
         seq = int(frame["seq"].max())
-        findings.append(Finding(
-            kind="hang", severity="critical", ranks=ranks,
-            title=f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))} fell behind in group {group}: "
-                  f"the others reached collective #{seq}",
-            recommendation="Check those ranks for a rank-dependent branch or a stall before the collective.",
-            metrics={"seq": seq, "missing_ranks": len(ranks)}))
+        findings.append(
+            Finding(
+                kind="hang",
+                severity="critical",
+                ranks=ranks,
+                title=f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))} fell behind in group {group}: "
+                f"the others reached collective #{seq}",
+                recommendation="Check those ranks for a rank-dependent branch or a stall before the collective.",
+                metrics={"seq": seq, "missing_ranks": len(ranks)},
+            )
+        )
     return findings
 
 
@@ -236,9 +293,11 @@ def detect(ctx):
         seen_blocked = {r for r, d in dumps.items() if _blocking(d)}
         if found and unseen and set(found[0].ranks) <= seen_blocked:
             for f in native:
-                f.metrics["flight_recorder_view"] = (f"rank(s) {_ranks_text(found[0].ranks)}, which diagnose's "
-                                                     f"dumps saw waiting; rank(s) {_ranks_text(unseen)} left no "
-                                                     "buffer")
+                f.metrics["flight_recorder_view"] = (
+                    f"rank(s) {_ranks_text(found[0].ranks)}, which diagnose's "
+                    f"dumps saw waiting; rank(s) {_ranks_text(unseen)} left no "
+                    "buffer"
+                )
             return native
         if found:
             return found

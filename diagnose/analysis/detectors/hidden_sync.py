@@ -30,6 +30,7 @@ wait rows are then syncs: on device traces they are judged as above; on a live
 run without kernels the device's loss cannot be measured, so the finding is
 info, gives the host's blocked time and says how to measure the rest.
 """
+
 import pandas as pd
 
 from diagnose.analysis.detectors.accumulation_sync import REDUCTIONS
@@ -44,12 +45,16 @@ MIN_PER_STEP = 2
 DEVICE_MIN_FRAC = 0.01
 BLOCKING_WAIT_VARS = ("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT")
 BLOCKING_WAIT_NAME = "Work.wait (TORCH_NCCL_BLOCKING_WAIT)"
-READ_ONCE_PER_STEP = ("Do not read device values on the host inside the step (.item(), .cpu(), printing a "
-                      "loss, torch.cuda.synchronize()): accumulate on the device and read once per step or "
-                      "every N steps, so the host stays ahead of the GPU.")
-UNSET_BLOCKING_WAIT = ("Unset TORCH_NCCL_BLOCKING_WAIT (a debugging setting): without it a wait only orders "
-                       "the streams, and NCCL's watchdog still ends a collective that times out "
-                       "(TORCH_NCCL_ASYNC_ERROR_HANDLING).")
+READ_ONCE_PER_STEP = (
+    "Do not read device values on the host inside the step (.item(), .cpu(), printing a "
+    "loss, torch.cuda.synchronize()): accumulate on the device and read once per step or "
+    "every N steps, so the host stays ahead of the GPU."
+)
+UNSET_BLOCKING_WAIT = (
+    "Unset TORCH_NCCL_BLOCKING_WAIT (a debugging setting): without it a wait only orders "
+    "the streams, and NCCL's watchdog still ends a collective that times out "
+    "(TORCH_NCCL_ASYNC_ERROR_HANDLING)."
+)
 
 
 def candidates(ctx):
@@ -69,9 +74,14 @@ def _candidates(ctx):
     events = ctx.run.events()
     steady = events["step"].isin(ctx.steady).to_numpy()
     kind, detail = events["kind"], events["detail"]
-    calls = events[steady & (kind == "collective").to_numpy() & (events["bytes"] <= SMALL_BYTES).to_numpy()
-                   & (events["callsite"] != "").to_numpy() & ~detail.str.startswith("ddp", na=False).to_numpy()
-                   & ~timed_on_device(detail)]  # a live CUDA run's device rows: the host's are here
+    calls = events[
+        steady
+        & (kind == "collective").to_numpy()
+        & (events["bytes"] <= SMALL_BYTES).to_numpy()
+        & (events["callsite"] != "").to_numpy()
+        & ~detail.str.startswith("ddp", na=False).to_numpy()
+        & ~timed_on_device(detail)
+    ]  # a live CUDA run's device rows: the host's are here
     syncs = events[steady & (kind == "sync").to_numpy() & (detail == "cuda").to_numpy()]
     windows = events[steady & kind.isin(["forward", "backward"]).to_numpy()]
     # a rank with no forward/backward rows (recorded or inferred) cannot tell its
@@ -85,8 +95,11 @@ def _candidates(ctx):
     if len(saves):
         calls = calls[~started_inside(calls, saves)]
     found = pd.concat([calls[~started_inside(calls, windows)], syncs[started_inside(syncs, windows)]])
-    found = found.assign(dur_ms=(found["end_ns"] - found["start_ns"]) / 1e6,
-                         callsite=as_str(found["callsite"]), name=as_str(found["name"]))
+    found = found.assign(
+        dur_ms=(found["end_ns"] - found["start_ns"]) / 1e6,
+        callsite=as_str(found["callsite"]),
+        name=as_str(found["name"]),
+    )
     return found
 
 
@@ -130,17 +143,32 @@ def detect(ctx):
         op = at_site["name"].mode().iloc[0]
         is_sync = (at_site["kind"].astype(str) == "sync").all()
         where = ctx.relpath(callsite)
-        what = (f"a device sync ({op}) inside forward/backward" if is_sync
-                else f"calls {op} on a {int(at_site['bytes'].median())}-byte tensor")
-        findings.append(Finding(
-            kind="hidden_sync", callsite=where, ranks=sorted(int(r) for r in per_rank_ms.index),
-            impact_ms_per_step=impact_ms,
-            title=(f"{where} {what} {count_per_step:.0f}x per step: a hidden synchronization "
-                   f"costing {impact_ms:.1f} ms/step"),
-            recommendation=("Accumulate the value on the device and reduce/print it once per step "
-                            "(or every N steps), outside the micro-batch loop; avoid .item() in the loop."),
-            metrics={"calls_per_step": count_per_step, "blocking_ms_per_step": impact_ms,
-                     "bytes": float(at_site["bytes"].median())}))
+        what = (
+            f"a device sync ({op}) inside forward/backward"
+            if is_sync
+            else f"calls {op} on a {int(at_site['bytes'].median())}-byte tensor"
+        )
+        findings.append(
+            Finding(
+                kind="hidden_sync",
+                callsite=where,
+                ranks=sorted(int(r) for r in per_rank_ms.index),
+                impact_ms_per_step=impact_ms,
+                title=(
+                    f"{where} {what} {count_per_step:.0f}x per step: a hidden synchronization "
+                    f"costing {impact_ms:.1f} ms/step"
+                ),
+                recommendation=(
+                    "Accumulate the value on the device and reduce/print it once per step "
+                    "(or every N steps), outside the micro-batch loop; avoid .item() in the loop."
+                ),
+                metrics={
+                    "calls_per_step": count_per_step,
+                    "blocking_ms_per_step": impact_ms,
+                    "bytes": float(at_site["bytes"].median()),
+                },
+            )
+        )
     return findings
 
 
@@ -153,14 +181,21 @@ def _blocking_wait_on_host(ctx, blocking: pd.DataFrame) -> list:
     host_ms = float((per_rank["ms"].sum() / n_steps).median())
     per_step = float((per_rank.size() / n_steps).median())
     ranks = sorted(int(r) for r in per_rank.size().index)
-    return [Finding(
-        kind="hidden_sync", ranks=ranks, severity="info",
-        title=(f"TORCH_NCCL_BLOCKING_WAIT is set: each Work.wait() blocks the host until its collective "
-               f"ends ({per_step:.0f} per step, {host_ms:.1f} ms/step of the host blocked), so the host "
-               f"cannot queue work ahead of the GPU; what the GPU loses needs its kernels "
-               f"(diagnose run --torch-profiler STEPS)"),
-        recommendation=UNSET_BLOCKING_WAIT,
-        metrics={"calls_per_step": per_step, "blocking_ms_per_step": host_ms})]
+    return [
+        Finding(
+            kind="hidden_sync",
+            ranks=ranks,
+            severity="info",
+            title=(
+                f"TORCH_NCCL_BLOCKING_WAIT is set: each Work.wait() blocks the host until its collective "
+                f"ends ({per_step:.0f} per step, {host_ms:.1f} ms/step of the host blocked), so the host "
+                f"cannot queue work ahead of the GPU; what the GPU loses needs its kernels "
+                f"(diagnose run --torch-profiler STEPS)"
+            ),
+            recommendation=UNSET_BLOCKING_WAIT,
+            metrics={"calls_per_step": per_step, "blocking_ms_per_step": host_ms},
+        )
+    ]
 
 
 def _detect_on_device(ctx, blocking: pd.DataFrame):
@@ -185,15 +220,26 @@ def _detect_on_device(ctx, blocking: pd.DataFrame):
         op = at_site["name"].mode().iloc[0]
         callsite = ctx.relpath(where) if (at_site["callsite"] != "").all() else None
         waits = op == BLOCKING_WAIT_NAME
-        findings.append(Finding(
-            kind="hidden_sync", callsite=callsite, ranks=sorted(int(r) for r in per_rank_ms.index),
-            impact_ms_per_step=impact_ms,
-            title=(f"{callsite or op} blocks the host {count_per_step:.0f}x per step"
-                   + (" (Work.wait() under TORCH_NCCL_BLOCKING_WAIT)" if waits and callsite else "")
-                   + f" and leaves the GPU idle {impact_ms:.1f} ms/step until the host launches again "
-                     f"(on the GPUs' clocks)"),
-            recommendation=UNSET_BLOCKING_WAIT if waits else READ_ONCE_PER_STEP,
-            metrics={"calls_per_step": count_per_step, "device_idle_ms_per_step": impact_ms,
-                     "blocking_ms_per_step": float((at_site.groupby("rank")["host_ms"].sum() / n_steps).median()),
-                     "device_time": 1.0, "sync_site": str(where)}))
+        findings.append(
+            Finding(
+                kind="hidden_sync",
+                callsite=callsite,
+                ranks=sorted(int(r) for r in per_rank_ms.index),
+                impact_ms_per_step=impact_ms,
+                title=(
+                    f"{callsite or op} blocks the host {count_per_step:.0f}x per step"
+                    + (" (Work.wait() under TORCH_NCCL_BLOCKING_WAIT)" if waits and callsite else "")
+                    + f" and leaves the GPU idle {impact_ms:.1f} ms/step until the host launches again "
+                    f"(on the GPUs' clocks)"
+                ),
+                recommendation=UNSET_BLOCKING_WAIT if waits else READ_ONCE_PER_STEP,
+                metrics={
+                    "calls_per_step": count_per_step,
+                    "device_idle_ms_per_step": impact_ms,
+                    "blocking_ms_per_step": float((at_site.groupby("rank")["host_ms"].sum() / n_steps).median()),
+                    "device_time": 1.0,
+                    "sync_site": str(where),
+                },
+            )
+        )
     return findings

@@ -15,6 +15,7 @@ that waits for its input while the device still works through the queue it
 was given loses nothing, and a GPU is never "stalled" by a host that is ahead
 of it. Same threshold and pattern rule, on that device idle.
 """
+
 import numpy as np
 
 from diagnose.analysis.detectors.finding_record import Finding
@@ -56,23 +57,41 @@ def detect(ctx):
     impact_ms = float(per_rank.loc[ranks, "data_wait_ms"].median())
     workers = _num_workers(ctx)
     if workers == 0:
-        advice = ("the DataLoader has num_workers=0, so samples load on the training thread: set "
-                  "num_workers to 2-8 with pin_memory=True and persistent_workers=True")
+        advice = (
+            "the DataLoader has num_workers=0, so samples load on the training thread: set "
+            "num_workers to 2-8 with pin_memory=True and persistent_workers=True"
+        )
     elif periodic:
-        advice = (f"the {workers if workers is not None else ''} workers cannot keep up and the "
-                  "prefetch queue drains: raise num_workers or prefetch_factor, or make __getitem__ cheaper")
+        advice = (
+            f"the {workers if workers is not None else ''} workers cannot keep up and the "
+            "prefetch queue drains: raise num_workers or prefetch_factor, or make __getitem__ cheaper"
+        )
     else:
-        advice = ("raise num_workers and prefetch_factor, use pin_memory=True, and make "
-                  "__getitem__ cheaper (decode/augment offline or on the GPU)")
+        advice = (
+            "raise num_workers and prefetch_factor, use pin_memory=True, and make "
+            "__getitem__ cheaper (decode/augment offline or on the GPU)"
+        )
     pattern = "periodic" if periodic else "constant"
     everyone = len(ranks) == len(frac)
-    return [Finding(
-        kind="input_stall", ranks=ranks, impact_ms_per_step=impact_ms,
-        title=(f"the input pipeline stalls {float(stalled.median()):.0%} of each step "
-               f"({pattern}) on {'all ranks' if everyone else 'ranks ' + ','.join(map(str, ranks))}"
-               f"{ON_DEVICE_NOTE if on_device else ''}"),
-        recommendation=advice[0].upper() + advice[1:] + ".",
-        metrics={"data_wait_frac": float(stalled.median()), "data_wait_ms_per_step": impact_ms,
-                 "periodic": float(periodic), "num_workers": -1 if workers is None else workers,
-                 "ranks_affected": len(ranks), "device_time": float(on_device),
-                 **({"host_data_wait_frac": float(host_frac.loc[ranks].median())} if on_device else {})})]
+    return [
+        Finding(
+            kind="input_stall",
+            ranks=ranks,
+            impact_ms_per_step=impact_ms,
+            title=(
+                f"the input pipeline stalls {float(stalled.median()):.0%} of each step "
+                f"({pattern}) on {'all ranks' if everyone else 'ranks ' + ','.join(map(str, ranks))}"
+                f"{ON_DEVICE_NOTE if on_device else ''}"
+            ),
+            recommendation=advice[0].upper() + advice[1:] + ".",
+            metrics={
+                "data_wait_frac": float(stalled.median()),
+                "data_wait_ms_per_step": impact_ms,
+                "periodic": float(periodic),
+                "num_workers": -1 if workers is None else workers,
+                "ranks_affected": len(ranks),
+                "device_time": float(on_device),
+                **({"host_data_wait_frac": float(host_frac.loc[ranks].median())} if on_device else {}),
+            },
+        )
+    ]

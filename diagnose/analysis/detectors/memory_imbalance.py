@@ -10,14 +10,17 @@ from impact. No callsite: 1 Hz samples of memory held say how much, not which
 line allocated it (and NVML counts the caching allocator's reserve, which only
 grows).
 """
+
 from collectors.instrument.gpu_common import GPU_MEM_USED_MB
 from diagnose.analysis.detectors.finding_record import Finding
 
 RATIO_WARNING, RATIO_CRITICAL, MIN_GAP_MB = 1.3, 1.6, 256.0
 HOST_RSS_MB = "rss_mb"  # collectors/instrument/host_sampler.py
 # (metric, what the title calls it, prefix of the finding's metric names)
-SOURCES = ((GPU_MEM_USED_MB, "GPU memory (NVML)", "peak_device_mem_mb"),
-           (HOST_RSS_MB, "host memory (RSS; no NVML device memory was recorded)", "peak_rss_mb"))
+SOURCES = (
+    (GPU_MEM_USED_MB, "GPU memory (NVML)", "peak_device_mem_mb"),
+    (HOST_RSS_MB, "host memory (RSS; no NVML device memory was recorded)", "peak_rss_mb"),
+)
 
 
 def detect(ctx):
@@ -36,12 +39,18 @@ def detect(ctx):
     if ratio < RATIO_WARNING or peaks.max() - median < MIN_GAP_MB:
         return []
     stage = ctx.run.rank_stages().get(top)
-    return [Finding(
-        kind="memory_imbalance", ranks=[top], stage=stage,
-        severity="critical" if ratio >= RATIO_CRITICAL else "warning",
-        title=f"rank {top} peaks at {peaks.max():.0f} MB of {where} [{metric}], "
-              f"{ratio:.2f}x the median rank",
-        recommendation=("Balance what each rank holds: shard optimizer state (ZeRO), move layers off "
-                        "the fullest pipeline stage, or use activation checkpointing there."),
-        # metrics are numbers only (findings.json), so the source is in their names
-        metrics={name: float(peaks.max()), f"median_{name}": median, "peak_ratio_x": ratio})]
+    return [
+        Finding(
+            kind="memory_imbalance",
+            ranks=[top],
+            stage=stage,
+            severity="critical" if ratio >= RATIO_CRITICAL else "warning",
+            title=f"rank {top} peaks at {peaks.max():.0f} MB of {where} [{metric}], {ratio:.2f}x the median rank",
+            recommendation=(
+                "Balance what each rank holds: shard optimizer state (ZeRO), move layers off "
+                "the fullest pipeline stage, or use activation checkpointing there."
+            ),
+            # metrics are numbers only (findings.json), so the source is in their names
+            metrics={name: float(peaks.max()), f"median_{name}": median, "peak_ratio_x": ratio},
+        )
+    ]

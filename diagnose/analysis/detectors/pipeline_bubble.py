@@ -33,6 +33,7 @@ phases' stage stamps, or from the p2p traffic (pipeline_topology.py): an
 import's fused exchanges and device passes (diagnose/importers/
 kineto_structure.py) give both; evidence `phases_from` says which phases.
 """
+
 import math
 
 from diagnose.analysis.detectors.finding_record import Finding
@@ -54,7 +55,9 @@ def detect(ctx):
     pipeline = ctx.breakdown[ctx.breakdown["rank"].isin(stages)]
     on_device = bool(ctx.kernel_steady)
     if on_device:
-        pipeline = pipeline[pipeline["step"].isin(ctx.kernel_steady)].merge(ctx.run.device_compute(), on=["rank", "step"], how="left")
+        pipeline = pipeline[pipeline["step"].isin(ctx.kernel_steady)].merge(
+            ctx.run.device_compute(), on=["rank", "step"], how="left"
+        )
         pipeline = pipeline.assign(busy_ms=pipeline["device_compute_ms"].fillna(0.0))
     else:
         pipeline = pipeline.assign(busy_ms=pipeline["forward_ms"] + pipeline["backward_ms"])
@@ -73,8 +76,11 @@ def detect(ctx):
     schedule = _recorded_schedule(ctx.run.rank_meta)
     from_schedule = recorded_schedule_idle_frac(schedule) if schedule else None
     theory = from_schedule if from_schedule is not None else (n_stages - 1) / (microbatches + n_stages - 1)
-    theory_of = (f"{schedule['schedule']}'s own action order" if from_schedule is not None
-                 else f"{n_stages} stages x {microbatches} micro-batches")
+    theory_of = (
+        f"{schedule['schedule']}'s own action order"
+        if from_schedule is not None
+        else f"{n_stages} stages x {microbatches} micro-batches"
+    )
     if theory < THEORY_GATE_FRAC and measured - theory < EXCESS_GATE_FRAC:
         return []
     severity = None if theory >= THEORY_GATE_FRAC else "info"
@@ -82,24 +88,44 @@ def detect(ctx):
     saving_ms = schedule_saving_ms(bottleneck_busy_ms, n_stages, microbatches, max(needed_m, microbatches))
     worst = int(idle_frac.idxmax())
     stalls = measured - theory >= EXCESS_GATE_FRAC
-    recommendation = (f"Use at least {needed_m} micro-batches per step for {n_stages} stages "
-                      f"(now {microbatches}), or an interleaved schedule"
-                      + ("; the measured idle is well above theory, so also check stage balance "
-                         "and point-to-point waits." if stalls else "."))
-    return [Finding(
-        kind="pipeline_bubble", severity=severity, ranks=sorted(int(r) for r in idle_frac.index), stage=None,
-        impact_ms_per_step=saving_ms,
-        title=(f"pipeline stages idle {measured:.0%} of the step (theory for {theory_of}: {theory:.0%})"
-               + (ON_DEVICE_NOTE if on_device else "")),
-        recommendation=recommendation,
-        metrics={"bubble_frac": measured, "theoretical_bubble_frac": theory,
-                 "microbatches": microbatches, "stages": n_stages,
-                 "theory_from_schedule": float(from_schedule is not None),
-                 "microbatches_for_10pct": needed_m, "worst_rank_bubble_frac": float(idle_frac.max()),
-                 "idlest_stage": stages.get(worst),
-                 "device_time": float(on_device), "bottleneck_busy_ms": bottleneck_busy_ms,
-                 "whatif_saving_ms_per_step": saving_ms, "phases_from": phase_source(events),
-                 "estimate_ms_per_step": max(measured - TARGET_FRAC, 0.0) * ctx.step_ms})]
+    recommendation = (
+        f"Use at least {needed_m} micro-batches per step for {n_stages} stages "
+        f"(now {microbatches}), or an interleaved schedule"
+        + (
+            "; the measured idle is well above theory, so also check stage balance and point-to-point waits."
+            if stalls
+            else "."
+        )
+    )
+    return [
+        Finding(
+            kind="pipeline_bubble",
+            severity=severity,
+            ranks=sorted(int(r) for r in idle_frac.index),
+            stage=None,
+            impact_ms_per_step=saving_ms,
+            title=(
+                f"pipeline stages idle {measured:.0%} of the step (theory for {theory_of}: {theory:.0%})"
+                + (ON_DEVICE_NOTE if on_device else "")
+            ),
+            recommendation=recommendation,
+            metrics={
+                "bubble_frac": measured,
+                "theoretical_bubble_frac": theory,
+                "microbatches": microbatches,
+                "stages": n_stages,
+                "theory_from_schedule": float(from_schedule is not None),
+                "microbatches_for_10pct": needed_m,
+                "worst_rank_bubble_frac": float(idle_frac.max()),
+                "idlest_stage": stages.get(worst),
+                "device_time": float(on_device),
+                "bottleneck_busy_ms": bottleneck_busy_ms,
+                "whatif_saving_ms_per_step": saving_ms,
+                "phases_from": phase_source(events),
+                "estimate_ms_per_step": max(measured - TARGET_FRAC, 0.0) * ctx.step_ms,
+            },
+        )
+    ]
 
 
 def _recorded_schedule(rank_meta: dict) -> dict | None:

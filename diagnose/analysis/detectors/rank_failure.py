@@ -11,6 +11,7 @@ peer and Flight Recorder dumps are there, it is a hang and `hang` names it. Evid
 callsite, and the exception or "killed by a signal".
 Severity: always critical.
 """
+
 import re
 
 from diagnose.analysis.detectors.finding_record import Finding
@@ -18,11 +19,14 @@ from diagnose.analysis.detectors.finding_record import Finding
 # How a peer's death or stall looks from a surviving rank (gloo, NCCL, the TCP
 # store): a connection closed under it, or its backend's watchdog giving up on a
 # collective the peer never joined (NCCL's watchdog abort, gloo's recv timeout).
-PEER_FAILURE = re.compile(r"closed by peer|reset by peer|Broken pipe|Read error|remote (worker|process)|"
-                          r"communicator was aborted|DistNetworkError|Socket Timeout|"
-                          r"Watchdog caught collective operation timeout|milliseconds before timing out|"
-                          r"NCCL operations have failed or timed out|ProcessGroupNCCL's watchdog|"
-                          r"Timed out waiting \d+ ?ms for (recv|send)", re.IGNORECASE)
+PEER_FAILURE = re.compile(
+    r"closed by peer|reset by peer|Broken pipe|Read error|remote (worker|process)|"
+    r"communicator was aborted|DistNetworkError|Socket Timeout|"
+    r"Watchdog caught collective operation timeout|milliseconds before timing out|"
+    r"NCCL operations have failed or timed out|ProcessGroupNCCL's watchdog|"
+    r"Timed out waiting \d+ ?ms for (recv|send)",
+    re.IGNORECASE,
+)
 
 
 def _death_times(ctx) -> dict[int, int]:
@@ -67,19 +71,30 @@ def detect(ctx):
     meta = ctx.run.rank_meta.get(rank, {})
     done = ctx.steps[ctx.steps["rank"] == rank]["step"]
     steps_done = (ctx.run.progress.get(rank) or {}).get("steps_done", 0)
-    last_step = max(int(done.max()) + 1 if len(done) else 0,
-                    steps_done if isinstance(steps_done, int) else 0)
+    last_step = max(int(done.max()) + 1 if len(done) else 0, steps_done if isinstance(steps_done, int) else 0)
     exception = meta.get("exception") if isinstance(meta.get("exception"), dict) else None
     events = ctx.run.events()
     mine = events[(events["rank"] == rank) & (events["callsite"].astype(str) != "")]
     callsite = (exception or {}).get("callsite") or (
-        str(mine.sort_values("end_ns")["callsite"].iloc[-1]) if len(mine) else None)
+        str(mine.sort_values("end_ns")["callsite"].iloc[-1]) if len(mine) else None
+    )
     callsite = ctx.relpath(callsite) if callsite else None
-    cause = (f"raised {exception.get('type')}: {exception.get('message')}" if exception
-             else "was killed by a signal (no Python exception; e.g. SIGKILL or the OOM killer)")
-    return [Finding(
-        kind="rank_failure", severity="critical", ranks=[rank], callsite=callsite,
-        title=f"rank {rank} died at step {last_step}: it {cause}" + (f"; last at {callsite}" if callsite else ""),
-        recommendation=("Read that rank's own log for the error; for a signal, check the kernel log for "
-                        "the OOM killer (dmesg) and the host's health. The other ranks' traces are intact."),
-        metrics={"last_step": last_step, "job_exit_status": status, "ranks_died_after": len(deaths) - 1})]
+    cause = (
+        f"raised {exception.get('type')}: {exception.get('message')}"
+        if exception
+        else "was killed by a signal (no Python exception; e.g. SIGKILL or the OOM killer)"
+    )
+    return [
+        Finding(
+            kind="rank_failure",
+            severity="critical",
+            ranks=[rank],
+            callsite=callsite,
+            title=f"rank {rank} died at step {last_step}: it {cause}" + (f"; last at {callsite}" if callsite else ""),
+            recommendation=(
+                "Read that rank's own log for the error; for a signal, check the kernel log for "
+                "the OOM killer (dmesg) and the host's health. The other ranks' traces are intact."
+            ),
+            metrics={"last_step": last_step, "job_exit_status": status, "ranks_died_after": len(deaths) - 1},
+        )
+    ]

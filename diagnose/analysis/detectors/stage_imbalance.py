@@ -15,6 +15,7 @@ of the passes its kernels show (diagnose/importers/kineto_structure.py: main
 thread forward, autograd thread backward, split at p2p exchanges), so that a
 micro-batch's compute is device time. Evidence `phases_from` says which.
 """
+
 import pandas as pd
 
 from diagnose.analysis.detectors.finding_record import Finding
@@ -38,8 +39,11 @@ def compute_per_microbatch(ctx) -> pd.DataFrame:
         return pd.DataFrame(columns=["rank", "stage", "microbatch_ms", "microbatches"])
     phases = phases.assign(dur_ms=(phases["end_ns"] - phases["start_ns"]) / 1e6)
     per_mb = phases.groupby(["rank", "stage", "step", "microbatch"])["dur_ms"].sum().reset_index()
-    per_rank = per_mb.groupby(["rank", "stage"]).agg(
-        microbatch_ms=("dur_ms", "median"), microbatches=("microbatch", "nunique")).reset_index()
+    per_rank = (
+        per_mb.groupby(["rank", "stage"])
+        .agg(microbatch_ms=("dur_ms", "median"), microbatches=("microbatch", "nunique"))
+        .reset_index()
+    )
     return per_rank
 
 
@@ -78,10 +82,16 @@ def detect(ctx):
     n_stages = int(per_rank["stage"].nunique())
     microbatches = int(per_rank["microbatches"].max())
     impact_ms = min((microbatches + n_stages - 1) * (max_ms - mean_ms), ctx.step_ms * (1 - 1 / ratio))
-    recommendation = (f"Stage {bottleneck} sets the pipeline's pace: move work off it "
-                      "(fewer layers there, or a cheaper loss/head placement).")
-    metrics = {"imbalance_max_over_mean_x": ratio, "bottleneck_microbatch_ms": max_ms,
-               "mean_stage_microbatch_ms": mean_ms, "phases_from": phase_source(ctx.run.events())}
+    recommendation = (
+        f"Stage {bottleneck} sets the pipeline's pace: move work off it "
+        "(fewer layers there, or a cheaper loss/head placement)."
+    )
+    metrics = {
+        "imbalance_max_over_mean_x": ratio,
+        "bottleneck_microbatch_ms": max_ms,
+        "mean_stage_microbatch_ms": mean_ms,
+        "phases_from": phase_source(ctx.run.events()),
+    }
     for stage, ms in stage_ms.items():
         metrics[f"stage{int(stage)}_microbatch_ms"] = float(ms)
     layers = layers_per_stage(ctx.run.manifest, n_stages)
@@ -89,12 +99,23 @@ def detect(ctx):
         move = best_layer_move(layers, {int(s): float(v) for s, v in stage_ms.items()})
         if move:
             k, src, dst, new_layers = move
-            recommendation = (f"Move {k} layer{'s' if k > 1 else ''} from stage {src} to stage {dst}: "
-                              f"--layers-per-stage {','.join(map(str, new_layers))}.")
+            recommendation = (
+                f"Move {k} layer{'s' if k > 1 else ''} from stage {src} to stage {dst}: "
+                f"--layers-per-stage {','.join(map(str, new_layers))}."
+            )
             metrics["layers_to_move"] = k
     ranks = per_rank.loc[per_rank["stage"] == bottleneck, "rank"].tolist()
-    return [Finding(
-        kind="stage_imbalance", stage=bottleneck, ranks=ranks, impact_ms_per_step=impact_ms,
-        title=(f"pipeline stage {bottleneck} computes {ratio:.2f}x the mean stage per micro-batch "
-               f"({max_ms:.1f} vs {mean_ms:.1f} ms)"),
-        recommendation=recommendation, metrics=metrics)]
+    return [
+        Finding(
+            kind="stage_imbalance",
+            stage=bottleneck,
+            ranks=ranks,
+            impact_ms_per_step=impact_ms,
+            title=(
+                f"pipeline stage {bottleneck} computes {ratio:.2f}x the mean stage per micro-batch "
+                f"({max_ms:.1f} vs {mean_ms:.1f} ms)"
+            ),
+            recommendation=recommendation,
+            metrics=metrics,
+        )
+    ]

@@ -49,6 +49,7 @@ kernel 20 ms late now and then) moves a small group's busy time on a few
 steps, which passed the 1.1x gate on the median step in 8 of 20 jittered pp2 x
 dp2 runs.
 """
+
 import numpy as np
 
 from diagnose.analysis.detectors.finding_record import Finding
@@ -114,6 +115,7 @@ def _slow_when_last(ctx, rank, stages, straggling) -> bool:
     than on its own other steps (Mann-Whitney, one-sided, p <= ALPHA): a periodic
     stall on its host does both; a scheduler's hiccup on a clean run does neither."""
     from scipy.stats import binomtest, mannwhitneyu
+
     judged = set(straggling[straggling].index)
     n_peers = straggling.attrs["peers"]
     if len(judged) < MIN_INTERMITTENT_STEPS or n_peers < 2:
@@ -227,8 +229,9 @@ def detect(ctx):
         # the steps it straggled in (its median over all steps is a normal step).
         # Last in most steps yet normal on the median step is intermittent too: slow
         # in a third of the steps, with 3 peers it is also last in a quarter of the rest
-        judgements = ([(straggling.index, True)] if top_in_steps >= PERSISTENT_FRAC else []) \
-            + [(straggling[straggling].index, False)]
+        judgements = ([(straggling.index, True)] if top_in_steps >= PERSISTENT_FRAC else []) + [
+            (straggling[straggling].index, False)
+        ]
         for judged, persistent in judgements:
             busy_ratio, excess_busy_ms, breakdown = _busy_ratio(ctx, top, stages, judged)
             gate = DEVICE_BUSY_RATIO if "device_compute_ms" in breakdown.columns else BUSY_RATIO
@@ -237,8 +240,13 @@ def detect(ctx):
                 host_bound = launch_bound(ctx, top, judged, top_ms, breakdown)
             if busy_ratio is None or (busy_ratio < gate and host_bound is None):
                 continue
-            if (persistent and host_bound is None and ctx.kernel_steady and gate == DEVICE_BUSY_RATIO
-                    and not kernels_slower(ctx, top, stages, judged)):
+            if (
+                persistent
+                and host_bound is None
+                and ctx.kernel_steady
+                and gate == DEVICE_BUSY_RATIO
+                and not kernels_slower(ctx, top, stages, judged)
+            ):
                 continue
             # slow by its own micro-batches' work in a run whose lengths vary
             # (workload_imbalance), persistent or not: the rank that drew the long
@@ -246,17 +254,32 @@ def detect(ctx):
             if explains_slowness(ctx, top) or (not persistent and not _slow_when_last(ctx, top, stages, straggling)):
                 break
             # a host-bound rank works no longer on the device: rank it by the waits it causes
-            passed.append((top_ms if host_bound else excess_busy_ms, top, baseline_ms, top_ms, top_in_steps,
-                           busy_ratio, breakdown, persistent, host_bound))
+            passed.append(
+                (
+                    top_ms if host_bound else excess_busy_ms,
+                    top,
+                    baseline_ms,
+                    top_ms,
+                    top_in_steps,
+                    busy_ratio,
+                    breakdown,
+                    persistent,
+                    host_bound,
+                )
+            )
             break
     if not passed:
         return []
-    _, top, baseline_ms, top_ms, top_in_steps, busy_ratio, breakdown, persistent, host_bound = \
-        max(passed, key=lambda c: (c[8] is None, c[0]))
+    _, top, baseline_ms, top_ms, top_in_steps, busy_ratio, breakdown, persistent, host_bound = max(
+        passed, key=lambda c: (c[8] is None, c[0])
+    )
     seen, group_size = members_seen(ctx)
     on_device = "device_compute_ms" in breakdown.columns
-    compute = (breakdown["device_compute_ms"] if on_device
-               else breakdown["forward_ms"] + breakdown["backward_ms"] + breakdown["optimizer_ms"])
+    compute = (
+        breakdown["device_compute_ms"]
+        if on_device
+        else breakdown["forward_ms"] + breakdown["backward_ms"] + breakdown["optimizer_ms"]
+    )
     compute_ratio = float(compute[top] / compute.drop(top).median())
     parts = ["data_wait_ms", "forward_ms", "backward_ms", "optimizer_ms", "host_sync_ms", "other_ms"]
     excess = {p: float(breakdown.loc[top, p] - breakdown[p].drop(top).median()) for p in parts}
@@ -265,41 +288,72 @@ def detect(ctx):
     where = "device compute" if on_device else slow_part.removesuffix("_ms").replace("_", " ")
     extra_ms = float(compute[top] - compute.drop(top).median()) if on_device else excess[slow_part]
     clock = "on the GPUs' clocks" if on_device else "on the hosts' clocks"
-    title = (f"rank {top} is {'a persistent' if persistent else 'an intermittent'} straggler: it works "
-             f"{busy_ratio:.2f}x as long per step as the median rank (most in {where}, "
-             f"+{extra_ms:.1f} ms); the others wait {top_ms:.1f} ms/step for it in collectives ({clock})")
+    title = (
+        f"rank {top} is {'a persistent' if persistent else 'an intermittent'} straggler: it works "
+        f"{busy_ratio:.2f}x as long per step as the median rank (most in {where}, "
+        f"+{extra_ms:.1f} ms); the others wait {top_ms:.1f} ms/step for it in collectives ({clock})"
+    )
     if host_bound:
-        title = (f"rank {top} is {'a persistent' if persistent else 'an intermittent'} straggler, host-bound: it "
-                 f"launches late; its GPU sat idle until kernels it had just launched (started within "
-                 f"{LAUNCH_BOUND_NS // 1000} us) before {host_bound['launch_bound']} of the "
-                 f"{host_bound['last_in']} collectives it was last into, while its device compute is "
-                 f"{compute_ratio:.2f}x the median rank's; the others wait {top_ms:.1f} ms/step for it ({clock})")
+        title = (
+            f"rank {top} is {'a persistent' if persistent else 'an intermittent'} straggler, host-bound: it "
+            f"launches late; its GPU sat idle until kernels it had just launched (started within "
+            f"{LAUNCH_BOUND_NS // 1000} us) before {host_bound['launch_bound']} of the "
+            f"{host_bound['last_in']} collectives it was last into, while its device compute is "
+            f"{compute_ratio:.2f}x the median rank's; the others wait {top_ms:.1f} ms/step for it ({clock})"
+        )
         where = "its host (launches late)"
     partial = seen < group_size
     if partial:
-        title = (f"rank {top} is the later of the {seen} ranks seen (of the group's {group_size}): it works "
-                 f"{busy_ratio:.2f}x as long per step (most in {where}, +{extra_ms:.1f} ms) and the other "
-                 f"ranks seen wait {top_ms:.1f} ms/step for it ({clock}); only {seen}/{group_size} members "
-                 "were traced, so this wait is a lower bound and an unseen rank may be the cause")
-    advice = {"data wait": "its input pipeline is slower: check its data shard, disk and loader workers",
-              "its host (launches late)": "its CPU side falls behind its GPU: profile its host (the profiler's "
-                                          "CPU ops, py-spy) for extra Python work, logging, garbage collection, "
-                                          "or CPU contention and affinity (fewer or busier cores than its peers)",
-              "other": "it spends more time outside the recorded phases: check for extra work "
-                       "(logging, checkpointing, Python overhead) on that rank"}.get(
-        where, "check that rank's host and device (thermal throttling, a noisy neighbour, "
-               "a slower GPU or CPU affinity) or rebalance its work")
+        title = (
+            f"rank {top} is the later of the {seen} ranks seen (of the group's {group_size}): it works "
+            f"{busy_ratio:.2f}x as long per step (most in {where}, +{extra_ms:.1f} ms) and the other "
+            f"ranks seen wait {top_ms:.1f} ms/step for it ({clock}); only {seen}/{group_size} members "
+            "were traced, so this wait is a lower bound and an unseen rank may be the cause"
+        )
+    advice = {
+        "data wait": "its input pipeline is slower: check its data shard, disk and loader workers",
+        "its host (launches late)": "its CPU side falls behind its GPU: profile its host (the profiler's "
+        "CPU ops, py-spy) for extra Python work, logging, garbage collection, "
+        "or CPU contention and affinity (fewer or busier cores than its peers)",
+        "other": "it spends more time outside the recorded phases: check for extra work "
+        "(logging, checkpointing, Python overhead) on that rank",
+    }.get(
+        where,
+        "check that rank's host and device (thermal throttling, a noisy neighbour, "
+        "a slower GPU or CPU affinity) or rebalance its work",
+    )
     if partial:
         advice += "; trace all ranks of the group (or a wider sample) to confirm it is the slowest"
-    return [Finding(
-        kind="straggler", title=title, ranks=[top], impact_ms_per_step=impact_ms,
-        recommendation=f"Rank {top} is slowest in {where}: {advice}.",
-        metrics={"waiting_caused_ms_per_step": top_ms, "others_caused_median_ms": baseline_ms,
-                 "compute_ratio_x": compute_ratio, "busy_ratio_x": busy_ratio, "last_in_steps_frac": top_in_steps,
-                 "persistent": float(persistent), "ranks_seen": seen, "group_size": group_size,
-                 "members_seen_frac": seen / group_size, "wait_is_lower_bound": float(partial),
-                 "device_time": float(on_device), "cause": "host-bound" if host_bound else "slower work",
-                 **({"launch_bound_frac": host_bound["launch_bound"] / host_bound["last_in"]} if host_bound else {}),
-                 # (rank 0's clock is the reference: its own error is nil)
-                 **({"clock_error_us": max([ctx.run.offset_errors_ns.get(r, 0) for r in ctx.run.ranks[1:]] or [0]) / 1e3}
-                    if on_device else {})})]
+    return [
+        Finding(
+            kind="straggler",
+            title=title,
+            ranks=[top],
+            impact_ms_per_step=impact_ms,
+            recommendation=f"Rank {top} is slowest in {where}: {advice}.",
+            metrics={
+                "waiting_caused_ms_per_step": top_ms,
+                "others_caused_median_ms": baseline_ms,
+                "compute_ratio_x": compute_ratio,
+                "busy_ratio_x": busy_ratio,
+                "last_in_steps_frac": top_in_steps,
+                "persistent": float(persistent),
+                "ranks_seen": seen,
+                "group_size": group_size,
+                "members_seen_frac": seen / group_size,
+                "wait_is_lower_bound": float(partial),
+                "device_time": float(on_device),
+                "cause": "host-bound" if host_bound else "slower work",
+                **({"launch_bound_frac": host_bound["launch_bound"] / host_bound["last_in"]} if host_bound else {}),
+                # (rank 0's clock is the reference: its own error is nil)
+                **(
+                    {
+                        "clock_error_us": max([ctx.run.offset_errors_ns.get(r, 0) for r in ctx.run.ranks[1:]] or [0])
+                        / 1e3
+                    }
+                    if on_device
+                    else {}
+                ),
+            },
+        )
+    ]

@@ -3,6 +3,7 @@ per rank and steady step, how long the other members of its collectives waited
 for it (waiting_caused: the typical member's union of [own arrival, last
 arrival] intervals, same-stage groups only), and how many of a group's members
 the trace holds (members_seen)."""
+
 import numpy as np
 import pandas as pd
 
@@ -44,8 +45,20 @@ def waiting_caused(ctx):
         return None
     # Only the columns used here, and the group as an integer code: every filter
     # below then copies a few numeric columns, not the table's strings.
-    arrivals = arrivals[["kind", "group", "rank", "step", "members", "expected_members", "last_rank",
-                         "wait_ms", "arrival_ns", "last_arrival_ns"]]
+    arrivals = arrivals[
+        [
+            "kind",
+            "group",
+            "rank",
+            "step",
+            "members",
+            "expected_members",
+            "last_rank",
+            "wait_ms",
+            "arrival_ns",
+            "last_arrival_ns",
+        ]
+    ]
     # an instance counts when every member the run holds is in it (all of the
     # group on a whole run; the ranks seen, on a partial trace set)
     seen = arrivals.groupby("group")["rank"].transform("nunique")
@@ -53,8 +66,11 @@ def waiting_caused(ctx):
     # exchange: a late peer holds its neighbours there); in a pipeline a stage waits
     # for its upstream's work by design: that is stage_imbalance's and the bubble's
     kinds = ["collective"] if ctx.run.rank_stages() else ["collective", "p2p"]
-    arrivals = arrivals[arrivals["kind"].isin(kinds) & arrivals["step"].isin(ctx.steady)
-                        & (arrivals["members"] == np.minimum(arrivals["expected_members"], seen))]
+    arrivals = arrivals[
+        arrivals["kind"].isin(kinds)
+        & arrivals["step"].isin(ctx.steady)
+        & (arrivals["members"] == np.minimum(arrivals["expected_members"], seen))
+    ]
     arrivals = arrivals.drop(columns="kind").assign(group=pd.factorize(arrivals["group"])[0])
     arrivals = _same_stage_groups(arrivals, ctx.run.rank_stages())
     others = arrivals[(arrivals["rank"] != arrivals["last_rank"]) & (arrivals["wait_ms"] > 0)]

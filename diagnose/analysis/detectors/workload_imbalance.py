@@ -60,6 +60,7 @@ stages (stages run side by side), averaged over steady steps; the step replay
 (whatif.py) replaces it with a what-if replay of equal micro-batches. The tail,
 p90/p50 of a rank's micro-batch compute over its median, is evidence.
 """
+
 import numpy as np
 import pandas as pd
 
@@ -87,8 +88,12 @@ def microbatch_phases(ctx) -> tuple[pd.DataFrame, bool]:
         # an imported GPU trace without phases: the passes its kernels show, on
         # the device's clock (kineto_structure; never the host-gap rows, whose
         # two phases are cut from one host interval and cannot move apart)
-        device = (events["kind"].isin(["forward", "backward"]) & (events["detail"] == DEVICE_SOURCE)
-                   & (events["microbatch"] >= 0) & events["step"].isin(ctx.steady))
+        device = (
+            events["kind"].isin(["forward", "backward"])
+            & (events["detail"] == DEVICE_SOURCE)
+            & (events["microbatch"] >= 0)
+            & events["step"].isin(ctx.steady)
+        )
         on_device = bool(device.any())
     rows = events.loc[device if on_device else host, [*_KEYS, "name", "start_ns", "end_ns", "queued_ns"]]
     # (device spans and rows without the reading have queued_ns -1: nothing to take off)
@@ -112,17 +117,18 @@ def phase_comovement(per_mb: pd.DataFrame) -> tuple[float, float, int]:
     steps when each step has one micro-batch), one micro-batch per rank-step
     left out when centred on the step."""
     from scipy.stats import spearmanr
+
     logs = np.log(per_mb[["forward_ms", "backward_ms"]].clip(lower=1e-6))
     by_step = per_mb.groupby(["rank", "stage", "step"]).ngroup()
     per_step = by_step.map(by_step.value_counts())
     within = bool((per_step >= 2).any())
     group = by_step if within else per_mb.groupby(["rank", "stage"]).ngroup()
     dev = logs - logs.groupby(group).transform("mean")
-    if within:   # a rank-step of n micro-batches holds n - 1 free deviations
+    if within:  # a rank-step of n micro-batches holds n - 1 free deviations
         keep = (per_step >= 2) & (per_mb.groupby(group).cumcount() < per_step - 1)
         dev = dev[keep.to_numpy()]
     if len(dev) < 3 or dev["forward_ms"].nunique() < 2 or dev["backward_ms"].nunique() < 2:
-        return 0.0, 1.0, len(dev)   # nothing varies: no evidence of work
+        return 0.0, 1.0, len(dev)  # nothing varies: no evidence of work
     rho, p = spearmanr(dev["forward_ms"], dev["backward_ms"], alternative="greater")
     return float(rho), float(p), len(dev)
 
@@ -178,14 +184,22 @@ def work_signal(ctx) -> dict | None:
         work_step, work_wait = equalised_wait(per_mb, "work_ms")
         if len(wait) >= MIN_STEPS:
             rho, p, pairs = phase_comovement(per_mb)
-            signal = {"per_mb": per_mb, "on_device": on_device, "per_step": per_step,
-                      "phases_from": phase_source(ctx.run.events()),
-                      "work_step": work_step.reindex(per_step.index), "slowest": _slowest(per_step),
-                      "rho": rho, "p": p, "pairs": pairs,
-                      "wait_ms": float(wait.mean()), "work_wait_ms": float(work_wait.reindex(wait.index).mean()),
-                      "steps": len(wait)}
+            signal = {
+                "per_mb": per_mb,
+                "on_device": on_device,
+                "per_step": per_step,
+                "phases_from": phase_source(ctx.run.events()),
+                "work_step": work_step.reindex(per_step.index),
+                "slowest": _slowest(per_step),
+                "rho": rho,
+                "p": p,
+                "pairs": pairs,
+                "wait_ms": float(wait.mean()),
+                "work_wait_ms": float(work_wait.reindex(wait.index).mean()),
+                "steps": len(wait),
+            }
             signal["varies"] = p <= ALPHA and signal["work_wait_ms"] >= WARNING_FRAC * ctx.step_ms > 0
-    ctx._workload_signal = signal   # (an attribute of this analysis' Context: computed once)
+    ctx._workload_signal = signal  # (an attribute of this analysis' Context: computed once)
     return signal
 
 
@@ -207,7 +221,7 @@ def work_explained_frac(signal: dict, rank: int) -> float:
         return 0.0
     excess = {}
     for name in ("per_step", "work_step"):
-        table = signal[name].unstack("rank").loc[keys]   # (stage, step) x rank; a stage's own ranks
+        table = signal[name].unstack("rank").loc[keys]  # (stage, step) x rank; a stage's own ranks
         excess[name] = float((table[rank] - table.drop(columns=rank).mean(axis=1)).sum())
     return excess["work_step"] / excess["per_step"] if excess["per_step"] > 0 else 0.0
 
@@ -245,29 +259,49 @@ def detect(ctx):
     ranks = sorted(int(r) for r in per_mb["rank"].unique())
     steps = signal["steps"]
     share_by_rank = slowest.value_counts(normalize=True)
-    metrics = {"microbatch_p50_ms": p50_ms, "microbatch_p90_ms": p90_ms, "microbatch_max_ms": max_ms,
-               "own_median_p90_over_p50_x": tail, "own_median_p50_over_p10_x": spread,
-               "phase_rank_corr": signal["rho"], "phase_corr_p": signal["p"], "phase_pairs": signal["pairs"],
-               "work_wait_ms_per_step": signal["work_wait_ms"],
-               "slowest_rank_max_share_frac": max_share,
-               "slowest_rank_max_share_rank": worst_rank, "ranks_taking_turns": turns,
-               "slowest_rank_work_explained_frac": explained,
-               "equalised_wait_ms_per_step": impact_ms, "steps_judged": steps,
-               "device_time": float(signal["on_device"]), "phases_from": signal["phases_from"]}
+    metrics = {
+        "microbatch_p50_ms": p50_ms,
+        "microbatch_p90_ms": p90_ms,
+        "microbatch_max_ms": max_ms,
+        "own_median_p90_over_p50_x": tail,
+        "own_median_p50_over_p10_x": spread,
+        "phase_rank_corr": signal["rho"],
+        "phase_corr_p": signal["p"],
+        "phase_pairs": signal["pairs"],
+        "work_wait_ms_per_step": signal["work_wait_ms"],
+        "slowest_rank_max_share_frac": max_share,
+        "slowest_rank_max_share_rank": worst_rank,
+        "ranks_taking_turns": turns,
+        "slowest_rank_work_explained_frac": explained,
+        "equalised_wait_ms_per_step": impact_ms,
+        "steps_judged": steps,
+        "device_time": float(signal["on_device"]),
+        "phases_from": signal["phases_from"],
+    }
     for rank in ranks:
         metrics[f"rank{rank}_slowest_frac"] = float(share_by_rank.get(rank, 0.0))
     clock = "on the GPUs' clocks" if signal["on_device"] else "on the hosts' clocks"
-    title = (f"micro-batches differ in work: forward and backward of each micro-batch grow together "
-             f"(rank correlation {signal['rho']:.2f} over {signal['pairs']} micro-batches, p {signal['p']:.1g}); "
-             f"compute p50 {p50_ms:.1f} ms, p90 {p90_ms:.1f} ms ({tail:.2f}x), max {max_ms:.1f} ms, and the slowest "
-             f"rank changes from step to step ({turns} ranks take turns; rank {worst_rank}, the most often, "
-             f"in {max_share:.0%} of {steps} steps, {explained:.0%} of its excess its work): its peers wait {impact_ms:.1f} ms/step for it ({clock})")
-    return [Finding(
-        kind="workload_imbalance", title=title, ranks=ranks, impact_ms_per_step=impact_ms,
-        # a pipelined run names the stage whose peers take the most turns; plain DP, none
-        stage=int(worst_stage) if per_mb["stage"].nunique() > 1 else None,
-        recommendation=("Micro-batches carry unequal work (variable sequence lengths): pack or sort "
-                        "sequences into token-balanced micro-batches (a fixed token budget per "
-                        "micro-batch, the same on every data-parallel rank) so that no rank waits "
-                        "at the gradient all-reduce for another's long batch."),
-        metrics=metrics)]
+    title = (
+        f"micro-batches differ in work: forward and backward of each micro-batch grow together "
+        f"(rank correlation {signal['rho']:.2f} over {signal['pairs']} micro-batches, p {signal['p']:.1g}); "
+        f"compute p50 {p50_ms:.1f} ms, p90 {p90_ms:.1f} ms ({tail:.2f}x), max {max_ms:.1f} ms, and the slowest "
+        f"rank changes from step to step ({turns} ranks take turns; rank {worst_rank}, the most often, "
+        f"in {max_share:.0%} of {steps} steps, {explained:.0%} of its excess its work): its peers wait {impact_ms:.1f} ms/step for it ({clock})"
+    )
+    return [
+        Finding(
+            kind="workload_imbalance",
+            title=title,
+            ranks=ranks,
+            impact_ms_per_step=impact_ms,
+            # a pipelined run names the stage whose peers take the most turns; plain DP, none
+            stage=int(worst_stage) if per_mb["stage"].nunique() > 1 else None,
+            recommendation=(
+                "Micro-batches carry unequal work (variable sequence lengths): pack or sort "
+                "sequences into token-balanced micro-batches (a fixed token budget per "
+                "micro-batch, the same on every data-parallel rank) so that no rank waits "
+                "at the gradient all-reduce for another's long batch."
+            ),
+            metrics=metrics,
+        )
+    ]

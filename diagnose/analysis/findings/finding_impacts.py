@@ -41,6 +41,7 @@ def _one(w: WhatIf, ctx, finding):
         return w.exposed_comm()
     if kind == "accumulation_sync":
         from diagnose.analysis.detectors.accumulation_sync import extra_rounds
+
         rounds = extra_rounds(ctx)
         return None if rounds is None else w.without_instances(rounds.attrs["extra"])
     if kind == "pipeline_bubble":
@@ -65,12 +66,18 @@ def apply(ctx, findings) -> dict | None:
     why = summary.get("why") if summary else "no steady steps to replay"
     if w is not None:
         error = fidelity(w)
-        summary.update(replay_step_ms=w.step_ms(), replay_max_step_error_frac=None if error is None else float(error),
-                       ideal_step_ms=w.ideal_step_ms())
+        summary.update(
+            replay_step_ms=w.step_ms(),
+            replay_max_step_error_frac=None if error is None else float(error),
+            ideal_step_ms=w.ideal_step_ms(),
+        )
         summary["impact_from_replay"] = trusted = bool(error is not None and error <= FIDELITY_FRAC)
         if not trusted:
-            why = f"the replay gives the recorded steps back only within {error:.0%}" if error is not None \
+            why = (
+                f"the replay gives the recorded steps back only within {error:.0%}"
+                if error is not None
                 else "no step to check the replay against"
+            )
         if w.device:
             summary.update(inferred_waits=w.model.inferred_waits, recorded_waits=w.model.recorded_waits)
     edits = []
@@ -87,8 +94,9 @@ def apply(ctx, findings) -> dict | None:
         if result is None:
             continue
         saving, after = result
-        finding.metrics.update(whatif_step_ms=after, replay_step_ms=summary["replay_step_ms"],
-                               whatif_saving_ms_per_step=max(saving, 0.0))
+        finding.metrics.update(
+            whatif_step_ms=after, replay_step_ms=summary["replay_step_ms"], whatif_saving_ms_per_step=max(saving, 0.0)
+        )
         if summary["impact_from_replay"] and finding.kind not in NOT_REPLAYED:
             finding.metrics.setdefault("estimate_ms_per_step", finding.impact_ms_per_step)
             finding.impact_ms_per_step = max(saving, 0.0)
@@ -107,10 +115,10 @@ def _waterfall(ctx, findings, w, edits) -> dict:
     if w is not None and edits:
         together = w.combined(edits)
         if together is not None:
-            joint = max(together[0], 0.0) + sum(f.impact_ms_per_step for f in findings
-                                                if f.impact_source != "replay")
+            joint = max(together[0], 0.0) + sum(f.impact_ms_per_step for f in findings if f.impact_source != "replay")
     try:  # MFU where a peak is known (mfu.py); a figure the waterfall can do without
         from diagnose.analysis.tables import mfu
+
         mfu_frac = mfu.summarize(ctx.run).get("mfu")
     except Exception:  # noqa: BLE001 - no MFU is a waterfall without its bar, not a failed analysis
         mfu_frac = None
@@ -122,10 +130,15 @@ def _replay(ctx):
     if not ctx.steady:
         return None, None
     if ctx.on_device and ctx.kernel_steady != ctx.steady:
-        return {"impact_from_replay": False,
-                "why": "collectives timed on the device, kernels recorded in too few steps to replay"}, None
+        return {
+            "impact_from_replay": False,
+            "why": "collectives timed on the device, kernels recorded in too few steps to replay",
+        }, None
     w = WhatIf(ctx.run, ctx.steady, ctx.run.rank_stages(), device=ctx.on_device)
     if not w.ok:
-        return {"measured_step_ms": ctx.step_ms, "impact_from_replay": False,
-                "why": w.model.why or "the replay deadlocked: a dependency the trace does not show"}, None
+        return {
+            "measured_step_ms": ctx.step_ms,
+            "impact_from_replay": False,
+            "why": w.model.why or "the replay deadlocked: a dependency the trace does not show",
+        }, None
     return {"measured_step_ms": ctx.step_ms}, w

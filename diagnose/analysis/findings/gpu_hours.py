@@ -10,6 +10,7 @@ GPU-hours a day). It assumes the job runs all day at the measured step time;
 for a shorter job scale by its hours / 24. With DIAGNOSE_GPU_HOUR_COST (or
 `diagnose analyze --gpu-hour-cost`) set, the same in money per day.
 """
+
 import os
 
 COST_ENV = "DIAGNOSE_GPU_HOUR_COST"
@@ -35,7 +36,7 @@ def gpu_hour_cost(environ=os.environ) -> float | None:
 
 
 def worth_line(findings: list, cost: float | None = None) -> str | None:
-    """"Worth most: straggler (rank 2), 12.3 GPU-hours/day ($30.75/day at $2.50/GPU-hour)"."""
+    """ "Worth most: straggler (rank 2), 12.3 GPU-hours/day ($30.75/day at $2.50/GPU-hour)"."""
     worth = [f for f in findings if (f.get("metrics") or {}).get("gpu_hours_per_day")]
     if not worth:
         return None

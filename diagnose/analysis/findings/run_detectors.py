@@ -1,6 +1,7 @@
 """The analysis step: every detector over a loaded run (`analyze`, the API's
 `diagnose.analyze`), and analysis/*.parquet and findings.json written from it
 (`write_analysis`, what `diagnose analyze` does)."""
+
 import functools
 import importlib
 import json
@@ -90,8 +91,12 @@ def detect(run) -> list[dict]:
 def write_analysis(run) -> list[dict]:
     out = os.path.join(run.root, rundir.ANALYSIS)
     storage.makedirs(out)
-    tables = {"steps": run.steps(), "breakdown": run.breakdown(), "collectives": run.collectives(),
-              "arrivals": run.arrivals()}
+    tables = {
+        "steps": run.steps(),
+        "breakdown": run.breakdown(),
+        "collectives": run.collectives(),
+        "arrivals": run.arrivals(),
+    }
     # Writing Parquet is C++ that releases the GIL: on a second core it costs
     # the analysis nothing (1,024 ranks: 5-7 s of writing hidden behind the detectors).
     with ThreadPoolExecutor(max_workers=1) as pool:

@@ -14,6 +14,7 @@
 - rest: what no finding explains, >= 0. If MFU and the shares still exceed 1
   (an estimate that overstates), the shares are scaled down to make room.
 """
+
 REST_LABEL = "not explained by any finding"
 
 
@@ -26,8 +27,14 @@ def step_waterfall(findings, step_ms: float, joint_saving_ms: float | None, mfu_
     items = [f for f in items if f["impact_ms"] > 0]
     total_ms = sum(f["impact_ms"] for f in items)
     if step_ms <= 0:
-        return {"step_ms": step_ms, "mfu_frac": mfu_frac, "shares": [], "rest_frac": None,
-                "rest_label": REST_LABEL, "overlap_scale": None}
+        return {
+            "step_ms": step_ms,
+            "mfu_frac": mfu_frac,
+            "shares": [],
+            "rest_frac": None,
+            "rest_label": REST_LABEL,
+            "overlap_scale": None,
+        }
     scale = 1.0
     if joint_saving_ms is not None and total_ms > 0 and joint_saving_ms < total_ms:
         scale = max(joint_saving_ms, 0.0) / total_ms
@@ -38,11 +45,21 @@ def step_waterfall(findings, step_ms: float, joint_saving_ms: float | None, mfu_
         scale *= room / explained if explained > 0 else 0.0
     shares = [dict(f, share_frac=f["impact_ms"] * scale / step_ms) for f in items]
     rest = max(1.0 - mfu - sum(s["share_frac"] for s in shares), 0.0)
-    return {"step_ms": step_ms, "mfu_frac": mfu_frac, "shares": shares, "rest_frac": rest,
-            "rest_label": REST_LABEL, "overlap_scale": scale}
+    return {
+        "step_ms": step_ms,
+        "mfu_frac": mfu_frac,
+        "shares": shares,
+        "rest_frac": rest,
+        "rest_label": REST_LABEL,
+        "overlap_scale": scale,
+    }
 
 
 def _fields(finding) -> dict:
     get = finding.get if isinstance(finding, dict) else lambda key: getattr(finding, key)
-    return {"kind": get("kind"), "ranks": [int(r) for r in (get("ranks") or [])], "stage": get("stage"),
-            "impact_ms": float(get("impact_ms_per_step") or 0.0)}
+    return {
+        "kind": get("kind"),
+        "ranks": [int(r) for r in (get("ranks") or [])],
+        "stage": get("stage"),
+        "impact_ms": float(get("impact_ms_per_step") or 0.0),
+    }

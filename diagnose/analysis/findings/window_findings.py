@@ -23,6 +23,7 @@ every window: a column of one window may have gaps where another has none).
 Times are on the first window's origin (ns since its first event); a window's
 rows outside any step (read by every window) are in the first window's only.
 """
+
 import copy
 import gc
 import os
@@ -49,13 +50,19 @@ def analyze_windows(run_dirs: list, windows: list, warn=None, on_rank=None, engi
         if message not in said:
             said.add(message)
             warn(message)
+
     out = os.path.join(rundir.require_run_dir(str(run_dirs[0])), rundir.ANALYSIS)
     for stale in ("collectives.parquet", "arrivals.parquet", WINDOWS):  # an earlier analysis's
         storage.remove(os.path.join(out, stale))
     per_window, step_tables, origin_ns = [], {"steps": [], "breakdown": []}, None
     for index, (first, last) in enumerate(windows):
-        run = load(*run_dirs, warn=warn_once, on_rank=on_rank, engine=engine,
-                   window={"from_step": first, "last_step": last, "warmup": index == 0})
+        run = load(
+            *run_dirs,
+            warn=warn_once,
+            on_rank=on_rank,
+            engine=engine,
+            window={"from_step": first, "last_step": last, "warmup": index == 0},
+        )
         origin_ns = run.t0_ns if origin_ns is None else origin_ns
         shift_ns = run.t0_ns - origin_ns
         per_window.append(((first, last), detect(run)))
@@ -94,8 +101,10 @@ def merge(per_window: list, step_ms: float) -> list[dict]:
             groups.setdefault(key, []).append((span, finding))
     merged = []
     for found in groups.values():
-        _, top = min(found, key=lambda item: (SEVERITY_ORDER.get(item[1]["severity"], 3),
-                                              -item[1].get("impact_ms_per_step", 0.0)))
+        _, top = min(
+            found,
+            key=lambda item: (SEVERITY_ORDER.get(item[1]["severity"], 3), -item[1].get("impact_ms_per_step", 0.0)),
+        )
         finding = copy.deepcopy(top)
         impact = sum(f.get("impact_ms_per_step", 0.0) * (b - a + 1) for (a, b), f in found) / max(total, 1)
         finding["impact_ms_per_step"] = round(impact, 3)
@@ -117,4 +126,3 @@ def _shifted(frame: pd.DataFrame, shift_ns: int) -> pd.DataFrame:
     if not shift_ns or frame.empty:
         return frame
     return frame.assign(**{c: frame[c] + shift_ns for c in frame.columns if c.endswith("_ns")})
-

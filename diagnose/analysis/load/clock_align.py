@@ -23,6 +23,7 @@
    The precision reached is each refined rank's offset error (the residual the
    report states).
 """
+
 import numpy as np
 import pandas as pd
 
@@ -48,8 +49,10 @@ def measured_offsets(rank_meta: dict) -> tuple[dict, dict, set]:
             continue
         try:
             ref_clock = anchors[ref]
-            offsets[rank] = int((clock["mono_anchor_ns"] - clock["wall_anchor_ns"])
-                                - (ref_clock["mono_anchor_ns"] - ref_clock["wall_anchor_ns"]))
+            offsets[rank] = int(
+                (clock["mono_anchor_ns"] - clock["wall_anchor_ns"])
+                - (ref_clock["mono_anchor_ns"] - ref_clock["wall_anchor_ns"])
+            )
             errors[rank] = WALL_CLOCK_ERROR_NS
         except (KeyError, TypeError):
             offsets[rank], errors[rank] = 0, 10**12
@@ -61,14 +64,14 @@ def _samples(events: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     device = events[(events["kind"] == "done") & (events["seq"] >= 0)] if "detail" in events else events[:0]
     device = device[device["detail"].isin(EXACT_END_DETAILS)] if len(device) else device
     if len(device):
-        return device[["rank", "group", "seq", "start_ns"]].rename(columns={"start_ns": "end_ns"}), \
-            DEVICE_PRECISION_NS
+        return device[["rank", "group", "seq", "start_ns"]].rename(columns={"start_ns": "end_ns"}), DEVICE_PRECISION_NS
     sync = events[(events["kind"] == "collective") & (~events["async_op"]) & (events["seq"] >= 0)]
     return sync[["rank", "group", "seq", "end_ns"]], COLLECTIVE_PRECISION_NS
 
 
-def refine_offsets(events: pd.DataFrame, errors: dict, bounded: set = frozenset(),
-                   precision_out: dict | None = None) -> dict:
+def refine_offsets(
+    events: pd.DataFrame, errors: dict, bounded: set = frozenset(), precision_out: dict | None = None
+) -> dict:
     """rank -> correction_ns to subtract, from the end times of collectives
     (events already on the measured clock); a rank in `bounded` (its error a
     measured bound) is corrected within that bound or not at all. The precision
@@ -91,7 +94,7 @@ def refine_offsets(events: pd.DataFrame, errors: dict, bounded: set = frozenset(
         spread = by_rank.apply(lambda x: 1.4826 * np.median(np.abs(x - np.median(x))))
         precision = np.maximum(1.25 * spread / np.sqrt(by_rank.size()), floor_ns)
         residual = residual - residual.get(reference_rank, 0.0)
-        precision = np.sqrt(precision ** 2 + precision.get(reference_rank, 0.0) ** 2)
+        precision = np.sqrt(precision**2 + precision.get(reference_rank, 0.0) ** 2)
         changed = False
         for rank, value in residual.items():
             if rank in bounded and abs(corrections.get(rank, 0) + value) > errors[rank]:

@@ -3,6 +3,7 @@ diagnose.analysis.load.loader.Run): collectives and arrivals, the FSDP units'
 communication, and the device tables of imported Kineto / Nsight traces
 (definitions in diagnose/analysis/tables/), each computed on first use and kept
 by its run (per_run)."""
+
 import functools
 
 import pandas as pd
@@ -20,6 +21,7 @@ def per_run(method):
         if key not in self.__dict__:
             self.__dict__[key] = method(self)
         return self.__dict__[key]
+
     return cached
 
 
@@ -29,11 +31,13 @@ class DerivedTables:
     @per_run
     def collectives(self) -> pd.DataFrame:
         from diagnose.analysis.tables.matching import collectives_table
+
         return collectives_table(self._events)
 
     @per_run
     def arrivals(self) -> pd.DataFrame:
         from diagnose.analysis.tables.matching import arrivals_table
+
         return arrivals_table(self.collectives())
 
     # GPU tables (imported Kineto / Nsight traces): definitions in diagnose/analysis/tables/gpu_tables.py
@@ -41,55 +45,67 @@ class DerivedTables:
     @per_run
     def kernels(self) -> pd.DataFrame:
         from diagnose.analysis.tables.gpu_tables import kernels_table
+
         return kernels_table(self._events)
 
     @per_run
     def temporal_breakdown(self) -> pd.DataFrame:
         from diagnose.analysis.tables.gpu_tables import temporal_breakdown
+
         return temporal_breakdown(self.kernels(), self.in_window(self.steps()))
 
     @per_run
     def device_compute(self) -> pd.DataFrame:
         from diagnose.analysis.tables.gpu_tables import device_compute
+
         return device_compute(self.kernels())
 
     @per_run
     def device_compute_spans(self) -> pd.DataFrame:
         from diagnose.analysis.tables.gpu_tables import device_compute_spans
+
         return device_compute_spans(self._events)
 
     @per_run
     def device_exposed_comm(self) -> pd.DataFrame:
         from diagnose.analysis.tables.gpu_tables import device_exposed_comm
+
         return device_exposed_comm(self.kernels())
 
     @per_run
     def comm_comp_overlap(self) -> pd.DataFrame:
         from diagnose.analysis.tables.gpu_tables import comm_comp_overlap
+
         return comm_comp_overlap(self.kernels(), self.in_window(self.steps()))
 
     @per_run
     def device_idle_behind_syncs(self) -> pd.DataFrame:
         from diagnose.analysis.tables.device_idle import device_idle_behind_syncs
+
         return device_idle_behind_syncs(self._events, self.kernels())
 
     @per_run
     def device_step_breakdown(self) -> pd.DataFrame:
         from diagnose.analysis.tables.gpu_tables import device_step_breakdown
+
         return device_step_breakdown(self.kernels(), self.in_window(self.steps()))
 
     @per_run
     def fsdp_unit_comm(self) -> pd.DataFrame:
         from diagnose.analysis.tables.fsdp_units import fsdp_unit_comm
+
         return fsdp_unit_comm(self.collectives(), self.steady_steps())
 
     @per_run
     def device_data_wait(self) -> pd.DataFrame:
         from diagnose.analysis.tables.device_idle import device_data_wait
+
         return device_data_wait(self._events, self.kernels())
 
     @per_run
     def input_wait(self) -> pd.DataFrame:
         from diagnose.analysis.tables.device_idle import input_wait
-        return input_wait(self.in_window(self.breakdown()), self.in_window(self.steps()), self.kernels(),
-                          self.device_data_wait())
+
+        return input_wait(
+            self.in_window(self.breakdown()), self.in_window(self.steps()), self.kernels(), self.device_data_wait()
+        )

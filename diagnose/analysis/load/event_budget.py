@@ -6,14 +6,15 @@ budget"). The last steps, not the first: warm-up is at the start, and a hang or
 a slowdown that grows shows at the end. Events outside any step (step -1) are
 always kept; a run without step markers is never cut.
 """
+
 import random
 
 from diagnose import rundir
 from diagnose.rundir import rank_reader
 
 MAX_EVENTS = 25_000_000  # ~6 GB at the cross-rank pass' peak
-MIN_WINDOW_STEPS = 8     # fewer steps say little about a step's usual shape
-SIZING_RANKS = 8         # read to size the run (a half of the ranks missed by all 8: 1 in 256)
+MIN_WINDOW_STEPS = 8  # fewer steps say little about a step's usual shape
+SIZING_RANKS = 8  # read to size the run (a half of the ranks missed by all 8: 1 in 256)
 
 
 def window(ranks_todo: list, max_events: int | None) -> dict | None:
@@ -24,8 +25,12 @@ def window(ranks_todo: list, max_events: int | None) -> dict | None:
         return None
     _, _, last, estimate, keep, _ = size
     from_step = last - keep + 1
-    return {"from_step": from_step, "last_step": last, "estimated_events": estimate,
-            "message": _over_budget(size) + f"analyzing the last {keep} steps ({from_step}-{last}) only"}
+    return {
+        "from_step": from_step,
+        "last_step": last,
+        "estimated_events": estimate,
+        "message": _over_budget(size) + f"analyzing the last {keep} steps ({from_step}-{last}) only",
+    }
 
 
 def windows(ranks_todo: list, max_events: int | None) -> tuple[list, str] | None:
@@ -39,8 +44,12 @@ def windows(ranks_todo: list, max_events: int | None) -> tuple[list, str] | None
     count = -(-(last - first + 1) // keep)
     bounds = [first + (last - first + 1) * i // count for i in range(count + 1)]
     spans = [(a, b - 1) for a, b in zip(bounds[:-1], bounds[1:])]
-    return spans, (_over_budget(size) + f"analyzing it in {count} windows of steps, one after the other ("
-                   + ", ".join(f"{a}-{b}" for a, b in spans) + ")")
+    return spans, (
+        _over_budget(size)
+        + f"analyzing it in {count} windows of steps, one after the other ("
+        + ", ".join(f"{a}-{b}" for a, b in spans)
+        + ")"
+    )
 
 
 def step_windows(*run_dirs, max_events=None) -> tuple[list, str] | None:
@@ -52,8 +61,10 @@ def step_windows(*run_dirs, max_events=None) -> tuple[list, str] | None:
 def _over_budget(size: tuple) -> str:
     """The start of the line that says a run is over the budget (_size's tuple)."""
     ranks, first, last, estimate, _, max_events = size
-    return (f"{ranks} ranks x {last - first + 1} steps is ~{estimate:,} events, over the analysis' "
-            f"budget of {max_events:,} (--max-events): ")
+    return (
+        f"{ranks} ranks x {last - first + 1} steps is ~{estimate:,} events, over the analysis' "
+        f"budget of {max_events:,} (--max-events): "
+    )
 
 
 def _size(ranks_todo: list, max_events: int | None) -> tuple | None:

@@ -9,6 +9,7 @@ A run over the event budget (diagnose/analysis/load/event_budget.py) is analyzed
 over its last steps only: the per-rank pass drops the earlier steps' events on
 its worker, and `Run.window` says which steps were kept.
 """
+
 import functools
 import os
 import sys
@@ -81,8 +82,11 @@ class Run(DerivedTables):
             self._shift(self._samples, self.offsets_ns, ("ts_ns",))
             self._samples["ts_ns"] -= self.t0_ns
         self.wall_t0_ns = self._wall_of(self.t0_ns)
-        if self.window is not None and "message" in self.window and (
-                shift := window_shift(self._steps, self.window["from_step"])):
+        if (
+            self.window is not None
+            and "message" in self.window
+            and (shift := window_shift(self._steps, self.window["from_step"]))
+        ):
             self.warn(shift)
 
     def _refine(self, bounded: set) -> dict:
@@ -116,12 +120,13 @@ class Run(DerivedTables):
                 self.warn(self.window["message"])
             from_step = self.window["from_step"] if self.window else None
         size = ranks_per_task(total)
-        batches = [ranks_todo[i:i + size] for i in range(0, total, size)]
+        batches = [ranks_todo[i : i + size] for i in range(0, total, size)]
         done = [0]
 
         def on_done(index):
             done[0] += len(batches[index])
             on_rank(done[0], total)
+
         results = engine.map_tasks([(batch, from_step, to_step) for batch in batches], on_rank and on_done)
         per_rank = [entry for result in results for entry in result[0]]
         per_rank.reverse()  # popped in rank order
@@ -143,8 +148,9 @@ class Run(DerivedTables):
             if not has_events:
                 self.warn(f"{rank_dir}: no readable events")
         self._steps = in_rank_order(step_frames, lambda: steps_table(_empty_events()), ["rank", "step"])
-        self._breakdown = in_rank_order(breakdown_frames, lambda: step_breakdown(_empty_events(), self._steps),
-                                   ["rank"])
+        self._breakdown = in_rank_order(
+            breakdown_frames, lambda: step_breakdown(_empty_events(), self._steps), ["rank"]
+        )
         return event_tables, sample_tables
 
     # -- plumbing -----------------------------------------------------------
@@ -165,8 +171,7 @@ class Run(DerivedTables):
         for rank in sorted(self.rank_meta):
             clock = self.rank_meta[rank].get("clock") or {}
             try:
-                return int(clock["wall_anchor_ns"] + (t_ns + self.offsets_ns.get(rank, 0)
-                                                       - clock["mono_anchor_ns"]))
+                return int(clock["wall_anchor_ns"] + (t_ns + self.offsets_ns.get(rank, 0) - clock["mono_anchor_ns"]))
             except (KeyError, TypeError):
                 continue
         return None
@@ -197,8 +202,11 @@ class Run(DerivedTables):
         return spans.assign(dur_ms=(spans["end_ns"] - spans["start_ns"]) / 1e6)
 
     def samples(self) -> pd.DataFrame:
-        return self._samples if self._samples is not None else pd.DataFrame(
-            {"ts_ns": [], "metric": [], "value": [], "rank": []})
+        return (
+            self._samples
+            if self._samples is not None
+            else pd.DataFrame({"ts_ns": [], "metric": [], "value": [], "rank": []})
+        )
 
     def steps(self) -> pd.DataFrame:
         """One row per (rank, step): every step recorded, also those before the
@@ -221,9 +229,12 @@ class Run(DerivedTables):
     @per_run
     def steady_steps(self) -> list[int]:
         # less the step each rank counted FLOPs in (several times slower: diagnose/analysis/tables/mfu.py)
-        return without_counted_step(steady_state_steps(self.in_window(self.steps()),
-                                                       warmup=self.window is None or self.window.get("warmup", False)),
-                                    self.rank_meta)
+        return without_counted_step(
+            steady_state_steps(
+                self.in_window(self.steps()), warmup=self.window is None or self.window.get("warmup", False)
+            ),
+            self.rank_meta,
+        )
 
     def rank_stages(self) -> dict[int, int]:
         """rank -> pipeline stage (the most frequent one of its rows), for a run with stages."""
@@ -237,6 +248,7 @@ class Run(DerivedTables):
     def progress(self) -> dict[int, dict]:
         """rank -> its last progress.json (steps done, recent step times)."""
         from diagnose.rundir.progress import read_progress
+
         return {r: p for r, p in read_progress(self.root).items() if r in self.rank_dirs}
 
     @functools.cached_property
@@ -244,6 +256,7 @@ class Run(DerivedTables):
         """rank -> what it left on a hang: its writer thread's dump (in-flight collectives,
         stacks) and its faulthandler stacks (diagnose/rundir/hang_dumps.py)."""
         from diagnose.rundir.hang_dumps import read_hang_dumps
+
         return read_hang_dumps(self.rank_dirs, self.warn)
 
     @functools.cached_property
@@ -252,6 +265,7 @@ class Run(DerivedTables):
         wrote on a timeout, what diagnose asked for on a hang, or `diagnose import
         flight-recorder`), read by diagnose.rundir.flight_recorder_reader."""
         from diagnose.rundir.flight_recorder_reader import FOLDER, DumpError, read_dumps
+
         folder = os.path.join(self.root, FOLDER)
         if not storage.isdir(folder):
             return {}
@@ -277,6 +291,7 @@ class Run(DerivedTables):
 
 def _empty_events() -> pd.DataFrame:
     from collectors.schema import EVENT_SCHEMA
+
     frame = EVENT_SCHEMA.empty_table().to_pandas()
     frame["rank"] = pd.Series([], dtype="int32")
     return frame
@@ -310,5 +325,11 @@ def load(*run_dirs, warn=None, on_rank=None, engine=None, max_events=None, windo
     `engine` (diagnose.analysis.load.rank_pass_engines; default: this process);
     max_events: the event budget (event_budget.py: None is its MAX_EVENTS; 0 every
     step, whatever it costs); window: some steps only (Run's)."""
-    return Run(list(run_dirs), warn=warn or stderr_warning, on_rank=on_rank, engine=engine, max_events=max_events,
-               window=window)
+    return Run(
+        list(run_dirs),
+        warn=warn or stderr_warning,
+        on_rank=on_rank,
+        engine=engine,
+        max_events=max_events,
+        window=window,
+    )

@@ -95,8 +95,12 @@ def rank_tables(rank: int, rank_dir: str) -> tuple:
     """(meta, events or None, samples or None, notes) of one rank."""
     notes = []
     if not storage.isdir(rank_dir):  # a worker of a cluster that does not share the run's storage
-        return {}, None, None, [f"{rank_dir}: not found where the per-rank pass ran "
-                                "(do the workers see the run directory at this path?)"]
+        return (
+            {},
+            None,
+            None,
+            [f"{rank_dir}: not found where the per-rank pass ran (do the workers see the run directory at this path?)"],
+        )
     meta = rank_reader.read_meta(rank_dir, notes.append)
     events = rank_reader.read_events(rank_dir, notes.append)
     samples = rank_reader.read_samples(rank_dir, lambda message: None)

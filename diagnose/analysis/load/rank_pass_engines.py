@@ -18,6 +18,7 @@ rank's folder.
 
 Dask is optional (`pip install diagnose[cluster]`): only its engine imports it.
 """
+
 import os
 import uuid
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -86,8 +87,9 @@ class Dask:
             else:
                 if workers is None or workers < 1:
                     raise UserError("--dask-workers must be >= 1")
-                self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                            dashboard_address=":0")  # any free port: 8787 may be taken
+                self.cluster = LocalCluster(
+                    n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0"
+                )  # any free port: 8787 may be taken
                 self.client = Client(self.cluster)
                 self.name = f"Dask LocalCluster of {workers} workers"
         except (OSError, TimeoutError, ValueError) as exc:  # ValueError: not an address
@@ -100,6 +102,7 @@ class Dask:
 
     def map_tasks(self, tasks: list, on_done) -> list:
         from distributed import as_completed
+
         columns = list(zip(*tasks)) if tasks else [(), ()]
         token = uuid.uuid4().hex[:12]  # keys of this pass only: a cluster outlives passes
         # a task's key names its first rank

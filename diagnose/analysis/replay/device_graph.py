@@ -40,6 +40,7 @@ are one lane (the autograd thread's launches interleave with the main
 thread's in time order); a negative delay (a kernel recorded as starting
 before what it waited for ended: the trace's clock error) becomes 0.
 """
+
 import re
 
 import numpy as np
@@ -64,8 +65,9 @@ def device_calls(calls: pd.DataFrame) -> pd.DataFrame:
     """The collectives table's rows timed by an NCCL kernel: each arrives at its
     kernel's start and leaves at its end."""
     dev = calls[timed_on_device(calls["detail"]) & calls["exit_ns"].notna()]
-    return dev.assign(async_op=False, return_ns=dev["exit_ns"].astype(np.int64),
-                      wait_start_ns=np.nan, wait_end_ns=np.nan)
+    return dev.assign(
+        async_op=False, return_ns=dev["exit_ns"].astype(np.int64), wait_start_ns=np.nan, wait_end_ns=np.nan
+    )
 
 
 def _kernel_family(name: str) -> str:
@@ -109,7 +111,7 @@ class DeviceModel:
         self.k_step = k["step"].to_numpy(np.int64)
         self.k_corr = k["correlation"].to_numpy(np.int64)
         kind = k["kind"].astype(str).to_numpy()
-        self.k_comm = (kind == COMMUNICATION)
+        self.k_comm = kind == COMMUNICATION
         self.k_name = k["name"].astype(str).to_numpy()
         queued = k["queued_ns"].to_numpy(np.int64)
         self.k_launch = np.where(queued >= 0, self.k_start - queued, -1)
@@ -117,7 +119,8 @@ class DeviceModel:
         # each stream's previous kernel
         order = np.lexsort((self.k_start, self.k_stream, self.k_rank))
         same = (self.k_rank[order[1:]] == self.k_rank[order[:-1]]) & (
-            self.k_stream[order[1:]] == self.k_stream[order[:-1]])
+            self.k_stream[order[1:]] == self.k_stream[order[:-1]]
+        )
         self.k_prev = np.full(n, -1)
         self.k_prev[order[1:][same]] = order[:-1][same]
         # the what-if interface (whatif.py): a unit is a kernel, its work its duration
@@ -145,8 +148,10 @@ class DeviceModel:
         comm = np.flatnonzero(self.k_comm)
         ops = pd.Series(self.k_name[comm]).map(_kernel_family).to_numpy()
         at = pd.DataFrame({"rank": self.k_rank[comm], "issue_ns": self.k_start[comm], "_fam": ops, "_kernel": comm})
-        calls = calls.assign(issue_ns=calls["issue_ns"].astype(np.int64),
-                             _fam=[_row_family(k, n) for k, n in zip(calls["kind"].astype(str), calls["name"].astype(str))])
+        calls = calls.assign(
+            issue_ns=calls["issue_ns"].astype(np.int64),
+            _fam=[_row_family(k, n) for k, n in zip(calls["kind"].astype(str), calls["name"].astype(str))],
+        )
         calls = calls.assign(_row=np.arange(len(calls)))
         exact = calls.merge(at.drop_duplicates(["rank", "issue_ns", "_fam"]), on=["rank", "issue_ns", "_fam"])
         # a kernel whose name does not say its op ("nccl"): by rank and start alone
@@ -176,8 +181,12 @@ class DeviceModel:
         self.s_end = syncs["end_ns"].to_numpy(np.int64)
         self.s_wide = syncs["name"].astype(str).isin(DEVICE_WIDE_SYNCS).to_numpy()
         # where a sync comes from, as hidden_sync groups them: its callsite, else its name
-        self.s_site = syncs["callsite"].astype(str).where(syncs["callsite"].astype(str) != "",
-                                                          syncs["name"].astype(str)).to_numpy()
+        self.s_site = (
+            syncs["callsite"]
+            .astype(str)
+            .where(syncs["callsite"].astype(str) != "", syncs["name"].astype(str))
+            .to_numpy()
+        )
         self.s_step = syncs["step"].to_numpy(np.int64)
 
     def _waits(self, events):
@@ -185,8 +194,15 @@ class DeviceModel:
         src, dst = [], []
         if "stream_wait" in set(events["kind"].unique()):
             from diagnose.analysis.tables.stream_waits import stream_waits, waited_kernels
-            kernels = pd.DataFrame({"rank": self.k_rank, "stream": self.k_stream, "correlation": self.k_corr,
-                                    "_kernel": np.arange(len(self.k_rank))})
+
+            kernels = pd.DataFrame(
+                {
+                    "rank": self.k_rank,
+                    "stream": self.k_stream,
+                    "correlation": self.k_corr,
+                    "_kernel": np.arange(len(self.k_rank)),
+                }
+            )
             edges = waited_kernels(kernels, stream_waits(events))
             index = kernels.set_index(["rank", "stream", "correlation"])["_kernel"]
             s = index.reindex(pd.MultiIndex.from_arrays([edges["rank"], edges["src_stream"], edges["src_corr"]]))
@@ -218,8 +234,9 @@ class DeviceModel:
         if not len(late):
             return np.empty(0, np.int64), np.empty(0, np.int64)
         src, dst = [], []
-        for (rank, stream), rows in pd.DataFrame({"rank": self.k_rank[late], "stream": self.k_stream[late],
-                                                  "k": late}).groupby(["rank", "stream"]):
+        for (rank, stream), rows in pd.DataFrame(
+            {"rank": self.k_rank[late], "stream": self.k_stream[late], "k": late}
+        ).groupby(["rank", "stream"]):
             others = np.flatnonzero((self.k_rank == rank) & (self.k_stream != stream))
             if not len(others):
                 continue
@@ -252,6 +269,7 @@ class DeviceModel:
         def edges(s, d, w):
             src.append(np.asarray(s, np.int64)), dst.append(np.asarray(d, np.int64))
             weight.append(np.broadcast_to(np.asarray(w, np.float64), len(src[-1])))
+
         has_prev = self.k_prev >= 0
         edges(self.k_prev[has_prev], entry[has_prev], delay[has_prev])
         edges(self.w_src, entry[self.w_dst], delay[self.w_dst])
@@ -340,8 +358,9 @@ class DeviceModel:
         np.maximum.at(device_done, sync_pts, self.k_end[waited])
         dur[hidx[at]] = np.maximum(host_end[at] - np.maximum(host_t[at], device_done[at]), 0)
 
-    def replay_units(self, work=None, length_ns=None, skip=frozenset(), tail_ns=None,
-                     skip_syncs=None, host_gap_ns=None) -> np.ndarray:
+    def replay_units(
+        self, work=None, length_ns=None, skip=frozenset(), tail_ns=None, skip_syncs=None, host_gap_ns=None
+    ) -> np.ndarray:
         """Per (rank, step) (end_rank, end_step): the last replayed end of its kernels,
         with these kernel durations (`work`, comm kernels' ignored), comm kernels'
         tails (`tail_ns`, per kernel: transfers) and without the host syncs of
@@ -356,7 +375,7 @@ class DeviceModel:
             weight[self._sync_edges] = np.where(skip_syncs[self._sync_edge_row], NEG_INF, 0.0)
             dur[self._sync_node] = np.where(skip_syncs[self._sync_node_row], 0.0, dur[self._sync_node])
         if work is not None:
-            dur[:self._nk] = np.where(self.k_comm, dur[:self._nk], work)
+            dur[: self._nk] = np.where(self.k_comm, dur[: self._nk], work)
         if tail_ns is not None:
-            dur[:self._nk] = np.where(self.k_comm & self.k_matched, tail_ns, dur[:self._nk])
-        return self._step_ends(self.graph.replay(dur_ns=dur, weight_ns=weight)[:self._nk])
+            dur[: self._nk] = np.where(self.k_comm & self.k_matched, tail_ns, dur[: self._nk])
+        return self._step_ends(self.graph.replay(dur_ns=dur, weight_ns=weight)[: self._nk])

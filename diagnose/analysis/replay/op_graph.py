@@ -22,6 +22,7 @@ x 200 steps is ~3 x 10^4 levels of ~10^3 nodes each, where a per-node Python
 loop would take minutes. The order is computed once (`levels`), then any
 number of what-ifs replay it with their own durations and weights.
 """
+
 import numpy as np
 
 NEG_INF = -np.inf
@@ -42,8 +43,7 @@ class OpGraph:
         src, dst = np.asarray(src, index), np.asarray(dst, index)
         self.weight_ns = np.asarray(weight_ns, np.float64)
         self.dur_ns = np.asarray(dur_ns, np.float64)
-        self.floor_ns = (np.full(self.n, NEG_INF) if floor_ns is None
-                         else np.asarray(floor_ns, np.float64))
+        self.floor_ns = np.full(self.n, NEG_INF) if floor_ns is None else np.asarray(floor_ns, np.float64)
         self.level = self._levels(src, dst)
         # nodes by level; in-edges grouped by their node in that order, so a level's
         # nodes and their edges are two contiguous slices
@@ -96,7 +96,7 @@ class OpGraph:
         while node not in seen:
             seen.append(node)
             node = pred[node]
-        cycle = seen[seen.index(node):]
+        cycle = seen[seen.index(node) :]
         return cycle[::-1]
 
     def replay(self, dur_ns=None, weight_ns=None, floor_ns=None) -> np.ndarray:
@@ -108,7 +108,7 @@ class OpGraph:
         end = np.full(self.n, NEG_INF)
         order, offset, src = self.order, self.edge_offset, self.edge_src
         bounds = self.level_bounds
-        first = order[bounds[0]:bounds[1]]
+        first = order[bounds[0] : bounds[1]]
         end[first] = floor[first] + dur[first]
         for a, b in zip(bounds[1:-1], bounds[2:]):
             nodes = order[a:b]

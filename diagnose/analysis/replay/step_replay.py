@@ -33,6 +33,7 @@ call whose end the host never saw is taken to end at its wait; work hidden in
 a gap (a sync inside user code diagnose does not see) stays as long as
 recorded. Device lanes (the GPUs' streams) are diagnose/analysis/replay/device_graph.py.
 """
+
 import numpy as np
 import pandas as pd
 
@@ -81,12 +82,29 @@ class StepModel:
         row = np.arange(len(c))
         parts = [  # (rank, t, order, kind, release, inst, step, row of calls)
             (rank, c["issue_ns"].to_numpy(np.int64), 0, np.where(asy | eager, ISSUE, CALL), ret, inst, step, row),
-            (rank[w], c["wait_start_ns"].to_numpy()[w].astype(np.int64), 1, WAIT,
-             c["wait_end_ns"].to_numpy()[w].astype(np.int64), inst[w], step[w], row[w]),
+            (
+                rank[w],
+                c["wait_start_ns"].to_numpy()[w].astype(np.int64),
+                1,
+                WAIT,
+                c["wait_end_ns"].to_numpy()[w].astype(np.int64),
+                inst[w],
+                step[w],
+                row[w],
+            ),
             # DDP's reducer: a wait from the last gradient computed (the row's return) to its completion
             (rank[ddp], ret[ddp], 1, WAIT, np.maximum(ext[ddp], ret[ddp]), inst[ddp], step[ddp], row[ddp]),
-            (steps["rank"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64), 2, STEP_END,
-             steps["end_ns"].to_numpy(np.int64), -1, steps["step"].to_numpy(np.int64), -1)]
+            (
+                steps["rank"].to_numpy(np.int64),
+                steps["end_ns"].to_numpy(np.int64),
+                2,
+                STEP_END,
+                steps["end_ns"].to_numpy(np.int64),
+                -1,
+                steps["step"].to_numpy(np.int64),
+                -1,
+            ),
+        ]
         cols = [np.concatenate([np.broadcast_to(np.asarray(p[i]), len(p[0])) for p in parts]) for i in range(8)]
         r, t, o, kind, release, inst, step, row = cols
         order = np.lexsort((np.arange(len(r)), o, t, r))
@@ -97,8 +115,9 @@ class StepModel:
         bounds = np.append(first_index, len(self.rank_p))
         self.slices = {int(rk): slice(int(a), int(b)) for rk, a, b in zip(ranks, bounds[:-1], bounds[1:])}
         first = steps.groupby("rank")["start_ns"].min()
-        self.start_ns = {rk: int(min(first.get(rk, self.t_p[s.start]), self.t_p[s.start]))
-                         for rk, s in self.slices.items()}
+        self.start_ns = {
+            rk: int(min(first.get(rk, self.t_p[s.start]), self.t_p[s.start])) for rk, s in self.slices.items()
+        }
         start = np.array([self.start_ns[int(x)] for x in ranks], np.int64)[np.searchsorted(ranks, self.rank_p)]
         blocking = (self.kind_p == CALL) | (self.kind_p == WAIT)
         own_end = np.where(blocking, self.recorded_end[np.maximum(self.inst_p, 0)], np.iinfo(np.int64).min)
@@ -139,8 +158,9 @@ class StepModel:
         schedule_end = last.reindex(key).fillna(-1).to_numpy(np.int64)
         paired = partner[row] >= 0
         lone_send = (name == "send")[row] & ~np.isin(self.row_p, partner) & ~paired
-        self.defer_to_p = np.where(paired, block_point[np.maximum(partner[row], 0)],
-                                   np.where(lone_send, schedule_end, -1))
+        self.defer_to_p = np.where(
+            paired, block_point[np.maximum(partner[row], 0)], np.where(lone_send, schedule_end, -1)
+        )
         self.defer_p = blocking & (self.defer_to_p > np.arange(len(self.rank_p)))
         # posted in the earlier op's call: the later op's own call (its issue point) and
         # the host time before it go with the batch
@@ -216,13 +236,18 @@ class StepModel:
         joined = np.zeros(len(self.kind_p), bool)
         joined[self.joined_p[moved & (self.joined_p >= 0)]] = True
         gap = np.where(joined, 0.0, gap)
-        weights = [np.maximum(gap, 0.0), np.where(on_skipped[m["arrives"]], NEG_INF, gap[m["arrives"]]),
-                   np.where(moved, NEG_INF, removed)[m["blocks"]], np.where(skipped[m["live"]], NEG_INF, 0.0),
-                   np.zeros(int(m["has_prev"].sum())), removed[self.defer_p]]
+        weights = [
+            np.maximum(gap, 0.0),
+            np.where(on_skipped[m["arrives"]], NEG_INF, gap[m["arrives"]]),
+            np.where(moved, NEG_INF, removed)[m["blocks"]],
+            np.where(skipped[m["live"]], NEG_INF, 0.0),
+            np.zeros(int(m["has_prev"].sum())),
+            removed[self.defer_p],
+        ]
         dur = np.zeros(self._n)
-        dur[self._p0:self._a0] = np.where(on_skipped | moved | joined, 0.0, self.post_p)
-        dur[self._e0:] = np.where(skipped | self.frozen, 0.0, length)
-        return self.graph.replay(dur_ns=dur, weight_ns=np.concatenate(weights))[self._p0:self._a0]
+        dur[self._p0 : self._a0] = np.where(on_skipped | moved | joined, 0.0, self.post_p)
+        dur[self._e0 :] = np.where(skipped | self.frozen, 0.0, length)
+        return self.graph.replay(dur_ns=dur, weight_ns=np.concatenate(weights))[self._p0 : self._a0]
 
     def replay_units(self, work=None, length_ns=None, skip=frozenset(), defer=None) -> np.ndarray:
         """The replayed step ends (as end_rank, end_step) with these gaps."""
@@ -265,11 +290,16 @@ class InstanceTable:
         calls = calls.assign(_inst=inst, _exit=exit_ns, _arrival=arrival)
         first = np.full(n, len(inst))
         np.minimum.at(first, inst, np.arange(len(inst)))
-        self.members = np.bincount(np.unique(inst.astype(np.int64) * (int(rank.max(initial=0)) + 1) + rank)
-                                   // (int(rank.max(initial=0)) + 1), minlength=n)
+        self.members = np.bincount(
+            np.unique(inst.astype(np.int64) * (int(rank.max(initial=0)) + 1) + rank) // (int(rank.max(initial=0)) + 1),
+            minlength=n,
+        )
         ranks_text = calls["group_ranks"]
-        commas = (ranks_text.cat.categories.str.count(",").to_numpy()[ranks_text.cat.codes.to_numpy()]
-                  if isinstance(ranks_text.dtype, pd.CategoricalDtype) else ranks_text.astype(str).str.count(",").to_numpy())
+        commas = (
+            ranks_text.cat.categories.str.count(",").to_numpy()[ranks_text.cat.codes.to_numpy()]
+            if isinstance(ranks_text.dtype, pd.CategoricalDtype)
+            else ranks_text.astype(str).str.count(",").to_numpy()
+        )
         expected = commas[first] + 1
         last_arrival = np.full(n, np.iinfo(np.int64).min)
         np.maximum.at(last_arrival, inst, arrival)
@@ -279,8 +309,11 @@ class InstanceTable:
         # each group's instances in seq order: a lane of their own. DDP's reducer rows
         # are numbered when the next forward reads them, after the calls that followed
         # the backward (a loss all-reduce): out of the group's order, so off its lane
-        self.reducer = (calls["detail"].to_numpy()[first].astype(str) == REDUCER_DETAIL if "detail" in calls
-                        else np.zeros(len(seq), bool))
+        self.reducer = (
+            calls["detail"].to_numpy()[first].astype(str) == REDUCER_DETAIL
+            if "detail" in calls
+            else np.zeros(len(seq), bool)
+        )
         order = np.lexsort((seq, group))
         order = order[~self.reducer[order]]
         self.previous = np.full(len(seq), -1)
@@ -312,16 +345,18 @@ def _shifted_running_max(values, bounds, start) -> np.ndarray:
     for a, b in zip(bounds[:-1], bounds[1:]):
         running = np.maximum.accumulate(np.maximum(values[a:b], start[a]))
         out[a] = start[a]
-        out[a + 1:b] = running[:-1]
+        out[a + 1 : b] = running[:-1]
     return out
 
 
 def job_step_ms(ends: dict, steps: list[int]) -> dict[int, float]:
     """step -> ms from the previous step's last end (all ranks; a step outside
     `steps` too) to this step's last end."""
+
     def last_end(step):
         times = [e[step] for e in ends.values() if step in e]
         return max(times) if times else None
+
     out = {}
     for step in sorted(steps):
         t, prev = last_end(step), last_end(step - 1)

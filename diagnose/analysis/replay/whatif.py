@@ -31,6 +31,7 @@ shift it: a what-if that shortens only every step's durations could read as a
 loss). The ideal step brings every rank's compute down to its stage's median
 per step (no rank made slower).
 """
+
 import numpy as np
 import pandas as pd
 
@@ -73,8 +74,9 @@ class WhatIf:
     def _step_ms(self, end_ns) -> dict[int, float]:
         """step -> ms from the previous step's last end to this one's (all ranks)."""
         last = pd.Series(end_ns).groupby(self.model.end_step).max()
-        return {int(s): float(last[s] - last[s - 1]) / 1e6 for s in self.steady
-                if s in last.index and s - 1 in last.index}
+        return {
+            int(s): float(last[s] - last[s - 1]) / 1e6 for s in self.steady if s in last.index and s - 1 in last.index
+        }
 
     def _overlaps(self, rows: pd.DataFrame) -> np.ndarray:
         """Per unit (a host gap), the ns of these event rows inside its window."""
@@ -85,8 +87,9 @@ class WhatIf:
             s = m.slices.get(int(r))
             if s is None:
                 continue
-            out[s] = covered_ns(part["start_ns"].to_numpy(np.int64), part["end_ns"].to_numpy(np.int64),
-                                start[s], end[s])
+            out[s] = covered_ns(
+                part["start_ns"].to_numpy(np.int64), part["end_ns"].to_numpy(np.int64), start[s], end[s]
+            )
         return out
 
     def step_ms(self) -> float:
@@ -160,15 +163,17 @@ class WhatIf:
         if rank not in per.index:
             return None
         stage = self.stages.get(rank, 0)
-        peers = [r for r in per.index if r != rank and self.stages.get(int(r), 0) == stage] or \
-            [r for r in per.index if r != rank]
+        peers = [r for r in per.index if r != rank and self.stages.get(int(r), 0) == stage] or [
+            r for r in per.index if r != rank
+        ]
         if not peers:
             return None
         want = np.minimum(per.loc[peers].median(axis=0), per.loc[rank])
         ratio = (want / per.loc[rank].where(per.loc[rank] > 0, 1.0)).reindex(m.host_gap_step).fillna(1.0).to_numpy()
         steady = np.isin(m.host_gap_step, self.steady)
-        scaled = np.where((m.host_gap_rank == rank) & steady & (m.host_gap_ns > 0), m.host_gap_ns * ratio,
-                          m.host_gap_ns)
+        scaled = np.where(
+            (m.host_gap_rank == rank) & steady & (m.host_gap_ns > 0), m.host_gap_ns * ratio, m.host_gap_ns
+        )
         return self._saving(host_gap_ns=scaled)
 
     def workload_imbalance(self):
@@ -197,12 +202,12 @@ class WhatIf:
         if not keep.any():
             return m.unit_work
         stage = np.array([self.stages.get(int(r), 0) for r in m.unit_rank])
-        units = pd.DataFrame({"rank": m.unit_rank, "step": m.unit_step, "mb": mb, "bwd": backward,
-                              "stage": stage, "ns": self._compute})[keep]
+        units = pd.DataFrame(
+            {"rank": m.unit_rank, "step": m.unit_step, "mb": mb, "bwd": backward, "stage": stage, "ns": self._compute}
+        )[keep]
         per_pass = units.groupby(["rank", "step", "mb", "bwd", "stage"], as_index=False)["ns"].sum()
         per_pass["want"] = per_pass.groupby(["stage", "step", "bwd"])["ns"].transform("mean")
-        factor = units.merge(per_pass, on=["rank", "step", "mb", "bwd", "stage"], how="left",
-                             suffixes=("", "_pass"))
+        factor = units.merge(per_pass, on=["rank", "step", "mb", "bwd", "stage"], how="left", suffixes=("", "_pass"))
         ratio = np.where(factor["ns_pass"] > 0, factor["want"] / factor["ns_pass"].where(factor["ns_pass"] > 0, 1), 1)
         work = m.unit_work.copy()
         work[np.flatnonzero(keep)] = m.unit_work[keep] * ratio
@@ -235,8 +240,9 @@ class WhatIf:
         mask = calls["callsite"].astype(str).map(same_place).astype(bool)
         skip = frozenset(int(i) for i in calls.loc[mask, "_inst"])
         events = self._events
-        syncs = self._overlaps(events[(events["kind"] == "sync")
-                                      & events["callsite"].astype(str).map(same_place).astype(bool)])
+        syncs = self._overlaps(
+            events[(events["kind"] == "sync") & events["callsite"].astype(str).map(same_place).astype(bool)]
+        )
         return self._saving(work=self.model.unit_work - syncs, skip=skip)
 
     def deferred_sends(self, same_place):
@@ -290,7 +296,6 @@ class WhatIf:
         target = np.minimum(median, own.reindex(median.index).fillna(median))
         result = self._saving(work=self._scaled(target))
         return None if result is None else result[1]
-
 
     def combined(self, edits: list[dict]):
         """The saving of several what-ifs replayed together: work and host-gap changes

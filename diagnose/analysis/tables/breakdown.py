@@ -15,26 +15,47 @@ training thread is blocked in communication: blocking calls, Work.wait, and
 DDP's tail (from the last bucket's issue to the end of backward, while the
 reducer waits for buckets still in flight).
 """
+
 import numpy as np
 import pandas as pd
 
 from diagnose.analysis.tables.device_collectives import timed_on_device
 from diagnose.analysis.tables.per_rank import rank_slice, sorted_by_rank
 
-CATEGORIES = ("data_wait", "exposed_comm", "pipeline_wait", "host_sync", "optimizer", "backward",
-              "forward")
+CATEGORIES = ("data_wait", "exposed_comm", "pipeline_wait", "host_sync", "optimizer", "backward", "forward")
 PART_COLUMNS = tuple(f"{c}_ms" for c in CATEGORIES) + ("other_ms",)
 WAITING_CATEGORIES = ("data_wait", "exposed_comm", "pipeline_wait", "host_sync")
 # The parts as shown (reports, compare): compute at the bottom of a stack, "other" on top.
 PARTS = tuple(reversed(CATEGORIES)) + ("other",)
-PART_LABELS = {"forward": "forward", "backward": "backward", "optimizer": "optimizer",
-               "host_sync": "host sync", "pipeline_wait": "pipeline wait (p2p)",
-               "exposed_comm": "exposed comm", "data_wait": "data wait", "other": "other"}
-_PHASE_CATEGORY = {"forward": "forward", "backward": "backward", "optimizer": "optimizer",
-                   "data": "data_wait", "data_wait": "data_wait", "send": "pipeline_wait",
-                   "recv": "pipeline_wait", "p2p": "pipeline_wait", "grad_sync": "exposed_comm"}
-_KIND_CATEGORY = {"data": "data_wait", "wait": "exposed_comm", "sync": "host_sync",
-                  "optimizer": "optimizer", "backward": "backward", "forward": "forward"}
+PART_LABELS = {
+    "forward": "forward",
+    "backward": "backward",
+    "optimizer": "optimizer",
+    "host_sync": "host sync",
+    "pipeline_wait": "pipeline wait (p2p)",
+    "exposed_comm": "exposed comm",
+    "data_wait": "data wait",
+    "other": "other",
+}
+_PHASE_CATEGORY = {
+    "forward": "forward",
+    "backward": "backward",
+    "optimizer": "optimizer",
+    "data": "data_wait",
+    "data_wait": "data_wait",
+    "send": "pipeline_wait",
+    "recv": "pipeline_wait",
+    "p2p": "pipeline_wait",
+    "grad_sync": "exposed_comm",
+}
+_KIND_CATEGORY = {
+    "data": "data_wait",
+    "wait": "exposed_comm",
+    "sync": "host_sync",
+    "optimizer": "optimizer",
+    "backward": "backward",
+    "forward": "forward",
+}
 PRIORITY = {c: i for i, c in enumerate(CATEGORIES)}
 
 
@@ -68,8 +89,9 @@ def priorities(events: pd.DataFrame) -> np.ndarray:
     collective = _lookup(kind_codes, kinds, lambda k: k == "collective")
     prio[collective & ~_is_ddp(events)] = PRIORITY["exposed_comm"]
     group_codes, groups = _codes(events["group"])
-    p2p = (_lookup(kind_codes, kinds, lambda k: k == "p2p")
-           | (_lookup(kind_codes, kinds, lambda k: k == "wait") & _lookup(group_codes, groups, lambda g: "->" in g)))
+    p2p = _lookup(kind_codes, kinds, lambda k: k == "p2p") | (
+        _lookup(kind_codes, kinds, lambda k: k == "wait") & _lookup(group_codes, groups, lambda g: "->" in g)
+    )
     prio[p2p] = PRIORITY["pipeline_wait"]
     # rows timed on the device (a GPU trace's NCCL kernels, a live run's CUDA
     # events) are not the host's time: the breakdown is the host's
@@ -127,14 +149,14 @@ def ddp_tail_intervals(events: pd.DataFrame) -> pd.DataFrame:
         if len(rank_done):
             j = np.searchsorted(rank_done, bwd_end_held + 1, side="right") - 1
             latest = rank_done[np.clip(j, 0, None)]
-            tail_end = np.where((j >= 0) & (latest >= last_issue), np.minimum(bwd_end_held, latest),
-                                bwd_end_held)
+            tail_end = np.where((j >= 0) & (latest >= last_issue), np.minimum(bwd_end_held, latest), bwd_end_held)
         keep = tail_end > last_issue
         rows.append((np.full(int(keep.sum()), r), last_issue[keep], tail_end[keep]))
     if not rows:
         return pd.DataFrame({"rank": [], "start_ns": [], "end_ns": []})
-    return pd.DataFrame({name: np.concatenate(column)
-                         for name, column in zip(("rank", "start_ns", "end_ns"), zip(*rows))})
+    return pd.DataFrame(
+        {name: np.concatenate(column) for name, column in zip(("rank", "start_ns", "end_ns"), zip(*rows))}
+    )
 
 
 def _sorted_unique(values: np.ndarray) -> np.ndarray:
@@ -147,8 +169,7 @@ def _sorted_unique(values: np.ndarray) -> np.ndarray:
 
 def _paint(intervals: list, step_starts: np.ndarray, step_ends: np.ndarray) -> np.ndarray:
     """ms per (step, category) for one rank; intervals[c] = (starts, ends) in priority order."""
-    bounds = _sorted_unique(np.concatenate([step_starts, step_ends] +
-                                           [a for s, e in intervals for a in (s, e)]))
+    bounds = _sorted_unique(np.concatenate([step_starts, step_ends] + [a for s, e in intervals for a in (s, e)]))
     n_seg = len(bounds) - 1
     parts = np.zeros((len(step_starts), len(intervals)))
     if n_seg <= 0:
@@ -158,8 +179,9 @@ def _paint(intervals: list, step_starts: np.ndarray, step_ends: np.ndarray) -> n
         starts, ends = intervals[prio]
         if len(starts) == 0:
             continue
-        cover = (np.bincount(np.searchsorted(bounds, starts), minlength=len(bounds) + 1)
-                 - np.bincount(np.searchsorted(bounds, ends), minlength=len(bounds) + 1))
+        cover = np.bincount(np.searchsorted(bounds, starts), minlength=len(bounds) + 1) - np.bincount(
+            np.searchsorted(bounds, ends), minlength=len(bounds) + 1
+        )
         top[np.cumsum(cover)[:n_seg] > 0] = prio
     seg_start, seg_len = bounds[:-1], np.diff(bounds)
     step_of = np.searchsorted(step_starts, seg_start, side="right") - 1
@@ -190,8 +212,11 @@ def step_breakdown(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     n_cat = len(CATEGORIES)
     key = rank * n_cat + prio
     step_rank, step_start, step_end, step_order = sorted_by_rank(
-        steps["rank"].to_numpy(np.int64), steps["start_ns"].to_numpy(np.int64),
-        steps["end_ns"].to_numpy(np.int64), np.arange(len(steps)))
+        steps["rank"].to_numpy(np.int64),
+        steps["start_ns"].to_numpy(np.int64),
+        steps["end_ns"].to_numpy(np.int64),
+        np.arange(len(steps)),
+    )
     ranks, first = np.unique(step_rank, return_index=True)
     last = np.append(first[1:], len(step_rank))
     category_bounds = np.searchsorted(key, ranks[:, None] * n_cat + np.arange(n_cat + 1))

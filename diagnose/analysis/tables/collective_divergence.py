@@ -32,14 +32,14 @@ it saw blocked inside a call of the group it lags in is waiting there (gloo
 marks a collective completed only when its work is retired, after its peers saw
 it end: found on the `hang` demo, where a waiting rank looked "device stopped").
 """
+
 from collections import Counter, defaultdict
 
 from diagnose.analysis.tables.flight_recorder_headline import headline, pg_status_sentence
 
 ROLE_ORDER = ("desync", "stuck", "device stopped", "missing")
 # ops whose input sizes are the same on every member (all_to_all and gather/scatter may differ)
-_SAME_SIZES = ("all_reduce", "allreduce", "broadcast", "reduce", "all_gather", "allgather",
-               "reduce_scatter", "barrier")
+_SAME_SIZES = ("all_reduce", "allreduce", "broadcast", "reduce", "all_gather", "allgather", "reduce_scatter", "barrier")
 
 
 def _pg_names(dump: dict) -> tuple[dict, bool]:
@@ -58,8 +58,10 @@ def _names_by_creation_order(dump: dict, from_entries: dict) -> dict:
     config, ids = list(dump["groups"]), list(dump["pg_status"])
     if len(config) != len(ids) or not all(n.isdigit() for n in config + ids):
         return {}
-    tied = {pg_id: (name, dump["groups"][name]["desc"])
-            for pg_id, name in zip(sorted(ids, key=int), sorted(config, key=int))}
+    tied = {
+        pg_id: (name, dump["groups"][name]["desc"])
+        for pg_id, name in zip(sorted(ids, key=int), sorted(config, key=int))
+    }
     agree = all(tied[pg_id][0] == name for pg_id, (name, _) in from_entries.items())
     return tied if agree else {}
 
@@ -89,11 +91,13 @@ def group_progress(dumps: dict[int, dict], world_size: int | None = None):
                 progress[name][rank] = status
         unplaced = sorted(set(dump["pg_status"]) - set(names), key=lambda p: int(p) if p.isdigit() else p)
         if unplaced and not dump["entries"]:
-            notes.append(f"rank {rank}'s buffer is empty: its pg_status ({len(unplaced)} groups) cannot be "
-                         "tied to group names")
+            notes.append(
+                f"rank {rank}'s buffer is empty: its pg_status ({len(unplaced)} groups) cannot be tied to group names"
+            )
         elif by_order and not dump["entries"]:
-            notes.append(f"rank {rank}'s buffer is empty: its pg_status is tied to group names by creation "
-                         "order (its pg_config)")
+            notes.append(
+                f"rank {rank}'s buffer is empty: its pg_status is tied to group names by creation order (its pg_config)"
+            )
         for e in dump["entries"]:
             if e["is_p2p"]:
                 groups[e["group"]]["p2p"] = True
@@ -104,8 +108,10 @@ def group_progress(dumps: dict[int, dict], world_size: int | None = None):
                 group["ranks"] = everyone
             else:
                 group["ranks"] = sorted(progress.get(name, {}))
-                notes.append(f"group {name} ({group['desc']}): no pg_config ranks in the dumps; its members "
-                             "are taken as the ranks whose buffers name it")
+                notes.append(
+                    f"group {name} ({group['desc']}): no pg_config ranks in the dumps; its members "
+                    "are taken as the ranks whose buffers name it"
+                )
     return progress, groups, notes
 
 
@@ -113,8 +119,9 @@ def _held(dumps, name, seq, ranks) -> dict:
     """rank -> its entry of collective (group, seq), for the ranks whose buffers hold it."""
     held = {}
     for r in ranks:
-        entry = next((e for e in dumps[r]["entries"] if e["group"] == name and e["seq"] == seq
-                      and not e["is_p2p"]), None)
+        entry = next(
+            (e for e in dumps[r]["entries"] if e["group"] == name and e["seq"] == seq and not e["is_p2p"]), None
+        )
         if entry is not None:
             held[r] = entry
     return held
@@ -127,10 +134,10 @@ def diverge(dumps: dict[int, dict], world_size: int | None = None, blocked_in=No
     blocked_in = blocked_in or {}
     blocked_elsewhere = set(blocked_in)
     progress, groups, notes = group_progress(dumps, world_size)
-    roles = defaultdict(dict)      # rank -> group -> (role, seq)
-    waiting = defaultdict(set)     # group -> ranks waiting in its W
-    absent = defaultdict(list)     # group -> (rank, why) never enqueued W, to judge once waits are known
-    waited = {}                    # group -> W
+    roles = defaultdict(dict)  # rank -> group -> (role, seq)
+    waiting = defaultdict(set)  # group -> ranks waiting in its W
+    absent = defaultdict(list)  # group -> (rank, why) never enqueued W, to judge once waits are known
+    waited = {}  # group -> W
     for name, group in groups.items():
         known = progress.get(name, {})
         if group["p2p"] or not known:
@@ -145,8 +152,13 @@ def diverge(dumps: dict[int, dict], world_size: int | None = None, blocked_in=No
                     # saw it end; a lag in bookkeeping, not a stopped device
                     lagging.add(rank)
                     continue
-                role = ("stuck" if s["started"] > s["completed"] else
-                        "device stopped" if s["enqueued"] > s["completed"] else "missing")
+                role = (
+                    "stuck"
+                    if s["started"] > s["completed"]
+                    else "device stopped"
+                    if s["enqueued"] > s["completed"]
+                    else "missing"
+                )
                 roles[rank][name] = (role, s["completed"] + 1)
         here = {r for r, s in known.items() if s["completed"] == done and s["enqueued"] > done} | lagging
         if not here:
@@ -162,49 +174,73 @@ def diverge(dumps: dict[int, dict], world_size: int | None = None, blocked_in=No
             elif not dumps[rank]["entries"]:
                 absent[name].append((rank, "its buffer is empty"))
             else:
-                notes.append(f"rank {rank} holds no entry of group {name} ({group['desc']}): whether it "
-                             f"enqueued #{done + 1} is unknown")
+                notes.append(
+                    f"rank {rank} holds no entry of group {name} ({group['desc']}): whether it "
+                    f"enqueued #{done + 1} is unknown"
+                )
         _desync(dumps, name, done + 1, here, roles)
-    p2p = [f"{n} ({g['desc']})" for n, g in groups.items() if g["p2p"] and any(
-        s["enqueued"] > s["completed"] for s in progress.get(n, {}).values())]
+    p2p = [
+        f"{n} ({g['desc']})"
+        for n, g in groups.items()
+        if g["p2p"] and any(s["enqueued"] > s["completed"] for s in progress.get(n, {}).values())
+    ]
     if p2p:
-        notes.append("groups carrying point-to-point traffic with work pending are not compared (their "
-                     f"counters count pairs): {', '.join(p2p)}")
-    in_p2p = {r for r, d in dumps.items() if any(e["is_p2p"] and not e["retired"] and e["state"] != "completed"
-                                                 for e in d["entries"])}
+        notes.append(
+            "groups carrying point-to-point traffic with work pending are not compared (their "
+            f"counters count pairs): {', '.join(p2p)}"
+        )
+    in_p2p = {
+        r
+        for r, d in dumps.items()
+        if any(e["is_p2p"] and not e["retired"] and e["state"] != "completed" for e in d["entries"])
+    }
     outside = set(blocked_elsewhere) - in_p2p - set().union(*waiting.values()) if waiting else set()
     if outside:
-        notes.append(f"rank{'s' if len(outside) > 1 else ''} {', '.join(map(str, sorted(outside)))} "
-                     "wait in an operation Flight Recorder did not record (diagnose's own dump saw it)")
+        notes.append(
+            f"rank{'s' if len(outside) > 1 else ''} {', '.join(map(str, sorted(outside)))} "
+            "wait in an operation Flight Recorder did not record (diagnose's own dump saw it)"
+        )
     blocked = set().union(*waiting.values(), in_p2p, blocked_elsewhere)
     candidates = {(rank, name, why) for name, items in absent.items() for rank, why in items}
     roots = {c for c in candidates if c[0] not in blocked}
     cycle = not roles and not roots and bool(candidates)
-    for rank, name, _why in (candidates if cycle else roots):
+    for rank, name, _why in candidates if cycle else roots:
         roles[rank].setdefault(name, ("missing", waited[name]))
     reasons = {(rank, name): why for rank, name, why in candidates}
     culprits = {}
     for rank, per_group in roles.items():
         role = min((r for r, _ in per_group.values()), key=ROLE_ORDER.index)
-        culprits[rank] = {"role": role, "groups": sorted(per_group, key=lambda g: per_group[g][1]),
-                          "seq": {g: seq for g, (_, seq) in per_group.items()},
-                          "why": {g: reasons.get((rank, g)) for g in per_group}}
+        culprits[rank] = {
+            "role": role,
+            "groups": sorted(per_group, key=lambda g: per_group[g][1]),
+            "seq": {g: seq for g, (_, seq) in per_group.items()},
+            "why": {g: reasons.get((rank, g)) for g in per_group},
+        }
     for rank, culprit in culprits.items():
         if rank in dumps and not dumps[rank]["entries"]:  # its counters are all there is of it
             culprit["pg_status_says"] = {
                 g: pg_status_sentence(rank, g, progress.get(g, {}).get(rank), roles[rank][g][0], seq)
-                for g, seq in culprit["seq"].items()}
+                for g, seq in culprit["seq"].items()
+            }
     victims = sorted(blocked - set(culprits))
     pending = {name: _held(dumps, name, waited[name], sorted(ranks)) for name, ranks in waiting.items()}
-    return {"culprits": culprits, "victims": victims, "cycle": cycle, "notes": notes,
-            "headline": headline(groups, culprits, waiting, waited, pending), "groups": groups,
-            "progress": progress}
+    return {
+        "culprits": culprits,
+        "victims": victims,
+        "cycle": cycle,
+        "notes": notes,
+        "headline": headline(groups, culprits, waiting, waited, pending),
+        "groups": groups,
+        "progress": progress,
+    }
 
 
 def _desync(dumps, name, seq, ranks, roles) -> None:
     """Members holding (group, seq) with another op (or sizes where they must agree)."""
-    held = {r: (e["op"], tuple(map(tuple, e["input_sizes"])) if _sizes_must_agree(e["op"]) else None)
-            for r, e in _held(dumps, name, seq, ranks).items()}
+    held = {
+        r: (e["op"], tuple(map(tuple, e["input_sizes"])) if _sizes_must_agree(e["op"]) else None)
+        for r, e in _held(dumps, name, seq, ranks).items()
+    }
     if len(set(held.values())) < 2:
         return
     majority, _ = Counter(held.values()).most_common(1)[0]

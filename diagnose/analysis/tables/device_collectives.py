@@ -24,6 +24,7 @@ estimated robustly from the instances that agree and taken out first. The
 clock is then refined from the instances that are left
 (diagnose.analysis.load.clock_align).
 """
+
 import numpy as np
 import pandas as pd
 
@@ -31,7 +32,7 @@ INFERRED = "gpu:order"
 WAIT_BOUND = "gpu:wait"  # a live run's async call: its end is when the host waited (an upper bound)
 # the detail of a collective seen on the device: an NCCL kernel (diagnose.importers)
 # or a live run's CUDA events (collectors/instrument/collective_events.py)
-EXACT_END_DETAILS = ("gpu", INFERRED)   # whose end is the kernel's: members end together
+EXACT_END_DETAILS = ("gpu", INFERRED)  # whose end is the kernel's: members end together
 # a live async call timed by NCCL (TORCH_NCCL_ENABLE_TIMING): its end modelled from
 # the kernel's duration, close to the kernel's but not used to refine clocks
 NCCL_TIMED = "gpu:nccl"
@@ -59,8 +60,9 @@ def timed_on_device(detail: pd.Series) -> np.ndarray:
 
 
 def _inferred(events: pd.DataFrame) -> np.ndarray:
-    return ((events["detail"] == INFERRED) & events["kind"].isin(["collective", "done"])
-            & (events["seq"] >= 0)).to_numpy()
+    return (
+        (events["detail"] == INFERRED) & events["kind"].isin(["collective", "done"]) & (events["seq"] >= 0)
+    ).to_numpy()
 
 
 def unmatch_by_op(events: pd.DataFrame, warn) -> int:
@@ -101,17 +103,23 @@ def unmatch_by_time(events: pd.DataFrame, warn) -> int:
 def _unmatch(events: pd.DataFrame, bad: pd.DataFrame, why: str, warn) -> int:
     if bad.empty:
         return 0
+
     def keys(frame):
-        return pd.MultiIndex.from_arrays([frame["rank"].to_numpy(), frame["group"].astype(str).to_numpy(),
-                                          frame["seq"].to_numpy()])
+        return pd.MultiIndex.from_arrays(
+            [frame["rank"].to_numpy(), frame["group"].astype(str).to_numpy(), frame["seq"].to_numpy()]
+        )
+
     bad_keys = keys(bad).unique()
     rows = events[_inferred(events)]
     events.loc[rows.index[keys(rows).isin(bad_keys)], "seq"] = -1
     for (rank, group), n in bad.groupby([bad["rank"], bad["group"].astype(str)]).size().items():
-        total = int(((rows["rank"] == rank) & (rows["group"].astype(str) == group)
-                     & (rows["kind"] == "collective")).sum())
-        warn(f"rank {rank}, {group}: {n} of {total} collectives differ ({why}) from the other ranks' "
-             "at the same position in the trace; left unmatched (a sampled or truncated trace?)")
+        total = int(
+            ((rows["rank"] == rank) & (rows["group"].astype(str) == group) & (rows["kind"] == "collective")).sum()
+        )
+        warn(
+            f"rank {rank}, {group}: {n} of {total} collectives differ ({why}) from the other ranks' "
+            "at the same position in the trace; left unmatched (a sampled or truncated trace?)"
+        )
     return len(bad_keys)
 
 

@@ -28,6 +28,7 @@ device_data_wait(): per rank and step, the time the host waits for data
 (idle_in_data_wait_ms): a host that waits for its input while the device still
 works through the previous step's queue loses nothing.
 """
+
 import numpy as np
 import pandas as pd
 
@@ -37,30 +38,42 @@ from diagnose.analysis.tables.gpu_tables import busy_before, covered_ns, interse
 HOST_RANGE_KINDS = ("step", "phase", "forward", "backward", "optimizer", "data", "sync")
 
 
-def input_wait(breakdown: pd.DataFrame, steps: pd.DataFrame, kernels: pd.DataFrame,
-               data_wait: pd.DataFrame) -> pd.DataFrame:
+def input_wait(
+    breakdown: pd.DataFrame, steps: pd.DataFrame, kernels: pd.DataFrame, data_wait: pd.DataFrame
+) -> pd.DataFrame:
     """Per rank over all steps; data_wait is device_data_wait()'s table."""
     rows = []
     idle_in_data = data_wait.groupby("rank")["idle_in_data_wait_ms"].sum() * 1e6
     for rank, b in breakdown.groupby("rank"):
         step_ms = float(b["step_ms"].sum())
-        row = {"rank": int(rank), "steps": len(b), "step_ms": step_ms,
-               "data_wait_ms": float(b["data_wait_ms"].sum()),
-               "data_wait_frac": float(b["data_wait_ms"].sum()) / step_ms if step_ms else float("nan"),
-               "gpu_idle_frac": float("nan"), "gpu_idle_in_data_wait_frac": float("nan")}
+        row = {
+            "rank": int(rank),
+            "steps": len(b),
+            "step_ms": step_ms,
+            "data_wait_ms": float(b["data_wait_ms"].sum()),
+            "data_wait_frac": float(b["data_wait_ms"].sum()) / step_ms if step_ms else float("nan"),
+            "gpu_idle_frac": float("nan"),
+            "gpu_idle_in_data_wait_frac": float("nan"),
+        }
         k = kernels[kernels["rank"] == rank]
         st = steps[steps["rank"] == rank]
         if len(k) and len(st) and step_ms:
             step_iv = (st["start_ns"].to_numpy(np.int64), st["end_ns"].to_numpy(np.int64))
-            busy_in_steps = intersection_ns((k["start_ns"].to_numpy(np.int64),
-                                             k["end_ns"].to_numpy(np.int64)), step_iv)
+            busy_in_steps = intersection_ns((k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64)), step_iv)
             step_ns = covered_ns(*step_iv)
             if step_ns:
                 row["gpu_idle_frac"] = 1 - busy_in_steps / step_ns
                 row["gpu_idle_in_data_wait_frac"] = float(idle_in_data.get(rank, 0.0)) / step_ns
         rows.append(row)
-    columns = ["rank", "steps", "step_ms", "data_wait_ms", "data_wait_frac", "gpu_idle_frac",
-               "gpu_idle_in_data_wait_frac"]
+    columns = [
+        "rank",
+        "steps",
+        "step_ms",
+        "data_wait_ms",
+        "data_wait_frac",
+        "gpu_idle_frac",
+        "gpu_idle_in_data_wait_frac",
+    ]
     return pd.DataFrame(rows, columns=columns).set_index("rank")
 
 
@@ -76,8 +89,7 @@ def _next_at_or_after(times: np.ndarray, t: np.ndarray) -> np.ndarray:
 
 
 def device_idle_behind_syncs(events: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFrame:
-    columns = ["rank", "step", "name", "callsite", "start_ns", "end_ns", "host_ms", "device_idle_ms",
-               "idle_caused_ms"]
+    columns = ["rank", "step", "name", "callsite", "start_ns", "end_ns", "host_ms", "device_idle_ms", "idle_caused_ms"]
     parts = []
     for rank, syncs in events[events["kind"] == "sync"].groupby("rank"):
         k = kernels[kernels["rank"] == rank]
@@ -85,16 +97,27 @@ def device_idle_behind_syncs(events: pd.DataFrame, kernels: pd.DataFrame) -> pd.
             continue
         start, end = syncs["start_ns"].to_numpy(np.int64), syncs["end_ns"].to_numpy(np.int64)
         host = events[(events["rank"] == rank) & events["kind"].isin(HOST_RANGE_KINDS)]
-        resume = np.minimum(_next_at_or_after(np.sort(k["start_ns"].to_numpy(np.int64)), end),
-                            _next_at_or_after(np.sort(host["start_ns"].to_numpy(np.int64)), end))
+        resume = np.minimum(
+            _next_at_or_after(np.sort(k["start_ns"].to_numpy(np.int64)), end),
+            _next_at_or_after(np.sort(host["start_ns"].to_numpy(np.int64)), end),
+        )
         resume = np.where(resume == np.iinfo(np.int64).max, end, resume)
         idle = _idle_ns(busy_before(k), end, resume)
-        parts.append(pd.DataFrame({"rank": int(rank), "step": syncs["step"].to_numpy(np.int64),
-                                   "name": syncs["name"].astype(str).to_numpy(),
-                                   "callsite": syncs["callsite"].astype(str).to_numpy(),
-                                   "start_ns": start, "end_ns": end, "host_ms": (end - start) / 1e6,
-                                   "device_idle_ms": idle / 1e6,
-                                   "idle_caused_ms": np.minimum(idle, end - start) / 1e6}))
+        parts.append(
+            pd.DataFrame(
+                {
+                    "rank": int(rank),
+                    "step": syncs["step"].to_numpy(np.int64),
+                    "name": syncs["name"].astype(str).to_numpy(),
+                    "callsite": syncs["callsite"].astype(str).to_numpy(),
+                    "start_ns": start,
+                    "end_ns": end,
+                    "host_ms": (end - start) / 1e6,
+                    "device_idle_ms": idle / 1e6,
+                    "idle_caused_ms": np.minimum(idle, end - start) / 1e6,
+                }
+            )
+        )
     return pd.concat(parts, ignore_index=True)[columns] if parts else pd.DataFrame(columns=columns)
 
 
@@ -107,7 +130,16 @@ def device_data_wait(events: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFram
         if k.empty:
             continue
         start, end = data["start_ns"].to_numpy(np.int64), data["end_ns"].to_numpy(np.int64)
-        per_step = pd.DataFrame({"step": data["step"].to_numpy(np.int64), "wait": (end - start) / 1e6,
-                                 "idle": _idle_ns(busy_before(k), start, end) / 1e6}).groupby("step").sum()
+        per_step = (
+            pd.DataFrame(
+                {
+                    "step": data["step"].to_numpy(np.int64),
+                    "wait": (end - start) / 1e6,
+                    "idle": _idle_ns(busy_before(k), start, end) / 1e6,
+                }
+            )
+            .groupby("step")
+            .sum()
+        )
         rows.extend((int(rank), int(step), float(r["wait"]), float(r["idle"])) for step, r in per_step.iterrows())
     return pd.DataFrame(rows, columns=columns)

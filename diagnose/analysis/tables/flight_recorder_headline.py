@@ -40,18 +40,27 @@ def headline(groups, culprits, waiting, waited, pending) -> dict | None:
 
 
 def _op(groups, name, seq, mine, waiters, entry) -> dict:
-    return {"group": name, "desc": groups[name]["desc"], "ranks": groups[name]["ranks"], "seq": seq,
-            "culprits": mine, "waiting": sorted(waiters), "op": (entry or {}).get("op"),
-            "sizes": "x".join(map(str, entry["input_sizes"][0])) if entry and entry["input_sizes"] else None,
-            "dtype": (entry["dtypes"] or [None])[0] if entry else None}
+    return {
+        "group": name,
+        "desc": groups[name]["desc"],
+        "ranks": groups[name]["ranks"],
+        "seq": seq,
+        "culprits": mine,
+        "waiting": sorted(waiters),
+        "op": (entry or {}).get("op"),
+        "sizes": "x".join(map(str, entry["input_sizes"][0])) if entry and entry["input_sizes"] else None,
+        "dtype": (entry["dtypes"] or [None])[0] if entry else None,
+    }
 
 
 def pg_status_sentence(rank: int, name: str, status: dict | None, role: str, seq: int) -> str:
     """What a culprit with an empty buffer shows of group `name`: its counters
     there (`status`), or, when they cannot be tied to the group, that it is unknown."""
     if status is None:
-        return (f"rank {rank} {role} at #{seq}: its buffer is empty and its pg_status cannot be tied to "
-                f"group {name}, so how far it got there is unknown")
+        return (
+            f"rank {rank} {role} at #{seq}: its buffer is empty and its pg_status cannot be tied to "
+            f"group {name}, so how far it got there is unknown"
+        )
     done, enqueued, started = status["completed"], status["enqueued"], status["started"]
     if enqueued <= done:
         said = f"rank {rank} completed #{done} and never enqueued #{done + 1}"

@@ -36,6 +36,7 @@ Sources (NVIDIA datasheets; figures per GPU):
   V100: NVIDIA V100 datasheet: SXM2 FP32 15.7, tensor (FP16) 125; PCIe 14, 112;
     V100S PCIe 16.4, 130 (no sparsity, no BF16 or TF32 tensor cores).
 """
+
 import os
 import re
 
@@ -71,8 +72,15 @@ PEAKS = (
 )
 
 # torch dtype name (flops.by_dtype) -> the precision whose peak applies
-PRECISIONS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8",
-              "float8_e5m2": "fp8", "float8_e4m3fnuz": "fp8", "float8_e5m2fnuz": "fp8"}
+PRECISIONS = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "float32": "fp32",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+    "float8_e4m3fnuz": "fp8",
+    "float8_e5m2fnuz": "fp8",
+}
 
 
 def precision_of(dtype: str, fp32_matmul: str | None = None) -> str | None:

@@ -54,28 +54,47 @@ What the device does while the host waits (input_wait, device_idle_behind_syncs,
 device_data_wait): diagnose/analysis/tables/device_idle.py.
 
 """
+
 import numpy as np
 import pandas as pd
 
 from collectors.schema import COMMUNICATION, COMPUTE
 from diagnose.analysis.tables.matching import per_distinct
 
-KERNEL_COLUMNS = ["rank", "start_ns", "end_ns", "name", "kind", "stream", "step", "correlation",
-                  "bytes", "dur_ms", "queued_ns"]
+KERNEL_COLUMNS = [
+    "rank",
+    "start_ns",
+    "end_ns",
+    "name",
+    "kind",
+    "stream",
+    "step",
+    "correlation",
+    "bytes",
+    "dur_ms",
+    "queued_ns",
+]
 
 
 def kernels_table(events: pd.DataFrame) -> pd.DataFrame:
     rows = events[events["kind"] == "kernel"]
-    table = pd.DataFrame({
-        "rank": rows["rank"].astype("int64"), "start_ns": rows["start_ns"].astype("int64"),
-        "end_ns": rows["end_ns"].astype("int64"), "name": _categorical(rows["name"]),
-        "kind": _categorical(rows["detail"]),
-        "stream": per_distinct(rows["group"], lambda group: pd.to_numeric(group.astype(str), errors="coerce"))
-                  .fillna(-1).astype("int64"),
-        "step": rows["step"].astype("int64"), "correlation": rows["seq"].astype("int64"),
-        "bytes": rows["bytes"].astype("int64"),
-        # launch to start (-1: launch not in the trace, or a run dir written before it was kept)
-        "queued_ns": rows["queued_ns"].astype("int64") if "queued_ns" in rows else -1})
+    table = pd.DataFrame(
+        {
+            "rank": rows["rank"].astype("int64"),
+            "start_ns": rows["start_ns"].astype("int64"),
+            "end_ns": rows["end_ns"].astype("int64"),
+            "name": _categorical(rows["name"]),
+            "kind": _categorical(rows["detail"]),
+            "stream": per_distinct(rows["group"], lambda group: pd.to_numeric(group.astype(str), errors="coerce"))
+            .fillna(-1)
+            .astype("int64"),
+            "step": rows["step"].astype("int64"),
+            "correlation": rows["seq"].astype("int64"),
+            "bytes": rows["bytes"].astype("int64"),
+            # launch to start (-1: launch not in the trace, or a run dir written before it was kept)
+            "queued_ns": rows["queued_ns"].astype("int64") if "queued_ns" in rows else -1,
+        }
+    )
     table["dur_ms"] = (table["end_ns"] - table["start_ns"]) / 1e6
     return table.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)[KERNEL_COLUMNS]
 
@@ -143,12 +162,30 @@ def temporal_breakdown(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFra
         comp = (k["kind"] == COMPUTE).to_numpy()
         compute = covered_ns(s[comp], e[comp])
         frac = (lambda x, span=span: x / span) if span > 0 else (lambda x: float("nan"))
-        rows.append({"rank": int(rank), "idle_frac": frac(span - busy), "compute_frac": frac(compute),
-                     "non_compute_frac": frac(busy - compute), "span_ms": span / 1e6,
-                     "idle_ms": (span - busy) / 1e6, "compute_ms": compute / 1e6,
-                     "non_compute_ms": (busy - compute) / 1e6, "kernels": len(k)})
-    columns = ["rank", "idle_frac", "compute_frac", "non_compute_frac", "span_ms", "idle_ms",
-               "compute_ms", "non_compute_ms", "kernels"]
+        rows.append(
+            {
+                "rank": int(rank),
+                "idle_frac": frac(span - busy),
+                "compute_frac": frac(compute),
+                "non_compute_frac": frac(busy - compute),
+                "span_ms": span / 1e6,
+                "idle_ms": (span - busy) / 1e6,
+                "compute_ms": compute / 1e6,
+                "non_compute_ms": (busy - compute) / 1e6,
+                "kernels": len(k),
+            }
+        )
+    columns = [
+        "rank",
+        "idle_frac",
+        "compute_frac",
+        "non_compute_frac",
+        "span_ms",
+        "idle_ms",
+        "compute_ms",
+        "non_compute_ms",
+        "kernels",
+    ]
     return pd.DataFrame(rows, columns=columns).set_index("rank")
 
 
@@ -158,8 +195,10 @@ def device_compute(kernels: pd.DataFrame) -> pd.DataFrame:
 
 def _covered_per_step(rows: pd.DataFrame) -> pd.DataFrame:
     """rank, step, device_compute_ms: the union of `rows` per rank and step."""
-    out = [(int(rank), int(step), covered_ns(k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64)) / 1e6)
-           for (rank, step), k in rows.groupby(["rank", "step"])]
+    out = [
+        (int(rank), int(step), covered_ns(k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64)) / 1e6)
+        for (rank, step), k in rows.groupby(["rank", "step"])
+    ]
     table = pd.DataFrame(out, columns=["rank", "step", "device_compute_ms"])
     return table.astype({"rank": "int64", "step": "int64", "device_compute_ms": "float64"})
 
@@ -168,8 +207,14 @@ DEVICE_SPANS = ("gpu:forward", "gpu:backward", "gpu:optimizer")
 
 
 def device_compute_spans(events: pd.DataFrame) -> pd.DataFrame:
-    return _covered_per_step(events[(events["kind"] == "phase") & (events["step"] >= 0)
-                                    & events["name"].isin(DEVICE_SPANS) & (events["detail"] == "cuda_event")])
+    return _covered_per_step(
+        events[
+            (events["kind"] == "phase")
+            & (events["step"] >= 0)
+            & events["name"].isin(DEVICE_SPANS)
+            & (events["detail"] == "cuda_event")
+        ]
+    )
 
 
 def device_exposed_comm(kernels: pd.DataFrame) -> pd.DataFrame:
@@ -180,8 +225,9 @@ def device_exposed_comm(kernels: pd.DataFrame) -> pd.DataFrame:
         comm_ns = covered_ns(s[comm], e[comm])
         if comm_ns:
             hidden = intersection_ns((s[comm], e[comm]), (s[comp], e[comp]))
-            rows.append((int(rank), int(step), comm_ns / 1e6, (comm_ns - hidden) / 1e6,
-                         (int(e.max()) - int(s.min())) / 1e6))
+            rows.append(
+                (int(rank), int(step), comm_ns / 1e6, (comm_ns - hidden) / 1e6, (int(e.max()) - int(s.min())) / 1e6)
+            )
     return pd.DataFrame(rows, columns=["rank", "step", "comm_ms", "exposed_comm_ms", "span_ms"])
 
 
@@ -192,8 +238,14 @@ def comm_comp_overlap(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFram
         comm, comp = (k["kind"] == COMMUNICATION).to_numpy(), (k["kind"] == COMPUTE).to_numpy()
         comm_ns = covered_ns(s[comm], e[comm])
         overlap = intersection_ns((s[comm], e[comm]), (s[comp], e[comp]))
-        rows.append({"rank": int(rank), "comm_ms": comm_ns / 1e6, "overlap_ms": overlap / 1e6,
-                     "overlap_frac": overlap / comm_ns if comm_ns else float("nan")})
+        rows.append(
+            {
+                "rank": int(rank),
+                "comm_ms": comm_ns / 1e6,
+                "overlap_ms": overlap / 1e6,
+                "overlap_frac": overlap / comm_ns if comm_ns else float("nan"),
+            }
+        )
     return pd.DataFrame(rows, columns=["rank", "comm_ms", "overlap_ms", "overlap_frac"]).set_index("rank")
 
 
@@ -207,6 +259,7 @@ def busy_before(k: pd.DataFrame):
         i = np.searchsorted(s, t, side="right")  # intervals begun by t; all but the last have ended
         last = np.clip(i - 1, 0, None)
         return np.where(i > 0, before[last] + np.minimum(t, e[last]) - s[last], 0)
+
     return at
 
 
@@ -228,11 +281,21 @@ def device_step_breakdown(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.Data
                 return np.zeros(len(a), np.int64)
             before = busy_before(rows)
             return before(b) - before(a)
+
         compute = covered(k[comp])
         with_comm = covered(k[comp | (k["kind"] == COMMUNICATION)])
         busy = covered(k)
-        parts.append(pd.DataFrame({
-            "rank": int(rank), "step": st["step"].to_numpy(np.int64), "step_ms": (b - a) / 1e6,
-            "compute_ms": compute / 1e6, "exposed_comm_ms": (with_comm - compute) / 1e6,
-            "other_kernel_ms": (busy - with_comm) / 1e6, "idle_ms": ((b - a) - busy) / 1e6}))
+        parts.append(
+            pd.DataFrame(
+                {
+                    "rank": int(rank),
+                    "step": st["step"].to_numpy(np.int64),
+                    "step_ms": (b - a) / 1e6,
+                    "compute_ms": compute / 1e6,
+                    "exposed_comm_ms": (with_comm - compute) / 1e6,
+                    "other_kernel_ms": (busy - with_comm) / 1e6,
+                    "idle_ms": ((b - a) - busy) / 1e6,
+                }
+            )
+        )
     return pd.concat(parts, ignore_index=True)[columns] if parts else pd.DataFrame(columns=columns)

@@ -29,6 +29,7 @@ next forward back to back: both count as that forward; the last stage's forward
 and backward of a micro-batch: both count as its backward); host time is what the
 host did, so on a CUDA run without kernels it is launch time, not the device's.
 """
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -68,8 +69,7 @@ def with_inferred_rows(table: pa.Table) -> pa.Table:
         if column not in rows:
             rows[column] = -1
     rows = rows[table.column_names]
-    fields = [pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type)
-              for f in table.schema]
+    fields = [pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type) for f in table.schema]
     added = pa.Table.from_pandas(rows, schema=pa.schema(fields), preserve_index=False)
     return pa.concat_tables([table, added.cast(table.schema)])
 
@@ -109,10 +109,27 @@ def inferred_rows(events: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     kind, start, end, step = label[keep], g0[keep], g1[keep], step[keep]
     rank = int(events["rank"].iloc[0]) if "rank" in events else -1
-    return pd.DataFrame({"kind": kind, "name": kind, "start_ns": start, "end_ns": end, "step": step,
-                         "microbatch": -1, "stage": _marked_stage(events), "group": "", "group_ranks": "",
-                         "seq": -1, "peer": -1, "bytes": 0, "async_op": False, "callsite": "", "detail": SOURCE,
-                         "queued_ns": -1, "rank": rank})
+    return pd.DataFrame(
+        {
+            "kind": kind,
+            "name": kind,
+            "start_ns": start,
+            "end_ns": end,
+            "step": step,
+            "microbatch": -1,
+            "stage": _marked_stage(events),
+            "group": "",
+            "group_ranks": "",
+            "seq": -1,
+            "peer": -1,
+            "bytes": 0,
+            "async_op": False,
+            "callsite": "",
+            "detail": SOURCE,
+            "queued_ns": -1,
+            "rank": rank,
+        }
+    )
 
 
 def _forward_peers(events: pd.DataFrame, p2p: pd.DataFrame) -> set:
@@ -180,8 +197,10 @@ def phase_source(events: pd.DataFrame) -> str:
         return "recorded phases"
     details = set(events.loc[events["kind"].isin(COMPUTE_KINDS), "detail"].astype(str))
     if DEVICE_SOURCE in details:
-        return ("device passes inferred from the trace: compute kernels by launching thread "
-                "(main: forward, autograd: backward) between p2p exchanges")
+        return (
+            "device passes inferred from the trace: compute kernels by launching thread "
+            "(main: forward, autograd: backward) between p2p exchanges"
+        )
     if SOURCE in details:
         return "host gaps between blocking rows, labelled by the p2p around them"
     return "recorded forward/backward rows"

@@ -14,6 +14,7 @@ inputs), xmma `tf32f32`/`bf16f32`/`f16f32`, and template arguments
 (`c10::Half`, `c10::BFloat16`, `__nv_bfloat16`). The first rule that matches
 wins; order matters (a `bf16` in a name beats the `s` of `s16816gemm`).
 """
+
 import re
 
 import pandas as pd
@@ -55,5 +56,6 @@ def classify_names(names: pd.Series) -> pd.DataFrame:
     table = [classify(n) for n in uniques]
     math = pd.Series([t[0] for t in table], dtype=object)
     precision = pd.Series([t[1] for t in table], dtype=object)
-    return pd.DataFrame({"math": math.reindex(codes).to_numpy(), "precision": precision.reindex(codes).to_numpy()},
-                        index=names.index)
+    return pd.DataFrame(
+        {"math": math.reindex(codes).to_numpy(), "precision": precision.reindex(codes).to_numpy()}, index=names.index
+    )

@@ -11,6 +11,7 @@ Both tables' string columns are categoricals of the values they hold, in
 lexical order (_compact): compare them with strings; two such columns have
 different categories, so compare or mix them as strings (as_str).
 """
+
 import numpy as np
 import pandas as pd
 
@@ -49,8 +50,7 @@ def _compact(series: pd.Series) -> pd.Series:
     held = held[np.argsort(np.asarray(categories[held], dtype=object))]
     recode = np.full(len(categories) + 1, -1, codes.dtype)  # its last entry keeps code -1 (missing)
     recode[held] = np.arange(len(held))
-    return pd.Series(pd.Categorical.from_codes(recode[codes], categories[held]), index=series.index,
-                     name=series.name)
+    return pd.Series(pd.Categorical.from_codes(recode[codes], categories[held]), index=series.index, name=series.name)
 
 
 def _codes(series: pd.Series) -> np.ndarray:
@@ -66,19 +66,53 @@ def collectives_table(events: pd.DataFrame) -> pd.DataFrame:
     # million calls.
     events = events.assign(_group=_codes(events["group"]), _name=_codes(events["name"]))
     calls = _one_row_per_call(events[events["kind"].isin(["collective", "p2p"]) & (events["seq"] >= 0)])
-    calls = calls[["rank", "kind", "name", "group", "group_ranks", "seq", "peer", "bytes",
-                   "async_op", "step", "microbatch", "stage", "callsite", "detail", "start_ns",
-                   "end_ns", "_group", "_name"]]
+    calls = calls[
+        [
+            "rank",
+            "kind",
+            "name",
+            "group",
+            "group_ranks",
+            "seq",
+            "peer",
+            "bytes",
+            "async_op",
+            "step",
+            "microbatch",
+            "stage",
+            "callsite",
+            "detail",
+            "start_ns",
+            "end_ns",
+            "_group",
+            "_name",
+        ]
+    ]
     calls = calls.assign(**{column: _compact(calls[column]) for column in CATEGORICAL_COLUMNS})
     calls = calls.rename(columns={"start_ns": "issue_ns", "end_ns": "return_ns"})
     waits = _one_row_per_call(events[events["kind"] == "wait"])
-    waits = pd.DataFrame({"rank": waits["rank"], "_group": waits["_group"], "seq": waits["seq"],
-                          "_name": waits["_name"], "wait_start_ns": waits["start_ns"],
-                          "wait_end_ns": waits["end_ns"], "wait_callsite": _compact(waits["callsite"])})
+    waits = pd.DataFrame(
+        {
+            "rank": waits["rank"],
+            "_group": waits["_group"],
+            "seq": waits["seq"],
+            "_name": waits["_name"],
+            "wait_start_ns": waits["start_ns"],
+            "wait_end_ns": waits["end_ns"],
+            "wait_callsite": _compact(waits["callsite"]),
+        }
+    )
     waits = waits.drop_duplicates(_CODED_KEY)
     dones = _one_row_per_call(events[events["kind"] == "done"])  # DDP's: the device's, not the callback's
-    dones = pd.DataFrame({"rank": dones["rank"], "_group": dones["_group"], "seq": dones["seq"],
-                          "_name": dones["_name"], "done_ns": dones["start_ns"]}).drop_duplicates(_CODED_KEY)
+    dones = pd.DataFrame(
+        {
+            "rank": dones["rank"],
+            "_group": dones["_group"],
+            "seq": dones["seq"],
+            "_name": dones["_name"],
+            "done_ns": dones["start_ns"],
+        }
+    ).drop_duplicates(_CODED_KEY)
     table = calls.merge(waits, on=_CODED_KEY, how="left").merge(dones, on=_CODED_KEY, how="left")
     table = table.drop(columns=["_group", "_name"])
     # When did this member's part end: sync -> return; async -> completion, else end of wait.
@@ -99,20 +133,52 @@ def _one_row_per_call(calls: pd.DataFrame) -> pd.DataFrame:
         return calls
 
     def keys(rows):
-        return pd.MultiIndex.from_arrays([rows["rank"].to_numpy(), rows["_group"].to_numpy(),
-                                          rows["seq"].to_numpy(), rows["_name"].to_numpy()])
+        return pd.MultiIndex.from_arrays(
+            [rows["rank"].to_numpy(), rows["_group"].to_numpy(), rows["seq"].to_numpy(), rows["_name"].to_numpy()]
+        )
+
     twin = keys(calls).isin(keys(calls[device]))
     return calls[device | ~twin]
 
 
 def arrivals_table(collectives: pd.DataFrame) -> pd.DataFrame:
     if collectives.empty:
-        return pd.DataFrame(columns=["group", "seq", "name", "rank", "arrival_ns", "last_arrival_ns",
-                                     "last_rank", "wait_ms", "transfer_ms", "members",
-                                     "expected_members", "step", "bytes"])
-    table = collectives[["group", "group_ranks", "seq", "name", "kind", "rank", "issue_ns",
-                         "exit_ns", "step", "microbatch", "stage", "bytes", "callsite", "detail",
-                         "async_op"]].reset_index(drop=True)
+        return pd.DataFrame(
+            columns=[
+                "group",
+                "seq",
+                "name",
+                "rank",
+                "arrival_ns",
+                "last_arrival_ns",
+                "last_rank",
+                "wait_ms",
+                "transfer_ms",
+                "members",
+                "expected_members",
+                "step",
+                "bytes",
+            ]
+        )
+    table = collectives[
+        [
+            "group",
+            "group_ranks",
+            "seq",
+            "name",
+            "kind",
+            "rank",
+            "issue_ns",
+            "exit_ns",
+            "step",
+            "microbatch",
+            "stage",
+            "bytes",
+            "callsite",
+            "detail",
+            "async_op",
+        ]
+    ].reset_index(drop=True)
     table = table.rename(columns={"issue_ns": "arrival_ns"})
     instance = _instance_ids(table)
     if instance is None:  # a missing group or seq; rare, so the slow path

@@ -24,6 +24,7 @@ of compute-kernel time in such kernels (UNCOUNTED_KERNELS, by name) is given:
 MFU leaves their work out. An imported trace has no model to count: it says
 so instead of a number.
 """
+
 import re
 
 from collectors.instrument.flop_count import ENV as FLOPS_ENV
@@ -36,7 +37,9 @@ from diagnose.analysis.tables import gpu_peaks
 # A GEMM Transformer Engine runs through cuBLAS has cuBLAS's name: not told apart.
 UNCOUNTED_KERNELS = re.compile(
     r"flash_(?:fwd|bwd)|flash::|flashinfer|fmhaSm|tensorrt_llm|moe::|fused_moe|transformer_engine|nvte|"
-    r"grouped_?gemm|grouped_?mm|bmm_\w*MxE", re.IGNORECASE)
+    r"grouped_?gemm|grouped_?mm|bmm_\w*MxE",
+    re.IGNORECASE,
+)
 TORCH_OWN = re.compile(r"pytorch_flash|pytorch_fmha")
 
 
@@ -73,8 +76,11 @@ def summarize(run, peak_tflops: float | None = None) -> dict:
 def _summarize(run, peak_tflops: float | None) -> dict:
     out = {"ranks": {}, "uncounted_kernel_share": uncounted_kernel_share(run)}
     counts = {r: (m or {}).get(META_KEY) for r, m in run.rank_meta.items()}
-    measured = {r: c for r, c in counts.items()
-                if isinstance(c, dict) and isinstance(c.get("model_flops"), int) and isinstance(c.get("step"), int)}
+    measured = {
+        r: c
+        for r, c in counts.items()
+        if isinstance(c, dict) and isinstance(c.get("model_flops"), int) and isinstance(c.get("step"), int)
+    }
     if any((m or {}).get("imported") for m in run.rank_meta.values()):
         out["why"] = "an imported trace has no model to count FLOPs on (a `diagnose run` of the job counts them)"
     elif not measured:
@@ -83,8 +89,7 @@ def _summarize(run, peak_tflops: float | None) -> dict:
         step_ms = _median_step_ms(run)
         for rank, count in sorted(measured.items()):
             if step_ms.get(rank):
-                out["ranks"][rank] = rank_figures(count, step_ms[rank], peak_tflops,
-                                                  _env_gpu(run.rank_meta.get(rank)))
+                out["ranks"][rank] = rank_figures(count, step_ms[rank], peak_tflops, _env_gpu(run.rank_meta.get(rank)))
         if not out["ranks"]:
             out["why"] = "no steady step to time the counted FLOPs against"
     figures = list(out["ranks"].values())
@@ -109,18 +114,23 @@ def _summarize(run, peak_tflops: float | None) -> dict:
     return out
 
 
-def rank_figures(count: dict, step_ms: float, peak_tflops: float | None = None,
-                 env_gpu: str | None = None) -> dict:
+def rank_figures(count: dict, step_ms: float, peak_tflops: float | None = None, env_gpu: str | None = None) -> dict:
     """One rank's figures from its meta.json `flops` and its median steady step."""
     seconds = step_ms / 1e3
     achieved = count["model_flops"] / seconds / 1e12
     hardware = count.get("hardware_flops", count["model_flops"]) / seconds / 1e12
     peak, source = peak_for(count, peak_tflops, env_gpu)
-    return {"model_flops_per_step": int(count["model_flops"]),
-            "hardware_flops_per_step": int(count.get("hardware_flops", count["model_flops"])),
-            "step_ms": float(step_ms), "achieved_tflops": achieved, "hardware_tflops": hardware,
-            "peak_tflops": peak, "peak_source": source,
-            "mfu": achieved / peak if peak else None, "hfu": hardware / peak if peak else None}
+    return {
+        "model_flops_per_step": int(count["model_flops"]),
+        "hardware_flops_per_step": int(count.get("hardware_flops", count["model_flops"])),
+        "step_ms": float(step_ms),
+        "achieved_tflops": achieved,
+        "hardware_tflops": hardware,
+        "peak_tflops": peak,
+        "peak_source": source,
+        "mfu": achieved / peak if peak else None,
+        "hfu": hardware / peak if peak else None,
+    }
 
 
 def peak_for(count: dict, given: float | None, env_gpu: str | None = None) -> tuple[float | None, str]:
@@ -164,40 +174,56 @@ def lines(summary: dict) -> list[str]:
     elif summary.get("mfu") is not None:
         ranks = [f["mfu"] for f in summary["ranks"].values() if f["mfu"] is not None]
         spread = f", ranks {min(ranks):.1%}-{max(ranks):.1%}" if max(ranks) - min(ranks) >= 0.005 else ""
-        line = (f"MFU {summary['mfu']:.1%} per rank{spread}: {summary['achieved_tflops_per_rank']:.4g} TFLOP/s "
-                f"of model FLOPs against a peak of {summary['peak_tflops']:g} TFLOP/s ({summary['peak_source']}); "
-                f"step {summary['counted_step']} counted")
+        line = (
+            f"MFU {summary['mfu']:.1%} per rank{spread}: {summary['achieved_tflops_per_rank']:.4g} TFLOP/s "
+            f"of model FLOPs against a peak of {summary['peak_tflops']:g} TFLOP/s ({summary['peak_source']}); "
+            f"step {summary['counted_step']} counted"
+        )
         if abs(summary["hfu"] - summary["mfu"]) >= 0.0005:
             line += f"; with activation recomputation (hardware FLOPs) {summary['hfu']:.1%}"
         out.append(line)
     else:
         figures = list(summary["ranks"].values())
         flops = _mean(f["model_flops_per_step"] for f in figures)
-        out.append(f"MFU: no percentage ({summary['peak_source']}): {summary['achieved_tflops_per_rank']:.4g} "
-                   f"TFLOP/s of model FLOPs per rank, {flops / 1e9:.4g} GFLOP per step "
-                   f"(step {summary['counted_step']} counted)")
+        out.append(
+            f"MFU: no percentage ({summary['peak_source']}): {summary['achieved_tflops_per_rank']:.4g} "
+            f"TFLOP/s of model FLOPs per rank, {flops / 1e9:.4g} GFLOP per step "
+            f"(step {summary['counted_step']} counted)"
+        )
     if summary.get("ranks_without_figure"):
-        out.append("No MFU figure for rank(s) " + ",".join(map(str, summary["ranks_without_figure"][:16]))
-                   + " (no count in their meta.json, or no steady step)")
+        out.append(
+            "No MFU figure for rank(s) "
+            + ",".join(map(str, summary["ranks_without_figure"][:16]))
+            + " (no count in their meta.json, or no steady step)"
+        )
     if summary.get("compiled"):
-        out.append("The job runs torch.compile'd code: its matmuls and attention are counted where they run "
-                   "as aten ops (extern kernels), not in kernels Inductor generates (max-autotune templates)")
+        out.append(
+            "The job runs torch.compile'd code: its matmuls and attention are counted where they run "
+            "as aten ops (extern kernels), not in kernels Inductor generates (max-autotune templates)"
+        )
     if summary.get("uncounted_ops"):
         names = ", ".join(sorted(summary["uncounted_ops"])[:5])
         out.append(f"MFU leaves out ops without a FLOP formula: {names}")
     share = summary.get("uncounted_kernel_share")
     if share:
-        out.append(f"{share:.1%} of compute-kernel time is in kernels torch's FLOP formulas do not cover "
-                   "(flash-attn, FlashInfer, TensorRT-LLM, Transformer Engine, grouped GEMM): their FLOPs "
-                   "are not in MFU")
+        out.append(
+            f"{share:.1%} of compute-kernel time is in kernels torch's FLOP formulas do not cover "
+            "(flash-attn, FlashInfer, TensorRT-LLM, Transformer Engine, grouped GEMM): their FLOPs "
+            "are not in MFU"
+        )
     return out
 
 
 def metrics(summary: dict) -> dict:
     """MLflow metrics (mfu/*); none when nothing was measured."""
     out = {}
-    for key, name in (("mfu", "mfu/mfu"), ("hfu", "mfu/hfu"), ("achieved_tflops_per_rank", "mfu/achieved_tflops_per_rank"),
-                      ("peak_tflops", "mfu/peak_tflops"), ("uncounted_kernel_share", "mfu/uncounted_kernel_share")):
+    for key, name in (
+        ("mfu", "mfu/mfu"),
+        ("hfu", "mfu/hfu"),
+        ("achieved_tflops_per_rank", "mfu/achieved_tflops_per_rank"),
+        ("peak_tflops", "mfu/peak_tflops"),
+        ("uncounted_kernel_share", "mfu/uncounted_kernel_share"),
+    ):
         if isinstance(summary.get(key), (int, float)):
             out[name] = float(summary[key])
     if summary.get("ranks"):

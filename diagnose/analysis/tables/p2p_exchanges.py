@@ -17,6 +17,7 @@ same step, with nothing between them (NOTHING_BETWEEN_NS: under it no compute
 ran; it is the blocking_async detector's "waited immediately" bound too), or
 issued in the same batch.
 """
+
 import numpy as np
 import pandas as pd
 

@@ -1,6 +1,7 @@
 """Per-rank work on NumPy arrays sorted by rank: a rank's rows are one slice,
 found by binary search. On 1,024 ranks a pandas groupby loop costs seconds of
 overhead alone (frames built and sliced per rank); these loops cost milliseconds."""
+
 import numpy as np
 import pandas as pd
 
@@ -21,9 +22,9 @@ def started_inside(rows: pd.DataFrame, windows: pd.DataFrame) -> np.ndarray:
     """Whether each row's start_ns falls in a window of its own rank: the last
     window begun by then has not ended (a row at a window's end is inside)."""
     rank, start = rows["rank"].to_numpy(np.int64), rows["start_ns"].to_numpy(np.int64)
-    w_rank, w_start, w_end = sorted_by_rank(windows["rank"].to_numpy(np.int64),
-                                            windows["start_ns"].to_numpy(np.int64),
-                                            windows["end_ns"].to_numpy(np.int64))
+    w_rank, w_start, w_end = sorted_by_rank(
+        windows["rank"].to_numpy(np.int64), windows["start_ns"].to_numpy(np.int64), windows["end_ns"].to_numpy(np.int64)
+    )
     inside = np.zeros(len(rows), dtype=bool)
     by_rank = np.argsort(rank, kind="stable")
     ranks, first = np.unique(rank[by_rank], return_index=True)

@@ -34,6 +34,7 @@ backward rows and the forward/backward sends and receives get their
 micro-batch. The loader keeps what it did (Run.stage_source) and warns when
 the traffic shows a pipeline it cannot read.
 """
+
 import numpy as np
 import pandas as pd
 
@@ -43,15 +44,25 @@ COALESCED = "coalesced"  # the op of a batched p2p call (torch's nccl:coalesced)
 
 def _p2p(events: pd.DataFrame, name: str) -> pd.DataFrame:
     # compared on the categoricals as they are: no string per row (10^7 rows at 1,024 ranks)
-    return events[events["kind"].isin(["p2p", "collective"]) & (events["name"] == name)
-                  & (events["peer"] >= 0) & (events["step"] >= 0)]
+    return events[
+        events["kind"].isin(["p2p", "collective"])
+        & (events["name"] == name)
+        & (events["peer"] >= 0)
+        & (events["step"] >= 0)
+    ]
 
 
 def _sends(events: pd.DataFrame) -> pd.DataFrame:
     rows = _p2p(events, "send")
-    return pd.DataFrame({"src": rows["rank"].to_numpy(np.int64), "dst": rows["peer"].to_numpy(np.int64),
-                         "step": rows["step"].to_numpy(np.int64), "start_ns": rows["start_ns"].to_numpy(),
-                         "index": rows.index.to_numpy()})
+    return pd.DataFrame(
+        {
+            "src": rows["rank"].to_numpy(np.int64),
+            "dst": rows["peer"].to_numpy(np.int64),
+            "step": rows["step"].to_numpy(np.int64),
+            "start_ns": rows["start_ns"].to_numpy(),
+            "index": rows.index.to_numpy(),
+        }
+    )
 
 
 def forward_links(sends: pd.DataFrame) -> set:
@@ -138,8 +149,10 @@ def infer(events: pd.DataFrame):
         return None, None
     unread = _unread_exchange_ranks(events)
     if unread:
-        return None, (f"rank {min(unread)}'s batched p2p (nccl:coalesced) names no peer the import could "
-                      "resolve (its meta.json device_structure says why), so its links are unknown")
+        return None, (
+            f"rank {min(unread)}'s batched p2p (nccl:coalesced) names no peer the import could "
+            "resolve (its meta.json device_structure says why), so its links are unknown"
+        )
     found, why = chains(forward_links(sends))
     if found is None:
         return None, why
@@ -154,9 +167,15 @@ def infer(events: pd.DataFrame):
     microbatch[position[sends["index"]].to_numpy()] = sends["mb"].to_numpy()
     # the receive of each send: the same directed link (recv rows carry the sender as peer)
     recvs = _p2p(events, "recv")
-    recvs = pd.DataFrame({"src": recvs["peer"].to_numpy(np.int64), "dst": recvs["rank"].to_numpy(np.int64),
-                          "step": recvs["step"].to_numpy(np.int64), "start_ns": recvs["start_ns"].to_numpy(),
-                          "index": recvs.index.to_numpy()})
+    recvs = pd.DataFrame(
+        {
+            "src": recvs["peer"].to_numpy(np.int64),
+            "dst": recvs["rank"].to_numpy(np.int64),
+            "step": recvs["step"].to_numpy(np.int64),
+            "start_ns": recvs["start_ns"].to_numpy(),
+            "index": recvs.index.to_numpy(),
+        }
+    )
     recvs["mb"] = _nth_in_step(recvs) if len(recvs) else []
     recvs["forward"] = [(s, d) in forward for s, d in zip(recvs["src"], recvs["dst"])]
     if len(recvs):
@@ -168,11 +187,11 @@ def infer(events: pd.DataFrame):
         mask = (kinds == phase).to_numpy()
         # the anchor: the next send in this direction, else (the end of the chain) the receive before
         sent = sends[sends["forward"] == fwd].rename(columns={"src": "rank", "start_ns": "t_ns"})
-        _assign(events, mask & ~np.isin(events["rank"].to_numpy(), list(last if fwd else first)), sent, True,
-                microbatch)
+        _assign(
+            events, mask & ~np.isin(events["rank"].to_numpy(), list(last if fwd else first)), sent, True, microbatch
+        )
         got = recvs[recvs["forward"] == fwd].rename(columns={"dst": "rank", "start_ns": "t_ns"})
-        _assign(events, mask & np.isin(events["rank"].to_numpy(), list(last if fwd else first)), got, False,
-                microbatch)
+        _assign(events, mask & np.isin(events["rank"].to_numpy(), list(last if fwd else first)), got, False, microbatch)
     return stage, microbatch
 
 

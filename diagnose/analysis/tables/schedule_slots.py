@@ -20,6 +20,7 @@ single-stage schedules run from their own loop, not from that order): for
 ScheduleGPipe and Schedule1F1B the order their loop runs is played instead
 (`canonical_order`), otherwise there is no figure.
 """
+
 import re
 
 COST = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
@@ -29,7 +30,7 @@ _ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
 def _compute_actions(text: str) -> list[tuple[int, str, int]]:
     """'0F1' -> [(0, 'F', 1)]; '(0F1;1B0)OVERLAP_F_B' -> both; anything else -> []."""
     if text.startswith("("):
-        inner = text[1:text.index(")")]
+        inner = text[1 : text.index(")")]
         return [a for part in inner.split(";") for a in _compute_actions(part)]
     m = _ACTION.match(text)
     return [(int(m.group(1)), m.group(2), int(m.group(3)))] if m else []
@@ -98,8 +99,7 @@ def schedule_idle_frac(order: dict) -> float | None:
     """The mean idle fraction over the pp ranks of `order` (rank -> action strings);
     None when the order has no compute actions or cannot be played (an action
     waiting on one no rank runs, or ranks waiting on each other)."""
-    lanes = {rank: [a for text in actions for a in _compute_actions(str(text))]
-             for rank, actions in order.items()}
+    lanes = {rank: [a for text in actions for a in _compute_actions(str(text))] for rank, actions in order.items()}
     present = {a for lane in lanes.values() for a in lane}
     if not present:
         return None

@@ -6,6 +6,7 @@ MLflow exporter all read them from here.
 Pure functions over pandas frames, so they can be tested on synthetic tables.
 Times are ns on the run's aligned clock unless the column says otherwise.
 """
+
 import numpy as np
 import pandas as pd
 
@@ -62,29 +63,43 @@ def window_shift(steps: pd.DataFrame, from_step: int) -> str | None:
     before_ms, window_ms = float(before.median()), float(window.median())
     if abs(before_ms / window_ms - 1) <= WINDOW_SHIFT_FRAC:
         return None
-    return (f"steps {int(before.index[0])}-{from_step - 1}, before the analyzed window, took a median "
-            f"{before_ms:.1f} ms per step, the window {window_ms:.1f} ms ({before_ms / window_ms - 1:+.0%}): "
-            f"the findings describe the window (--max-events 0 analyzes every step)")
+    return (
+        f"steps {int(before.index[0])}-{from_step - 1}, before the analyzed window, took a median "
+        f"{before_ms:.1f} ms per step, the window {window_ms:.1f} ms ({before_ms / window_ms - 1:+.0%}): "
+        f"the findings describe the window (--max-events 0 analyzes every step)"
+    )
 
 
 # -- step summaries ----------------------------------------------------------
-def step_summary(breakdown: pd.DataFrame, steps: pd.DataFrame | None = None,
-                 bubbles: pd.DataFrame | None = None) -> pd.DataFrame:
+def step_summary(
+    breakdown: pd.DataFrame, steps: pd.DataFrame | None = None, bubbles: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """One row per step: step time p50/max across ranks, fractions of all ranks'
     step time spent in data wait / exposed comm, the pipeline's bubble_frac, and
     the step's end (latest rank) for timestamps."""
     if breakdown is None or breakdown.empty:
-        return pd.DataFrame(columns=["step", "ranks", "step_time_p50_ms", "step_time_max_ms",
-                                     "data_wait_frac", "exposed_comm_frac", "end_ns"])
+        return pd.DataFrame(
+            columns=[
+                "step",
+                "ranks",
+                "step_time_p50_ms",
+                "step_time_max_ms",
+                "data_wait_frac",
+                "exposed_comm_frac",
+                "end_ns",
+            ]
+        )
     grouped = breakdown.groupby("step")
     total = grouped["step_ms"].sum().replace(0, np.nan)
-    out = pd.DataFrame({
-        "ranks": grouped["rank"].nunique(),
-        "step_time_p50_ms": grouped["step_ms"].median(),
-        "step_time_max_ms": grouped["step_ms"].max(),
-        "data_wait_frac": grouped["data_wait_ms"].sum() / total,
-        "exposed_comm_frac": grouped["exposed_comm_ms"].sum() / total,
-    })
+    out = pd.DataFrame(
+        {
+            "ranks": grouped["rank"].nunique(),
+            "step_time_p50_ms": grouped["step_ms"].median(),
+            "step_time_max_ms": grouped["step_ms"].max(),
+            "data_wait_frac": grouped["data_wait_ms"].sum() / total,
+            "exposed_comm_frac": grouped["exposed_comm_ms"].sum() / total,
+        }
+    )
     if bubbles is not None and not bubbles.empty:
         out["bubble_frac"] = bubble_frac(bubbles, by="step").reindex(out.index)
     if steps is not None and not steps.empty:
@@ -105,7 +120,7 @@ def waits_suffered(arrivals: pd.DataFrame) -> pd.DataFrame:
     """ms each rank spent waiting for the last member to arrive, per step."""
     if arrivals is None or arrivals.empty:
         return pd.DataFrame(columns=["rank", "step", "wait_ms"])
-    return (arrivals.groupby(["rank", "step"], as_index=False)["wait_ms"].sum())
+    return arrivals.groupby(["rank", "step"], as_index=False)["wait_ms"].sum()
 
 
 def waits_caused(arrivals: pd.DataFrame) -> pd.DataFrame:
@@ -113,7 +128,8 @@ def waits_caused(arrivals: pd.DataFrame) -> pd.DataFrame:
     if arrivals is None or arrivals.empty:
         return pd.DataFrame(columns=["rank", "step", "wait_ms"])
     per_instance = arrivals.groupby(["group", "seq"], as_index=False).agg(
-        wait_ms=("wait_ms", "sum"), rank=("last_rank", "first"))
+        wait_ms=("wait_ms", "sum"), rank=("last_rank", "first")
+    )
     last_rows = arrivals[arrivals["rank"] == arrivals["last_rank"]][["group", "seq", "step"]]
     last_rows = last_rows.drop_duplicates(["group", "seq"])
     per_instance = per_instance.merge(last_rows, on=["group", "seq"], how="left")
@@ -133,8 +149,13 @@ def arrival_skew(arrivals: pd.DataFrame) -> pd.DataFrame:
     if frame.empty:
         return pd.DataFrame(columns=columns)
     out = frame.groupby(["group", "seq"], as_index=False).agg(
-        name=("name", "first"), members=("rank", "size"), first=("arrival_ns", "min"),
-        last=("arrival_ns", "max"), last_rank=("last_rank", "first"), step=("step", "min"))
+        name=("name", "first"),
+        members=("rank", "size"),
+        first=("arrival_ns", "min"),
+        last=("arrival_ns", "max"),
+        last_rank=("last_rank", "first"),
+        step=("step", "min"),
+    )
     out["skew_ms"] = (out["last"] - out["first"]) / 1e6
     return out[columns]
 
@@ -157,10 +178,17 @@ def pipeline_blocks(events: pd.DataFrame) -> pd.DataFrame:
         block_kind = blocks["kind"].astype(str)
     else:
         block_kind = blocks["name"].astype(str)
-    out = pd.DataFrame({"rank": blocks["rank"].astype(int), "stage": blocks["stage"].astype(int),
-                        "step": blocks["step"].astype(int),
-                        "microbatch": blocks["microbatch"].astype(int), "kind": block_kind,
-                        "start_ns": blocks["start_ns"], "end_ns": blocks["end_ns"]})
+    out = pd.DataFrame(
+        {
+            "rank": blocks["rank"].astype(int),
+            "stage": blocks["stage"].astype(int),
+            "step": blocks["step"].astype(int),
+            "microbatch": blocks["microbatch"].astype(int),
+            "kind": block_kind,
+            "start_ns": blocks["start_ns"],
+            "end_ns": blocks["end_ns"],
+        }
+    )
     return out.sort_values(["rank", "start_ns"]).reset_index(drop=True)
 
 
@@ -176,8 +204,8 @@ def bubbles(blocks: pd.DataFrame) -> pd.DataFrame:
     covered = frame["end_ns"] - np.maximum(frame["start_ns"], prev_end.fillna(frame["start_ns"]))
     frame = frame.assign(covered=covered.clip(lower=0))
     out = frame.groupby(["rank", "step"], as_index=False).agg(
-        stage=("stage", "first"), start=("start_ns", "min"), end=("end_ns", "max"),
-        busy=("covered", "sum"))
+        stage=("stage", "first"), start=("start_ns", "min"), end=("end_ns", "max"), busy=("covered", "sum")
+    )
     out["window_ms"] = (out["end"] - out["start"]) / 1e6
     out["busy_ms"] = out["busy"] / 1e6
     out["bubble_ms"] = (out["window_ms"] - out["busy_ms"]).clip(lower=0)

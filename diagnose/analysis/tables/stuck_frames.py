@@ -17,28 +17,53 @@ a device sync in torch, whose C++ releases the GIL). Exactly one such thread,
 or no claim. With the watchdog dump present the GIL was free: a culprit in a C
 call then runs without it.
 """
+
 import linecache
 import os
 import re
 
 # library frames a thread waits in with the GIL released
-_WAIT_FUNCS = {"wait", "_wait_for_tstate_lock", "join", "acquire", "get", "select", "poll", "recv",
-               "recv_into", "recvfrom", "accept", "read", "readline", "sleep", "result", "wait_for",
-               "_recv", "_recv_bytes", "_poll", "synchronize"}
+_WAIT_FUNCS = {
+    "wait",
+    "_wait_for_tstate_lock",
+    "join",
+    "acquire",
+    "get",
+    "select",
+    "poll",
+    "recv",
+    "recv_into",
+    "recvfrom",
+    "accept",
+    "read",
+    "readline",
+    "sleep",
+    "result",
+    "wait_for",
+    "_recv",
+    "_recv_bytes",
+    "_poll",
+    "synchronize",
+}
 # the code of a user line that waits in C with the GIL released
-_WAIT_CALL = re.compile(r"\b(sleep|wait|join|acquire|recv|select|barrier|all_reduce|all_gather|reduce_scatter|"
-                        r"broadcast|all_to_all|send|irecv|isend|synchronize|result)\s*\(")
+_WAIT_CALL = re.compile(
+    r"\b(sleep|wait|join|acquire|recv|select|barrier|all_reduce|all_gather|reduce_scatter|"
+    r"broadcast|all_to_all|send|irecv|isend|synchronize|result)\s*\("
+)
 _STDLIB = re.compile(r"/lib/python\d+\.\d+/(?!.*-packages/)")
-_OURS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), d) + os.sep
-              for d in ("collectors", "diagnose"))
+_OURS = tuple(
+    os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), d) + os.sep
+    for d in ("collectors", "diagnose")
+)
 OUR_THREAD_PREFIX = "diagnose-"
 
 
 def is_library(path: str) -> bool:
     # not collectors.callsite.is_internal: that one knows this interpreter's stdlib
     # directory; a dump may come from another machine's, so its path shape is read
-    return (path.startswith("<") or bool(_STDLIB.search(path)) or f"{os.sep}torch{os.sep}" in path
-            or path.startswith(_OURS))
+    return (
+        path.startswith("<") or bool(_STDLIB.search(path)) or f"{os.sep}torch{os.sep}" in path or path.startswith(_OURS)
+    )
 
 
 def code_line(path: str, line: int) -> str:
@@ -77,21 +102,32 @@ def describe(stacks: dict, watchdog_dumped: bool) -> dict | None:
     thread = holder or main or next((t for t in threads if _user_frame(t["frames"])[1]), threads[0])
     i, user = _user_frame(thread["frames"])
     if user is None:
-        return {"thread": thread.get("name") or thread["ident"], "frame": None, "code": "",
-                "what": "in library code only", "gil": "held (inferred)" if holder else None}
+        return {
+            "thread": thread.get("name") or thread["ident"],
+            "frame": None,
+            "code": "",
+            "what": "in library code only",
+            "gil": "held (inferred)" if holder else None,
+        }
     inside = thread["frames"][i - 1] if i > 0 else None
-    what = (f"in `{inside['func']}` ({os.path.basename(inside['file'])})" if inside else "in a C call")
-    return {"thread": thread.get("name") or thread["ident"], "frame": f"{user['file']}:{user['line']}",
-            "code": code_line(user["file"], user["line"]), "what": what,
-            "gil": "held (inferred)" if holder is thread else None}
+    what = f"in `{inside['func']}` ({os.path.basename(inside['file'])})" if inside else "in a C call"
+    return {
+        "thread": thread.get("name") or thread["ident"],
+        "frame": f"{user['file']}:{user['line']}",
+        "code": code_line(user["file"], user["line"]),
+        "what": what,
+        "gil": "held (inferred)" if holder is thread else None,
+    }
 
 
 def sentence(where: dict, relpath) -> str:
-    """"in a C call at data.py:41 (`lock(m)`), holding the GIL (inferred: ...)"."""
+    """ "in a C call at data.py:41 (`lock(m)`), holding the GIL (inferred: ...)"."""
     if where["frame"] is None:
         return f"its {where['thread']} thread is {where['what']}"
     text = f"{where['what']} at {relpath(where['frame'])}" + (f" (`{where['code']}`)" if where["code"] else "")
     if where["gil"]:
-        text += (", holding the GIL (inferred: its writer thread could not run and every other thread "
-                 "waits in a call that releases it; `py-spy dump --native --pid PID` shows the C frames)")
+        text += (
+            ", holding the GIL (inferred: its writer thread could not run and every other thread "
+            "waits in a call that releases it; `py-spy dump --native --pid PID` shows the C frames)"
+        )
     return text

@@ -18,6 +18,7 @@ from it. The steps table marks it, and compare labels its figures "per window"
 a part gone missing. A rank with steps never gets a window; a live run records
 no kernels, so a run that never completed a step (a hang) gets none.
 """
+
 import pandas as pd
 
 WINDOW_STEP = 0
@@ -59,8 +60,13 @@ def stamp(events: pd.DataFrame, steps: pd.DataFrame) -> list[int]:
 
 def note(ranks: list, total: int) -> str:
     """What a window is, for the output of a run with `ranks` of `total` analysed as windows."""
-    who = f"rank {ranks[0]}" if len(ranks) == 1 else (
-        "every rank" if len(ranks) == total else f"ranks {','.join(map(str, ranks))}")
-    return (f"{who}: the trace marks no steps; analysed as one window per rank, from its first kernel's "
-            f"start to its last one's end (step {WINDOW_STEP} in the tables): a window is the capture's "
-            "span, not a training step, so its times are not step times")
+    who = (
+        f"rank {ranks[0]}"
+        if len(ranks) == 1
+        else ("every rank" if len(ranks) == total else f"ranks {','.join(map(str, ranks))}")
+    )
+    return (
+        f"{who}: the trace marks no steps; analysed as one window per rank, from its first kernel's "
+        f"start to its last one's end (step {WINDOW_STEP} in the tables): a window is the capture's "
+        "span, not a training step, so its times are not step times"
+    )
