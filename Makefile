@@ -37,9 +37,10 @@ demo: setup
 # read the shared DDP runs are one group, every module's tests another, so each job
 # launches once. TEST_ARGS= runs serially.
 TEST_ARGS ?= -n 2 --dist loadgroup
-# ruff's rules in pyproject.toml (docs/testing.md, "Style"); the suite runs after it
+# ruff's rules and format in pyproject.toml (docs/testing.md, "Style"); the suite runs after it
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test: setup lint
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(TEST_ARGS) tests

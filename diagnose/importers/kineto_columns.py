@@ -4,9 +4,8 @@ A trace has tens of thousands of GPU activities but few distinct strings: 51
 kernel names among 22k kernels in HTA's largest fixture, one kind, a handful of
 streams and classes. So a string column travels as int32 codes into its
 distinct values (`Strings`), and becomes Arrow as a take() of those values,
-encoded once each. Encoding every value, and the numpy object arrays it went
-through, was a quarter of a file's import (~60 ms of 0.46 s here). Numeric
-columns are numpy arrays from start to end.
+encoded once each (encoding every value, through numpy object arrays, was a
+quarter of an import). Numeric columns are numpy arrays from start to end.
 
 Rows, in start order (ties: CPU rows first, then the trace's GPU order, a
 collective call's first NCCL kernel followed by its collective row and its
@@ -19,6 +18,7 @@ last kernel by its done row; stream_wait rows last):
     p2p, done         instead, for a send or recv whose peer the kernel's args
                       name (PyTorch's "Dst Rank" / "Src Rank": global ranks)
 """
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -46,6 +46,7 @@ _DEFAULTS = dict(zip(EVENT_COLUMNS[4:], event_row.__defaults__))
 
 class Strings:
     """A string column: `codes` (int32) into `values` (its distinct strings)."""
+
     __slots__ = ("codes", "values")
 
     def __init__(self, codes: np.ndarray, values: list):
@@ -95,30 +96,54 @@ def table_and_facts(base_time, dist, cpu, gpu, launches, pids, ranges) -> tuple[
     cpu_block = _cpu_block(cpu, steps, base_ns, step_starts, step_numbers)
     kernel_block, start_order = _kernel_block(gpu, launches, base_ns, step_starts, step_numbers)
     dist = dist if isinstance(dist, dict) else {}
-    structure = device_structure(gpu, launches, ranges, cpu, kernel_block, as_int(dist.get("rank"), -1),
-                                 process_groups(dist.get("pg_config")))
+    structure = device_structure(
+        gpu, launches, ranges, cpu, kernel_block, as_int(dist.get("rank"), -1), process_groups(dist.get("pg_config"))
+    )
     first, last, collective_block, done_block = _collective_blocks(
-        gpu, kernel_block, start_order, as_int(dist.get("world_size"), 0), launches, ranges,
-        as_int(dist.get("rank"), -1), structure.exchanges)
+        gpu,
+        kernel_block,
+        start_order,
+        as_int(dist.get("world_size"), 0),
+        launches,
+        ranges,
+        as_int(dist.get("rank"), -1),
+        structure.exchanges,
+    )
     pass_block = _pass_block(structure.rows)
     wait_block = _wait_block(waits, launches, base_ns, step_starts, step_numbers)
     blocks = (cpu_block, kernel_block, collective_block, done_block, pass_block, wait_block)
     n_cpu = len(cpu_block["start_ns"])
     place = np.empty(len(gpu), np.int64)  # kernel i is the place[i]-th to start
     place[start_order] = np.arange(len(gpu))
-    tie_break = np.concatenate([np.arange(-n_cpu, 0), 3 * place, 3 * place[first] + 1, 3 * place[last] + 2,
-                                np.full(len(structure.rows), -1), 3 * len(gpu) + np.arange(len(waits))])
+    tie_break = np.concatenate(
+        [
+            np.arange(-n_cpu, 0),
+            3 * place,
+            3 * place[first] + 1,
+            3 * place[last] + 2,
+            np.full(len(structure.rows), -1),
+            3 * len(gpu) + np.arange(len(waits)),
+        ]
+    )
     order = np.lexsort((tie_break, np.concatenate([b["start_ns"] for b in blocks])))
     arrays = []
     for name, typ in EVENT_FIELDS:
         parts = [block[name] for block in blocks]
-        arrays.append(Strings.concat(parts).arrow(order) if isinstance(parts[0], Strings)
-                      else arrow_array(np.concatenate(parts)[order], typ))
-    facts = {"pid": max(pids, key=pids.get) if pids else None,
-             "world_size": as_int(dist.get("world_size"), None), "backend": dist.get("backend"),
-             "steps": [int(s) for s in step_numbers], "gpu_activities": len(gpu),
-             "base_time_ns": base_ns, "rank_in_trace": as_int(dist.get("rank"), None),
-             "process_groups": process_groups(dist.get("pg_config"))}
+        arrays.append(
+            Strings.concat(parts).arrow(order)
+            if isinstance(parts[0], Strings)
+            else arrow_array(np.concatenate(parts)[order], typ)
+        )
+    facts = {
+        "pid": max(pids, key=pids.get) if pids else None,
+        "world_size": as_int(dist.get("world_size"), None),
+        "backend": dist.get("backend"),
+        "steps": [int(s) for s in step_numbers],
+        "gpu_activities": len(gpu),
+        "base_time_ns": base_ns,
+        "rank_in_trace": as_int(dist.get("rank"), None),
+        "process_groups": process_groups(dist.get("pg_config")),
+    }
     if structure.note:
         facts["device_structure"] = structure.note
     return pa.Table.from_arrays(arrays, schema=EVENT_SCHEMA), facts
@@ -132,27 +157,44 @@ def _wait_block(waits, launches, base_ns, step_starts, step_numbers) -> dict:
     or nothing, as older versions do for the record)."""
     names, ts, durs, streams, correlations, _, _, args = zip(*waits) if waits else ((),) * 8
     ts = np.array(ts, dtype=np.float64)
-    return _block(len(waits), kind="stream_wait", name=Strings.of(names), start_ns=ns_from_us(ts, base_ns),
-                  end_ns=ns_from_us(ts + np.array(durs, dtype=np.float64), base_ns),
-                  step=assign_steps(step_starts, step_numbers, _launch_ns(ts, correlations, launches, base_ns)),
-                  group=Strings.of([str(s) for s in streams]), seq=correlations,
-                  peer=[max(as_int(a.get("wait_on_stream")), -1) for a in args],
-                  bytes=[max(as_int(a.get("wait_on_cuda_event_record_corr_id")), -1) for a in args], detail="cuda")
+    return _block(
+        len(waits),
+        kind="stream_wait",
+        name=Strings.of(names),
+        start_ns=ns_from_us(ts, base_ns),
+        end_ns=ns_from_us(ts + np.array(durs, dtype=np.float64), base_ns),
+        step=assign_steps(step_starts, step_numbers, _launch_ns(ts, correlations, launches, base_ns)),
+        group=Strings.of([str(s) for s in streams]),
+        seq=correlations,
+        peer=[max(as_int(a.get("wait_on_stream")), -1) for a in args],
+        bytes=[max(as_int(a.get("wait_on_cuda_event_record_corr_id")), -1) for a in args],
+        detail="cuda",
+    )
 
 
 def _launch_ns(ts: np.ndarray, correlations, launches: dict, base_ns: int) -> np.ndarray:
     """Per GPU activity, its launch's (the runtime call's) start, or its own
     start where the launch is not in the trace: the time its step is chosen by."""
-    return ns_from_us(np.array([launches[c][0] if c in launches else t for c, t in zip(correlations, ts.tolist())],
-                               dtype=np.float64), base_ns)
+    return ns_from_us(
+        np.array([launches[c][0] if c in launches else t for c, t in zip(correlations, ts.tolist())], dtype=np.float64),
+        base_ns,
+    )
 
 
 def _pass_block(rows: list) -> dict:
     """The forward/backward rows kineto_structure inferred: device spans."""
     kinds, starts, ends, steps, microbatches = zip(*rows) if rows else ((),) * 5
     kind = Strings.of(kinds)
-    return _block(len(rows), kind=kind, name=kind, start_ns=starts, end_ns=ends, step=steps,
-                  microbatch=microbatches, detail=STRUCTURE_SOURCE)
+    return _block(
+        len(rows),
+        kind=kind,
+        name=kind,
+        start_ns=starts,
+        end_ns=ends,
+        step=steps,
+        microbatch=microbatches,
+        detail=STRUCTURE_SOURCE,
+    )
 
 
 def _block(n: int, **columns) -> dict:
@@ -165,8 +207,11 @@ def _block(n: int, **columns) -> dict:
         elif isinstance(value, str):
             block[name] = Strings(np.zeros(n, np.int32), [value])
         else:
-            block[name] = (np.asarray(value, _NUMPY_DTYPES[typ]) if isinstance(value, (np.ndarray, list, tuple))
-                           else np.full(n, value, _NUMPY_DTYPES[typ]))
+            block[name] = (
+                np.asarray(value, _NUMPY_DTYPES[typ])
+                if isinstance(value, (np.ndarray, list, tuple))
+                else np.full(n, value, _NUMPY_DTYPES[typ])
+            )
     return block
 
 
@@ -185,8 +230,13 @@ def _cpu_block(cpu, steps, base_ns, step_starts, step_numbers) -> dict:
                 st, detail = int(detail), ""
             rows.append(event_row(kind, name, s, t, st, detail=detail))
     columns = list(zip(*rows)) if rows else [()] * len(EVENT_FIELDS)
-    return _block(len(rows), **{name: Strings.of(values) if typ == pa.string() else values
-                                for (name, typ), values in zip(EVENT_FIELDS, columns)})
+    return _block(
+        len(rows),
+        **{
+            name: Strings.of(values) if typ == pa.string() else values
+            for (name, typ), values in zip(EVENT_FIELDS, columns)
+        },
+    )
 
 
 def _kernel_block(gpu, launches, base_ns, step_starts, step_numbers) -> tuple:
@@ -201,13 +251,19 @@ def _kernel_block(gpu, launches, base_ns, step_starts, step_numbers) -> tuple:
     class_of_name = np.array([classes.setdefault(kernel_class(v), len(classes)) for v in name.values], np.int32)
     detail = np.where(np.array(collectives, bool), 0, class_of_name[name.codes]).astype(np.int32)
     stream_ids, stream_codes = np.unique(np.array(streams, np.int64), return_inverse=True)
-    block = _block(n, kind="kernel", name=name, start_ns=starts,
-                   end_ns=ns_from_us(ts + np.array(durs, dtype=np.float64), base_ns),
-                   step=assign_steps(step_starts, step_numbers, launch_ns),
-                   group=Strings(stream_codes.astype(np.int32).ravel(), [str(s) for s in stream_ids.tolist()]),
-                   seq=[c if c in launches else -1 for c in correlations],  # -1: launched before the trace
-                   bytes=nbytes, detail=Strings(detail, list(classes)),
-                   queued_ns=_queued_ns(starts, launch_ns, correlations, launches))
+    block = _block(
+        n,
+        kind="kernel",
+        name=name,
+        start_ns=starts,
+        end_ns=ns_from_us(ts + np.array(durs, dtype=np.float64), base_ns),
+        step=assign_steps(step_starts, step_numbers, launch_ns),
+        group=Strings(stream_codes.astype(np.int32).ravel(), [str(s) for s in stream_ids.tolist()]),
+        seq=[c if c in launches else -1 for c in correlations],  # -1: launched before the trace
+        bytes=nbytes,
+        detail=Strings(detail, list(classes)),
+        queued_ns=_queued_ns(starts, launch_ns, correlations, launches),
+    )
     return block, np.argsort(starts, kind="stable")
 
 
@@ -220,8 +276,16 @@ def _queued_ns(starts: np.ndarray, launch_ns: np.ndarray, correlations, launches
     return np.where(known, np.maximum(starts - launch_ns, 0), -1)
 
 
-def _collective_blocks(gpu, kernels: dict, start_order: np.ndarray, world_size: int, launches: dict,
-                       ranges: list, rank: int = -1, exchanges: dict | None = None) -> tuple:
+def _collective_blocks(
+    gpu,
+    kernels: dict,
+    start_order: np.ndarray,
+    world_size: int,
+    launches: dict,
+    ranges: list,
+    rank: int = -1,
+    exchanges: dict | None = None,
+) -> tuple:
     """(each collective call's first NCCL kernel, and last; their collective
     (or p2p) rows; their done rows), calls in start order.
 
@@ -255,8 +319,9 @@ def _collective_blocks(gpu, kernels: dict, start_order: np.ndarray, world_size: 
     nccl = start_order[detail.codes[start_order] == 0]  # (_kernel_block: 0 is COMMUNICATION)
     streams = list(dict.fromkeys(gpu[j][3] for j in nccl.tolist()))
     world = ",".join(map(str, range(world_size))) if world_size > 0 else ""
-    launched_in = launching_ranges([launches.get(gpu[j][4]) for j in nccl.tolist()],
-                                   [(ts, ts + dur, tid) for _, ts, dur, tid, *_ in ranges])
+    launched_in = launching_ranges(
+        [launches.get(gpu[j][4]) for j in nccl.tolist()], [(ts, ts + dur, tid) for _, ts, dur, tid, *_ in ranges]
+    )
     named = {}  # (Collective name, kernel name, group, stream, ranks) -> (op, group, ranks): a few distinct
     calls, next_seq, last_call = [], {}, {}  # [op, group, ranks, seq, bytes, inferred, first, last, key, peer]
     for position, (j, r) in enumerate(zip(nccl.tolist(), launched_in)):
@@ -290,8 +355,7 @@ def _collective_blocks(gpu, kernels: dict, start_order: np.ndarray, world_size: 
             seq = next_seq.get(group, 0)
             next_seq[group] = seq + 1
         elems = max(as_int(a.get("In msg nelems"), 0), 0)
-        nbytes = (elems * DTYPE_BYTES.get(str(a.get("dtype", "")).lower(), 1) if elems or r < 0
-                  else ranges[r][4])
+        nbytes = elems * DTYPE_BYTES.get(str(a.get("dtype", "")).lower(), 1) if elems or r < 0 else ranges[r][4]
         last_call[group] = [op, group, group_ranks, seq, nbytes, inferred, position, position, call, peer]
         calls.append(last_call[group])
     ops, groups, ranks, seqs, sent, inferred, first, last, _, peers = zip(*calls) if calls else ((),) * 10
@@ -299,12 +363,17 @@ def _collective_blocks(gpu, kernels: dict, start_order: np.ndarray, world_size: 
     op, group, group_ranks = Strings.of(ops), Strings.of(groups), Strings.of(ranks)
     starts, ends, steps = kernels["start_ns"][first], kernels["end_ns"][last], kernels["step"][first]
     how = Strings(np.array(inferred, np.int32), ["gpu", "gpu:order"])
-    common = dict(name=op, step=steps, group=group, group_ranks=group_ranks, seq=seqs, peer=peers, async_op=True,
-                  detail=how)
+    common = dict(
+        name=op, step=steps, group=group, group_ranks=group_ranks, seq=seqs, peer=peers, async_op=True, detail=how
+    )
     n = len(calls)
     kind = Strings(np.array([p >= 0 for p in peers], np.int32), ["collective", "p2p"])
-    return (first, last, _block(n, kind=kind, start_ns=starts, end_ns=starts, bytes=sent, **common),
-            _block(n, kind="done", start_ns=ends, end_ns=ends, **common))
+    return (
+        first,
+        last,
+        _block(n, kind=kind, start_ns=starts, end_ns=starts, bytes=sent, **common),
+        _block(n, kind="done", start_ns=ends, end_ns=ends, **common),
+    )
 
 
 _PEER_KEYS = {"send": "Dst Rank", "recv": "Src Rank"}
@@ -320,8 +389,11 @@ def _p2p_peer(op: str, args, rank: int) -> int:
     return peer_rank(args.get(key))
 
 
-def _collective_names(collective_name, kernel_name: str, group, stream: int, ranks, streams: list,
-                      world: str) -> tuple:
+def _collective_names(collective_name, kernel_name: str, group, stream: int, ranks, streams: list, world: str) -> tuple:
     if group:
         return collective_op(collective_name, kernel_name), str(group), ranks_string(ranks)
-    return collective_op(collective_name, kernel_name), f"nccl:comm{streams.index(stream)}", ranks_string(ranks) or world
+    return (
+        collective_op(collective_name, kernel_name),
+        f"nccl:comm{streams.index(stream)}",
+        ranks_string(ranks) or world,
+    )

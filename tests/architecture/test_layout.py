@@ -5,8 +5,10 @@ Read statically from every import statement, function-level ones included (a laz
 import is still a dependency), so a violation fails here however rarely the
 importing code runs. diagnose/analysis/ is in rooms that name the flow
 (docs/architecture.md), each importing only the rooms below it (ROOMS)."""
+
 import ast
 import collections
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -34,7 +36,9 @@ def _imports(name: str, path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             found.add(base)
             # `from diagnose.analysis import loader` imports diagnose.analysis.load.loader
             found.update(f"{base}.{alias.name}" for alias in node.names)
@@ -58,7 +62,8 @@ def _violations(importer_prefix: str, allowed=None, forbidden=()) -> list[str]:
             if target in PACKAGES or not any(_under(target, p) for p in PACKAGES):
                 continue  # a package's root (`from diagnose import rundir`), the stdlib, third parties
             if any(_under(target, f) for f in forbidden) or (
-                    allowed is not None and not any(_under(target, a) for a in allowed)):
+                allowed is not None and not any(_under(target, a) for a in allowed)
+            ):
                 out.append(f"{name} imports {target}")
     return out
 
@@ -68,19 +73,31 @@ def test_collectors_import_nothing_of_the_analysis_side():
 
 
 def test_the_analysis_imports_nothing_downstream():
-    assert _violations("diagnose.analysis", forbidden=(
-        "dashboards", "diagnose.run", "diagnose.live", "diagnose.cli", "diagnose.exporters",
-        "diagnose.importers", "reference_trainer")) == []
+    assert (
+        _violations(
+            "diagnose.analysis",
+            forbidden=(
+                "dashboards",
+                "diagnose.run",
+                "diagnose.live",
+                "diagnose.cli",
+                "diagnose.exporters",
+                "diagnose.importers",
+                "reference_trainer",
+            ),
+        )
+        == []
+    )
 
 
 ANALYSIS = "diagnose.analysis"
 # the rooms of diagnose/analysis/, bottom first, and the rooms each may import (only
 # rooms earlier in this list: one way; docs/architecture.md draws them)
 ROOMS = {
-    "tables": (),                                   # derived tables: pure functions of frames
-    "load": ("tables",),                            # a run directory -> Run
-    "replay": ("tables",),                          # the dependency model, the what-if
-    "detectors": ("tables",),                       # one module per kind of finding
+    "tables": (),  # derived tables: pure functions of frames
+    "load": ("tables",),  # a run directory -> Run
+    "replay": ("tables",),  # the dependency model, the what-if
+    "detectors": ("tables",),  # one module per kind of finding
     "findings": ("tables", "load", "replay", "detectors"),  # the analysis step
     "compare": ("tables", "load", "replay", "detectors", "findings"),  # across runs
 }
@@ -91,7 +108,7 @@ def _room(module: str) -> str | None:
     """The room of a module of diagnose.analysis ("" for the package itself), else None."""
     if not _under(module, ANALYSIS):
         return None
-    return module[len(ANALYSIS) + 1:].partition(".")[0]
+    return module[len(ANALYSIS) + 1 :].partition(".")[0]
 
 
 def _room_violations() -> list[str]:
@@ -101,8 +118,7 @@ def _room_violations() -> list[str]:
         if room is None:
             continue
         allowed = {room, *ROOMS.get(room, ())}
-        out += [f"{name} imports {target}" for target in sorted(imported)
-                if _room(target) not in (None, "", *allowed)]
+        out += [f"{name} imports {target}" for target in sorted(imported) if _room(target) not in (None, "", *allowed)]
     return out
 
 
@@ -131,16 +147,34 @@ def test_dashboards_import_only_analysis_and_rundir():
 
 
 def test_importers_and_exporters_stay_on_their_side():
-    assert _violations("diagnose.importers", forbidden=(
-        "dashboards", "diagnose.analysis", "diagnose.run", "diagnose.live", "diagnose.cli",
-        "diagnose.exporters")) == []
-    assert _violations("diagnose.exporters", forbidden=(
-        "dashboards", "diagnose.run", "diagnose.live", "diagnose.cli", "diagnose.importers")) == []
+    assert (
+        _violations(
+            "diagnose.importers",
+            forbidden=(
+                "dashboards",
+                "diagnose.analysis",
+                "diagnose.run",
+                "diagnose.live",
+                "diagnose.cli",
+                "diagnose.exporters",
+            ),
+        )
+        == []
+    )
+    assert (
+        _violations(
+            "diagnose.exporters",
+            forbidden=("dashboards", "diagnose.run", "diagnose.live", "diagnose.cli", "diagnose.importers"),
+        )
+        == []
+    )
 
 
 def test_no_import_cycles():
-    graph = {name: {t for t in imported if t in MODULES and t != name and not _under(name, t)}
-             for name, imported in IMPORTS.items()}
+    graph = {
+        name: {t for t in imported if t in MODULES and t != name and not _under(name, t)}
+        for name, imported in IMPORTS.items()
+    }
     state, cycles = {}, []
 
     def visit(node, stack):
@@ -148,7 +182,7 @@ def test_no_import_cycles():
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == "open":
-                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+                cycles.append(" -> ".join(stack[stack.index(nxt) :] + [nxt]))
             elif nxt not in state:
                 visit(nxt, stack)
         stack.pop()
@@ -201,9 +235,28 @@ def test_bench_runs_as_modules_and_patches_no_path():
     bench.* and tests.support.* as they are, with no sys.path of its own."""
     bench = REPO / "bench"
     assert (bench / "__init__.py").exists()
-    patched = [f"{p.relative_to(REPO)}:{n}" for p in sorted(bench.rglob("*.py"))
-               for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if "sys.path" in line]
+    patched = [
+        f"{p.relative_to(REPO)}:{n}"
+        for p in sorted(bench.rglob("*.py"))
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if "sys.path" in line
+    ]
     assert patched == []
+
+
+MAX_MODULE_LINES = 400  # one concern per file, readable in one sitting (docs/architecture.md)
+
+
+def test_every_python_module_reads_in_one_sitting():
+    """Every tracked Python file, formatted (`ruff format`), is under 400 lines."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert len(tracked) > 100  # the tree, not an empty listing
+    long = {
+        f: n for f in tracked if (n := len((REPO / f).read_text(encoding="utf-8").splitlines())) >= MAX_MODULE_LINES
+    }
+    assert long == {}
 
 
 BREAKDOWN = "diagnose.analysis.tables.breakdown"
@@ -216,32 +269,50 @@ def _with_import(monkeypatch, tmp_path, module: str, violating: str) -> None:
     monkeypatch.setitem(IMPORTS, module, _imports(module, path))
 
 
-@pytest.mark.parametrize("violating,expected", [
-    ("from dashboards.view_parts import esc\n", f"{BREAKDOWN} imports dashboards.view_parts"),
-    ("def f():\n    from diagnose.cli import app\n", f"{BREAKDOWN} imports diagnose.cli"),
-])
+@pytest.mark.parametrize(
+    "violating,expected",
+    [
+        ("from dashboards.view_parts import esc\n", f"{BREAKDOWN} imports dashboards.view_parts"),
+        ("def f():\n    from diagnose.cli import app\n", f"{BREAKDOWN} imports diagnose.cli"),
+    ],
+)
 def test_the_checks_catch_a_violation(monkeypatch, tmp_path, violating, expected):
     """The rules above fail on an upward import, lazy or not (so they can fail)."""
     _with_import(monkeypatch, tmp_path, BREAKDOWN, violating)
     assert expected in _violations("diagnose.analysis", forbidden=("dashboards", "diagnose.cli"))
 
 
-@pytest.mark.parametrize("module,violating,expected", [
-    (BREAKDOWN, "from diagnose.analysis.replay.whatif import WhatIf\n", "diagnose.analysis.replay.whatif"),
-    (BREAKDOWN, "from diagnose.analysis.load import rank_pass\n", "diagnose.analysis.load.rank_pass"),
-    ("diagnose.analysis.load.loader", "def f():\n    from diagnose.analysis.detectors.run_structure import layers_per_stage\n",
-     "diagnose.analysis.detectors.run_structure"),
-    ("diagnose.analysis.replay.whatif", "import diagnose.analysis.detectors.straggler\n",
-     "diagnose.analysis.detectors.straggler"),
-    ("diagnose.analysis.detectors.straggler", "from diagnose.analysis.findings import run_detectors\n",
-     "diagnose.analysis.findings.run_detectors"),
-])
+@pytest.mark.parametrize(
+    "module,violating,expected",
+    [
+        (BREAKDOWN, "from diagnose.analysis.replay.whatif import WhatIf\n", "diagnose.analysis.replay.whatif"),
+        (BREAKDOWN, "from diagnose.analysis.load import rank_pass\n", "diagnose.analysis.load.rank_pass"),
+        (
+            "diagnose.analysis.load.loader",
+            "def f():\n    from diagnose.analysis.detectors.run_structure import layers_per_stage\n",
+            "diagnose.analysis.detectors.run_structure",
+        ),
+        (
+            "diagnose.analysis.replay.whatif",
+            "import diagnose.analysis.detectors.straggler\n",
+            "diagnose.analysis.detectors.straggler",
+        ),
+        (
+            "diagnose.analysis.detectors.straggler",
+            "from diagnose.analysis.findings import run_detectors\n",
+            "diagnose.analysis.findings.run_detectors",
+        ),
+    ],
+)
 def test_the_room_check_catches_an_import_of_a_room_above(monkeypatch, tmp_path, module, violating, expected):
     _with_import(monkeypatch, tmp_path, module, violating)
     assert f"{module} imports {expected}" in _room_violations()
 
 
 def test_the_run_directory_check_catches_a_reader_outside_load_and_findings(monkeypatch, tmp_path):
-    _with_import(monkeypatch, tmp_path, "diagnose.analysis.replay.whatif", "def f():\n    from diagnose import rundir\n")
+    _with_import(
+        monkeypatch, tmp_path, "diagnose.analysis.replay.whatif", "def f():\n    from diagnose import rundir\n"
+    )
     assert _violations("diagnose.analysis.replay", forbidden=("diagnose.rundir",)) == [
-        "diagnose.analysis.replay.whatif imports diagnose.rundir"]
+        "diagnose.analysis.replay.whatif imports diagnose.rundir"
+    ]
