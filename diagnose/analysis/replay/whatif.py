@@ -256,9 +256,10 @@ class WhatIf:
         waited_at = as_str(calls["wait_callsite"]).fillna("")
         site = waited_at.where(waited_at != "", as_str(calls["callsite"]).fillna(""))
         here = site.map(same_place).astype(bool).to_numpy()
-        row = np.maximum(m.row_p, 0)
-        to_row = np.maximum(m.row_p[np.maximum(m.defer_to_p, 0)], 0)
-        defer = m.defer_p & (here[row] | here[to_row]) & np.isin(m.step_p, self.steady)
+        at = np.flatnonzero(m.defer_p)
+        moves = (here[m.row_p[at]] | here[m.row_p[m.defer_to]]) & np.isin(m.step_p[at], self.steady)
+        defer = np.zeros(len(m.row_p), bool)
+        defer[at[moves]] = True
         if not defer.any():
             return None
         return self._saving(defer=defer)
