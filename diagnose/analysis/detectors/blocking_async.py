@@ -23,7 +23,7 @@ import pandas as pd
 
 from diagnose.analysis.detectors.finding_record import Finding
 from diagnose.analysis.tables.device_collectives import NCCL_TIMED, WAIT_BOUND
-from diagnose.analysis.tables.matching import as_str
+from diagnose.analysis.tables.matching import wait_site
 from diagnose.analysis.tables.p2p_exchanges import NOTHING_BETWEEN_NS
 
 IMMEDIATE_NS = NOTHING_BETWEEN_NS  # nothing ran between the return and the wait
@@ -39,13 +39,10 @@ def async_waits(calls: pd.DataFrame) -> pd.DataFrame:
     # a batch (batch_isend_irecv) is the ops one rank issued at one instant
     batch = pd.MultiIndex.from_frame(calls[["rank", "issue_ns"]])
     calls = calls[~batch.isin(pd.MultiIndex.from_frame(recvs))]
-    # as strings: the two callsite columns are categoricals of different categories,
-    # which neither compare nor mix
-    wait_site, call_site = as_str(calls["wait_callsite"]), as_str(calls["callsite"])
     return calls.assign(
         gap_ns=calls["wait_start_ns"] - calls["return_ns"],
         wait_ms=(calls["wait_end_ns"] - calls["wait_start_ns"]) / 1e6,
-        site=wait_site.where(wait_site != "", call_site),
+        site=wait_site(calls),
     )
 
 

@@ -38,7 +38,7 @@ import pandas as pd
 from diagnose.analysis.replay.device_graph import DeviceModel
 from diagnose.analysis.replay.step_replay import StepModel
 from diagnose.analysis.tables.gpu_tables import merge_intervals
-from diagnose.analysis.tables.matching import as_str
+from diagnose.analysis.tables.matching import wait_site
 
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
 
@@ -252,10 +252,7 @@ class WhatIf:
         the end of its step's schedule (step_replay.py, p2p_exchanges.py). Either
         way the send still ends only once its receiver has arrived."""
         m = self.model
-        calls = m.calls
-        waited_at = as_str(calls["wait_callsite"]).fillna("")
-        site = waited_at.where(waited_at != "", as_str(calls["callsite"]).fillna(""))
-        here = site.map(same_place).astype(bool).to_numpy()
+        here = wait_site(m.calls).map(same_place).astype(bool).to_numpy()
         at = np.flatnonzero(m.defer_p)
         moves = (here[m.row_p[at]] | here[m.row_p[m.defer_to]]) & np.isin(m.step_p[at], self.steady)
         defer = np.zeros(len(m.row_p), bool)

@@ -34,6 +34,14 @@ def as_str(series: pd.Series) -> pd.Series:
     return pd.Series(values, index=series.index, name=series.name)
 
 
+def wait_site(calls: pd.DataFrame) -> pd.Series:
+    """Where each call was waited (its wait's callsite), else where it was issued: the
+    place a fix that moves a wait changes. As strings: the two callsite columns are
+    categoricals of different categories, which neither compare nor mix."""
+    waited_at = as_str(calls["wait_callsite"]).fillna("")
+    return waited_at.where(waited_at != "", as_str(calls["callsite"]).fillna(""))
+
+
 def _compact(series: pd.Series) -> pd.Series:
     """A string column of the collectives table: a categorical of only the values it
     holds, in lexical order, so that sorting and grouping order its rows as strings
