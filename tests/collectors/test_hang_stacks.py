@@ -60,8 +60,22 @@ def _stuck(tmp_path, state, extra=""):
     script.write_text(code)
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().startswith("registered")
-    time.sleep(0.3)  # into its stuck call
+    _wait_until_blocked(proc.pid)
     return run_dir, rank_dir, proc, script
+
+
+def _wait_until_blocked(pid: int, timeout_s: float = 30.0) -> None:
+    """Until the job's main thread sleeps in a futex: in every state here that is
+    its stuck call (the second mutex lock, or the event's wait; its other thread
+    already waits in its own). A fixed sleep here once signalled a job of a loaded
+    box still on its way, and its stack said "in library code only"."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/wchan") as wchan:
+            if "futex" in wchan.read():
+                return
+        time.sleep(0.01)  # poll period
+    raise AssertionError(f"the job never blocked in its stuck call within {timeout_s} s")
 
 
 def _signalled(run_dir, rank_dir, proc):
@@ -130,7 +144,11 @@ for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGRTMIN + 1):
     (run_dir / "traces" / "rank-00009" / f"stacks-{bystander.pid}.json").write_text(__import__("json").dumps(stale))
     try:
         assert signal_marked_ranks(str(run_dir)) == [proc.pid]
-        time.sleep(0.5)
+        # the rank's dump is written once its handler ran (a fixed 0.5 s here once
+        # read no file on a loaded box); a signalled bystander would be dead by then
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not read_rank_stacks(str(rank_dir)):
+            time.sleep(0.05)  # poll period
         assert bystander.poll() is None and proc.poll() is None
         assert not calls.exists()  # none of the job's handlers ran
         assert read_rank_stacks(str(rank_dir))["signal"] == sig
