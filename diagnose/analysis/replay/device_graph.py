@@ -46,8 +46,8 @@ import re
 import numpy as np
 import pandas as pd
 
+from diagnose.analysis.replay.instance_table import InstanceTable
 from diagnose.analysis.replay.op_graph import NEG_INF, Cycle, OpGraph
-from diagnose.analysis.replay.step_replay import InstanceTable
 from diagnose.analysis.tables.device_collectives import timed_on_device
 from diagnose.analysis.tables.gpu_tables import COMMUNICATION, COMPUTE
 
@@ -159,11 +159,11 @@ class DeviceModel:
         unnamed = at[at["_fam"] == "nccl"].drop(columns="_fam").drop_duplicates(["rank", "issue_ns"])
         calls = pd.concat([exact, rest.merge(unnamed, on=["rank", "issue_ns"])], ignore_index=True)
         t = InstanceTable(calls)
-        self.calls = t.calls
+        self.calls, self.call_inst = t.calls, t.inst
         n_inst = len(t.length_ns)
         self.length_ns = np.zeros(n_inst)  # on device a transfer is its kernels' tail
         self.member_kernel = self.calls["_kernel"].to_numpy(np.int64)
-        self.member_inst = self.calls["_inst"].to_numpy(np.int64)
+        self.member_inst = t.inst
         self.k_matched = np.zeros(len(self.k_rank), bool)
         self.k_matched[self.member_kernel] = True
         started = np.full(len(self.k_rank), np.iinfo(np.int64).min)

@@ -44,28 +44,27 @@ class OpGraph:
         self.weight_ns = np.asarray(weight_ns, np.float64)
         self.dur_ns = np.asarray(dur_ns, np.float64)
         self.floor_ns = np.full(self.n, NEG_INF) if floor_ns is None else np.asarray(floor_ns, np.float64)
-        self.level = self._levels(src, dst)
+        level = self._levels(src, dst, index)
         # nodes by level; in-edges grouped by their node in that order, so a level's
         # nodes and their edges are two contiguous slices
-        self.order = np.argsort(self.level, kind="stable").astype(index)
+        self.order = np.argsort(level, kind="stable").astype(index)
         position = np.empty(self.n, index)
         position[self.order] = np.arange(self.n, dtype=index)
         by_node = np.argsort(position[dst], kind="stable").astype(index)
         del position
         self.edge_src, self.edge_index = src[by_node], by_node
+        del by_node
         indegree = np.bincount(dst, minlength=self.n)[self.order]
-        self.edge_offset = np.concatenate([[0], np.cumsum(indegree)])
-        bounds = np.searchsorted(self.level[self.order], np.arange(int(self.level.max(initial=0)) + 2))
-        self.level_bounds = bounds
+        self.edge_offset = np.concatenate([[0], np.cumsum(indegree)]).astype(np.int64)
+        self.level_bounds = np.searchsorted(level[self.order], np.arange(int(level.max(initial=0)) + 2))
 
-    def _levels(self, src, dst) -> np.ndarray:
+    def _levels(self, src, dst, index) -> np.ndarray:
         """Kahn's algorithm, one frontier of nodes at a time (vectorised)."""
         n = self.n
-        indegree = np.bincount(dst, minlength=n)
-        by_src = np.argsort(src, kind="stable")
-        out_dst = dst[by_src]
+        indegree = np.bincount(dst, minlength=n).astype(index)
+        out_dst = dst[np.argsort(src, kind="stable")]
         out_offset = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=n))])
-        level = np.full(n, -1, np.int64)
+        level = np.full(n, -1, index)
         frontier = np.flatnonzero(indegree == 0)
         depth = 0
         while len(frontier):

@@ -37,10 +37,10 @@ recorded. Device lanes (the GPUs' streams) are diagnose/analysis/replay/device_g
 import numpy as np
 import pandas as pd
 
+from diagnose.analysis.replay.instance_table import InstanceTable
 from diagnose.analysis.replay.op_graph import NEG_INF, Cycle, OpGraph
 from diagnose.analysis.tables.p2p_exchanges import exchange_partners
 
-REDUCER_DETAIL = "ddp backward"  # collectors/instrument/ddp.py: DDP's reducer, one row per backward
 ISSUE, CALL, WAIT, STEP_END = 0, 1, 2, 3  # point kinds
 
 
@@ -51,7 +51,8 @@ class StepModel:
 
     def __init__(self, calls: pd.DataFrame, steps: pd.DataFrame):
         self.ok, self.why = True, ""
-        calls = calls[calls["seq"] >= 0]
+        numbered = calls["seq"] >= 0
+        calls = calls if numbered.all() else calls[numbered]  # no copy of the run's table when all are
         if calls.empty or steps.empty:
             self.ok, self.why = False, "no matched collectives or steps"
             return
@@ -64,16 +65,17 @@ class StepModel:
 
     def _instances(self, calls):
         t = InstanceTable(calls)
-        self.calls, self.members, self.length_ns, self.frozen = t.calls, t.members, t.length_ns, t.frozen
+        self.calls, self.call_inst, self.call_exit = t.calls, t.inst, t.exit_ns
+        self.members, self.length_ns, self.frozen = t.members, t.length_ns, t.frozen
         self.recorded_end, self.previous, self.reducer = t.recorded_end, t.previous, t.reducer
         self.last_arrival = t.last_arrival
 
     def _points(self, c, steps):
         asy = c["async_op"].to_numpy(bool)
         waited = c["wait_start_ns"].notna().to_numpy() & c["wait_end_ns"].notna().to_numpy()
-        ddp = self.reducer[c["_inst"].to_numpy()] & asy & ~waited
-        ret, ext = c["return_ns"].to_numpy(np.int64), c["_exit"].to_numpy(np.int64)
-        rank, inst, step = c["rank"].to_numpy(np.int64), c["_inst"].to_numpy(np.int64), c["step"].to_numpy(np.int64)
+        ddp = self.reducer[self.call_inst] & asy & ~waited
+        ret, ext = c["return_ns"].to_numpy(np.int64), self.call_exit
+        rank, inst, step = c["rank"].to_numpy(np.int64), self.call_inst, c["step"].to_numpy(np.int64)
         w = asy & waited
         # a blocking send that returned before its receiver arrived did not wait for it
         # (an eager send, buffered by the transport): on the lane it only arrives. A
@@ -181,43 +183,55 @@ class StepModel:
         ranks = np.array(sorted(self.slices), np.int64)
         n_r, n_p, n_i = len(ranks), len(self.rank_p), len(self.length_ns)
         self._p0, self._a0, self._e0 = n_r, n_r + n_p, n_r + n_p + n_i
-        points = self._p0 + np.arange(n_p)
-        lane_start = np.searchsorted(ranks, self.rank_p)
-        first = np.r_[True, self.rank_p[1:] != self.rank_p[:-1]]
-        prev = np.where(first, lane_start, points - 1)
-        inst = self.inst_p
+        self._n = n_r + n_p + 2 * n_i
         arrives = (self.kind_p == ISSUE) | (self.kind_p == CALL)
         blocks = (self.kind_p == CALL) | (self.kind_p == WAIT)
         live = ~self.frozen
         has_prev = (self.previous >= 0) & live
-        insts = np.arange(n_i)
-        self._edges = {  # name -> (src, dst): the weights are set per replay
-            "lane": (prev, points),
-            "arrival": (prev[arrives], self._a0 + inst[arrives]),
-            "release": (self._e0 + inst[blocks], points[blocks]),
-            "joined": (self._a0 + insts[live], self._e0 + insts[live]),
-            "group": (self._e0 + self.previous[has_prev], self._e0 + insts[has_prev]),
-        }
         self._masks = {"arrives": arrives, "blocks": blocks, "live": live, "has_prev": has_prev}
-        src = np.concatenate([e[0] for e in self._edges.values()])
-        dst = np.concatenate([e[1] for e in self._edges.values()])
-        floor = np.full(n_r + n_p + 2 * n_i, NEG_INF)
+        src, dst = self._edge_arrays()
+        floor = np.full(self._n, NEG_INF)
         floor[:n_r] = [self.start_ns[int(r)] for r in ranks]
-        floor[self._e0 + insts[self.frozen]] = self.recorded_end[self.frozen]
-        self._n = len(floor)
-        self.graph = OpGraph(self._n, src, dst, np.zeros(len(src)), np.zeros(self._n), floor)
+        floor[self._e0 + np.flatnonzero(self.frozen)] = self.recorded_end[self.frozen]
+        # weights and durations are set per replay: zero-stride zeros, no memory
+        self.graph = OpGraph(self._n, src, dst, np.broadcast_to(0.0, len(src)), np.broadcast_to(0.0, self._n), floor)
         self._deferred_graph = None
+
+    def _edge_arrays(self, deferred=False) -> tuple[np.ndarray, np.ndarray]:
+        """(src, dst) of every edge, in the order replay_points gives weights:
+        lane, arrival, release, joined, group, then (`deferred`) each deferrable
+        send's end to the point that would wait it. Made when a graph is built,
+        not kept (270 MB at 1,024 ranks x 200 steps)."""
+        m = self._masks
+        index = np.int32 if self._n < 2**31 - 1 else np.int64
+        points = (self._p0 + np.arange(len(self.rank_p))).astype(index)
+        ranks = np.array(sorted(self.slices), np.int64)
+        first = np.r_[True, self.rank_p[1:] != self.rank_p[:-1]]
+        prev = np.where(first, np.searchsorted(ranks, self.rank_p), points - 1).astype(index)
+        inst = self.inst_p
+        insts = np.arange(len(self.length_ns))
+        pairs = [
+            (prev, points),  # lane
+            (prev[m["arrives"]], self._a0 + inst[m["arrives"]]),  # arrival
+            (self._e0 + inst[m["blocks"]], points[m["blocks"]]),  # release
+            (self._a0 + insts[m["live"]], self._e0 + insts[m["live"]]),  # joined
+            (self._e0 + self.previous[m["has_prev"]], self._e0 + insts[m["has_prev"]]),  # group
+        ]
+        if deferred:
+            pairs.append((self._e0 + inst[self.defer_p], self._p0 + self.defer_to))
+        return (
+            np.concatenate([np.asarray(a, index) for a, _ in pairs]),
+            np.concatenate([np.asarray(b, index) for _, b in pairs]),
+        )
 
     def _with_deferred(self) -> OpGraph:
         """The graph plus an edge from each deferrable send's end to the point that
         would wait it (implied by its own wait as recorded). Built on the first replay
         that moves a wait: ~10% more edges, which the other what-ifs do without."""
         if self._deferred_graph is None:
-            inst = self.inst_p[self.defer_p]
-            src = np.concatenate([*(e[0] for e in self._edges.values()), self._e0 + inst])
-            dst = np.concatenate([*(e[1] for e in self._edges.values()), self._p0 + self.defer_to])
+            src, dst = self._edge_arrays(deferred=True)
             self._deferred_graph = OpGraph(
-                self._n, src, dst, np.zeros(len(src)), np.zeros(self._n), self.graph.floor_ns
+                self._n, src, dst, np.broadcast_to(0.0, len(src)), np.broadcast_to(0.0, self._n), self.graph.floor_ns
             )
         return self._deferred_graph
 
@@ -235,7 +249,7 @@ class StepModel:
         return " -> ".join(out) + (" ..." if len(nodes) > 6 else "")
 
     def _inst_name(self, i) -> str:
-        row = self.calls[self.calls["_inst"] == i].iloc[0]
+        row = self.calls.iloc[int(np.flatnonzero(self.call_inst == i)[0])]
         return f"{row['name']} #{row['seq']} of group {row['group']}"
 
     def replay_points(self, gap_p=None, length_ns=None, skip=frozenset(), defer=None) -> np.ndarray:
@@ -256,21 +270,25 @@ class StepModel:
             to = self.joined_at[moved[self.defer_p]]
             joined[to[to >= 0]] = True
         gap = np.where(joined, 0.0, gap)
-        weights = [
-            np.maximum(gap, 0.0),
-            np.where(on_skipped[m["arrives"]], NEG_INF, gap[m["arrives"]]),
-            np.where(moved, NEG_INF, removed)[m["blocks"]],
-            np.where(skipped[m["live"]], NEG_INF, 0.0),
-            np.zeros(int(m["has_prev"].sum())),
-        ]
-        graph = self.graph
-        if moved.any():
-            graph = self._with_deferred()
-            weights.append(removed[self.defer_p])
+        graph = self._with_deferred() if moved.any() else self.graph
+
+        def weights():  # per edge block, in _edge_arrays' order, one at a time
+            yield np.maximum(gap, 0.0)
+            yield np.where(on_skipped[m["arrives"]], NEG_INF, gap[m["arrives"]])
+            yield np.where(moved, NEG_INF, removed)[m["blocks"]]
+            yield np.where(skipped[m["live"]], NEG_INF, 0.0)
+            yield np.zeros(int(m["has_prev"].sum()))
+            if graph is not self.graph:
+                yield removed[self.defer_p]
+
+        weight, at = np.empty(len(graph.edge_src)), 0
+        for block in weights():
+            weight[at : at + len(block)] = block
+            at += len(block)
         dur = np.zeros(self._n)
         dur[self._p0 : self._a0] = np.where(on_skipped | moved | joined, 0.0, self.post_p)
         dur[self._e0 :] = np.where(skipped | self.frozen, 0.0, length)
-        return graph.replay(dur_ns=dur, weight_ns=np.concatenate(weights))[self._p0 : self._a0]
+        return graph.replay(dur_ns=dur, weight_ns=weight)[self._p0 : self._a0]
 
     def replay_units(self, work=None, length_ns=None, skip=frozenset(), defer=None) -> np.ndarray:
         """The replayed step ends (as end_rank, end_step) with these gaps."""
@@ -293,72 +311,6 @@ class StepModel:
         for r, s, t in zip(self.rank_p[at], self.step_p[at], times[at]):
             ends.setdefault(int(r), {})[int(s)] = t
         return ends
-
-
-class InstanceTable:
-    """The instances (group, seq) of matched calls: `calls` gains `_inst`, `_exit`
-    and `_arrival`; per instance its members, signed length (from its last
-    arrival, or its group's previous instance's end, to its first member out),
-    recorded end, its group's previous instance, whether it is frozen (a member
-    not traced: it keeps its recorded end) and whether it is DDP's reducer."""
-
-    def __init__(self, calls: pd.DataFrame):
-        group_code = _codes(calls["group"])
-        seq = calls["seq"].to_numpy(np.int64)
-        inst, _ = pd.factorize(group_code * (int(seq.max(initial=0)) + 1) + seq)
-        n = int(inst.max(initial=-1)) + 1
-        exit_ns = calls["exit_ns"].fillna(calls["return_ns"]).to_numpy(np.int64)
-        arrival = calls["issue_ns"].to_numpy(np.int64)
-        rank = calls["rank"].to_numpy(np.int64)
-        calls = calls.assign(_inst=inst, _exit=exit_ns, _arrival=arrival)
-        first = np.full(n, len(inst))
-        np.minimum.at(first, inst, np.arange(len(inst)))
-        self.members = np.bincount(
-            np.unique(inst.astype(np.int64) * (int(rank.max(initial=0)) + 1) + rank) // (int(rank.max(initial=0)) + 1),
-            minlength=n,
-        )
-        ranks_text = calls["group_ranks"]
-        commas = (
-            ranks_text.cat.categories.str.count(",").to_numpy()[ranks_text.cat.codes.to_numpy()]
-            if isinstance(ranks_text.dtype, pd.CategoricalDtype)
-            else ranks_text.astype(str).str.count(",").to_numpy()
-        )
-        expected = commas[first] + 1
-        last_arrival = np.full(n, np.iinfo(np.int64).min)
-        np.maximum.at(last_arrival, inst, arrival)
-        end = np.full(n, np.iinfo(np.int64).max)  # the first member out: the instance is over
-        np.minimum.at(end, inst, exit_ns)
-        group, seq = group_code[first], seq[first]
-        # each group's instances in seq order: a lane of their own. DDP's reducer rows
-        # are numbered when the next forward reads them, after the calls that followed
-        # the backward (a loss all-reduce): out of the group's order, so off its lane
-        self.reducer = (
-            calls["detail"].to_numpy()[first].astype(str) == REDUCER_DETAIL
-            if "detail" in calls
-            else np.zeros(len(seq), bool)
-        )
-        order = np.lexsort((seq, group))
-        order = order[~self.reducer[order]]
-        self.previous = np.full(len(seq), -1)
-        same = group[order[1:]] == group[order[:-1]]
-        self.previous[order[1:][same]] = order[:-1][same]
-        # recorded start: the last arrival, or the previous instance's end
-        prev_end = np.where(self.previous >= 0, end[np.maximum(self.previous, 0)], np.iinfo(np.int64).min)
-        start = np.maximum(last_arrival, prev_end)
-        # signed: an instance recorded as ending before its last member arrived is
-        # the ranks' clocks disagreeing (the alignment's error, a few ms on a busy
-        # host); the replay keeps that offset rather than inventing a delay
-        self.length_ns = (end - start).astype(np.float64)
-        self.frozen = self.members < expected
-        self.recorded_end, self.last_arrival = end, last_arrival
-        self.calls = calls
-
-
-def _codes(column: pd.Series) -> np.ndarray:
-    """Integer codes of a string column (a categorical's own)."""
-    if isinstance(column.dtype, pd.CategoricalDtype):
-        return column.cat.codes.to_numpy(np.int64)
-    return pd.factorize(column.astype(str))[0].astype(np.int64)
 
 
 def _shifted_running_max(values, bounds, start) -> np.ndarray:

@@ -68,7 +68,7 @@ class WhatIf:
             self._compute = self._overlaps(phases) if len(phases) else self._own
         self._in_steady = np.isin(m.unit_step, steady)
         self._key = pd.MultiIndex.from_arrays([m.unit_rank, m.unit_step])
-        inst_step = m.calls.groupby("_inst")["step"].max().reindex(range(len(m.length_ns)))
+        inst_step = pd.Series(m.calls["step"].to_numpy()).groupby(m.call_inst).max().reindex(range(len(m.length_ns)))
         self._inst_steady = inst_step.isin(steady).to_numpy()
 
     def _step_ms(self, end_ns) -> dict[int, float]:
@@ -237,8 +237,8 @@ class WhatIf:
     def hidden_sync(self, same_place):
         """same_place(callsite) -> bool: the finding's callsite (the run's are absolute)."""
         calls = self.model.calls
-        mask = calls["callsite"].astype(str).map(same_place).astype(bool)
-        skip = frozenset(int(i) for i in calls.loc[mask, "_inst"])
+        mask = calls["callsite"].astype(str).map(same_place).astype(bool).to_numpy()
+        skip = frozenset(int(i) for i in self.model.call_inst[mask])
         events = self._events
         syncs = self._overlaps(
             events[(events["kind"] == "sync") & events["callsite"].astype(str).map(same_place).astype(bool)]
@@ -272,7 +272,7 @@ class WhatIf:
         calls = self.model.calls
         named = pd.MultiIndex.from_arrays([rows["group"].astype(str), rows["seq"].astype(np.int64)])
         mask = pd.MultiIndex.from_arrays([calls["group"].astype(str), calls["seq"].astype(np.int64)]).isin(named)
-        return self._saving(skip=frozenset(int(i) for i in calls.loc[mask, "_inst"]))
+        return self._saving(skip=frozenset(int(i) for i in self.model.call_inst[mask]))
 
     def exposed_comm(self):
         """Every collective's transfer takes no time (fully overlapped). On device
