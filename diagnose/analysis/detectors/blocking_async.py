@@ -80,11 +80,7 @@ def detect(ctx):
                     f"{len(at_site)} ops), {impact_ms:.1f} ms/step of {what}"
                     + (" (on the GPUs' clocks)" if on_device else "")
                 ),
-                recommendation=(
-                    "Issue the operation earlier and wait only where its result is needed "
-                    "(e.g. start the send, run the next micro-batch's compute, then wait); "
-                    "post a send and the receive from the same peer as one batch_isend_irecv."
-                ),
+                recommendation=_advice(set(at_site["name"])),
                 metrics={
                     "immediate_wait_frac": frac,
                     "ops_per_step": per_step,
@@ -94,3 +90,18 @@ def detect(ctx):
             )
         )
     return findings
+
+
+def _advice(ops: set) -> str:
+    """What to change, for sends (a pipeline's) or collectives (overlap with compute)."""
+    if "send" in ops:
+        return (
+            "Issue the send earlier and wait only where its buffer is reused "
+            "(start the send, run the next micro-batch's compute, then wait); "
+            "post a send and the receive from the same peer as one batch_isend_irecv."
+        )
+    return (
+        "Issue the collective earlier and wait only where its result is first needed "
+        "(start it, run compute that does not read it, then wait), or let the framework "
+        "overlap it (bucketed gradient reduction, asynchronous tensor parallelism)."
+    )

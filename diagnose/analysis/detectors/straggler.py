@@ -3,8 +3,12 @@
 Signal: every collective instance is matched across its members; the last to
 arrive caused the others' waits (last arrival - own arrival). Per rank we sum
 the waiting it caused per steady step (the typical other member's wait, per
-instance it was last at: straggler_waits.waiting_caused). Only groups whose members run the same pipeline stage
-are used: across stages, arriving last is the schedule, not a straggler.
+instance it was last at: straggler_waits.waiting_caused), less the part during
+which it was itself blocked waiting for another rank, which is that rank's
+(pass_blame: a tensor-parallel partner of the straggler is last at its
+data-parallel collectives only because it waited). Only groups whose members run
+the same pipeline stage are used: across stages, arriving last is the schedule,
+not a straggler.
 
 Threshold: the rank must cause >= 2x the median of what its stage peers cause
 plus 0.5 ms per step (jitter makes everyone last sometimes), be the top

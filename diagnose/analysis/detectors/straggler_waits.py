@@ -1,7 +1,8 @@
 """The waits behind the straggler detector (diagnose.analysis.detectors.straggler):
 per rank and steady step, how long the other members of its collectives waited
 for it (waiting_caused: the typical member's union of [own arrival, last
-arrival] intervals, same-stage groups only), and how many of a group's members
+arrival] intervals, same-stage groups only, each passed on to whom the late
+rank was itself waiting for: pass_blame), and how many of a group's members
 the trace holds (members_seen)."""
 
 import numpy as np
@@ -57,6 +58,7 @@ def waiting_caused(ctx):
             "wait_ms",
             "arrival_ns",
             "last_arrival_ns",
+            "blocked_from_ns",
         ]
     ]
     # an instance counts when every member the run holds is in it (all of the
@@ -76,10 +78,74 @@ def waiting_caused(ctx):
     others = arrivals[(arrivals["rank"] != arrivals["last_rank"]) & (arrivals["wait_ms"] > 0)]
     if others.empty:
         return None
-    per_member = union_ms(others, ["last_rank", "step", "rank"], "arrival_ns", "last_arrival_ns")
+    per_member = union_ms(pass_blame(others), ["last_rank", "step", "rank"], "arrival_ns", "last_arrival_ns")
     caused = per_member.groupby(["last_rank", "step"]).median()
     caused = caused.unstack("step").reindex(columns=ctx.steady).fillna(0.0)
     return caused.reindex(sorted(arrivals["rank"].unique())).fillna(0.0)
+
+
+def pass_blame(waits: pd.DataFrame, rounds: int = 8) -> pd.DataFrame:
+    """The waits (a member `rank` waiting [arrival_ns, last_arrival_ns] for
+    `last_rank`), each part during which the late rank was itself blocked waiting
+    for another rank passed on to that rank. With two kinds of groups (data x
+    tensor parallel) the straggler's tensor-parallel partner waits for it, then
+    arrives last at its own data-parallel collective: those members waited for the
+    straggler, not for the partner, who on a loaded 4-rank dp2 x tp2 run came out
+    causing ~60% of the straggler's waiting (the 2x gate then failed). Blocked: a
+    sync call from its start, an async one from its wait (`blocked_from_ns`), to
+    its last arrival; a bucket never waited (DDP's) blocks nothing. Each round
+    looks at the late rank's last blocking wait that ended by the part's end; the
+    part before it is looked at again, the part after it is the late rank's own.
+    Returns rows of (last_rank, step, rank, arrival_ns, last_arrival_ns): parts."""
+    blocked = waits[waits["blocked_from_ns"].notna()]
+    held = pd.DataFrame(
+        {
+            "_holder": blocked["rank"].to_numpy(np.int64),
+            "_from": np.maximum(blocked["blocked_from_ns"].to_numpy(np.float64), blocked["arrival_ns"].to_numpy()),
+            "_to": blocked["last_arrival_ns"].to_numpy(np.int64),
+            "_cause": blocked["last_rank"].to_numpy(np.int64),
+        }
+    )
+    held = held[held["_to"] > held["_from"]].sort_values("_to", kind="stable")
+    parts = pd.DataFrame(
+        {
+            "last_rank": waits["last_rank"].to_numpy(np.int64),
+            "step": waits["step"].to_numpy(np.int64),
+            "rank": waits["rank"].to_numpy(np.int64),
+            "arrival_ns": waits["arrival_ns"].to_numpy(np.int64),
+            "last_arrival_ns": waits["last_arrival_ns"].to_numpy(np.int64),
+        }
+    )
+    done = []
+    for _ in range(rounds):
+        if parts.empty or held.empty:
+            break
+        j = pd.merge_asof(
+            parts.sort_values("last_arrival_ns", kind="stable"),
+            held,
+            left_on="last_arrival_ns",
+            right_on="_to",
+            left_by="last_rank",
+            right_by="_holder",
+            direction="backward",
+        )
+        s, e = j["arrival_ns"].to_numpy(), j["last_arrival_ns"].to_numpy()
+        matched = j["_cause"].notna().to_numpy()
+        lo = np.where(matched, np.maximum(s, np.nan_to_num(j["_from"].to_numpy(np.float64))), s).astype(np.int64)
+        hi = np.where(matched, np.minimum(e, np.nan_to_num(j["_to"].to_numpy(np.float64))), s).astype(np.int64)
+        cause = j["_cause"].fillna(-1).to_numpy(np.int64)
+        passed = (hi > lo) & matched & (cause != j["rank"].to_numpy()) & (cause != j["last_rank"].to_numpy())
+        keep = ["last_rank", "step", "rank", "arrival_ns", "last_arrival_ns"]
+        whole = j.loc[~passed, keep]
+        # while the late rank waited: passed on; after it was released: its own
+        # (final); before it blocked: looked at again, for an earlier wait of its own
+        j = j.loc[passed, keep].assign(_lo=lo[passed], _hi=hi[passed], _cause=cause[passed])
+        after = j.assign(arrival_ns=j["_hi"])[keep]
+        done += [whole, after[after["last_arrival_ns"] > after["arrival_ns"]]]
+        before = j.assign(last_arrival_ns=j["_lo"])[keep]
+        on = j.assign(last_rank=j["_cause"], arrival_ns=j["_lo"], last_arrival_ns=j["_hi"])[keep]
+        parts = pd.concat([before[before["last_arrival_ns"] > before["arrival_ns"]], on], ignore_index=True)
+    return pd.concat([*done, parts], ignore_index=True)
 
 
 def members_seen(ctx) -> tuple[int, int]:

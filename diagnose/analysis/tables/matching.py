@@ -188,6 +188,12 @@ def arrivals_table(collectives: pd.DataFrame) -> pd.DataFrame:
         ]
     ].reset_index(drop=True)
     table = table.rename(columns={"issue_ns": "arrival_ns"})
+    # where the member's thread blocked on the call: a sync call at its start, an
+    # async one in its wait (NaN: never waited, as DDP's buckets; it went on working)
+    waited_from = collectives["wait_start_ns"] if "wait_start_ns" in collectives else np.nan
+    table["blocked_from_ns"] = np.where(
+        table["async_op"].to_numpy(bool), np.asarray(waited_from, np.float64), table["arrival_ns"].to_numpy(np.float64)
+    )
     instance = _instance_ids(table)
     if instance is None:  # a missing group or seq; rare, so the slow path
         return _arrivals_by_merge(table)
