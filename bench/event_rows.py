@@ -3,8 +3,8 @@
 
     .venv/bin/python -m bench.event_rows [--before fa430ec] [--runs 5]
 
-"before": collectors/instrument/{collectives,collective_events}.py at that
-commit, loaded from git (they run on the working tree's other modules); "after":
+"before": collectors/instrument/{collectives,collective_tracker,collective_events}.py
+at that commit, loaded from git (they run on the working tree's other modules); "after":
 the working tree. Measured:
 - Tracker.issued for a synchronous call, and for async work with its wait and
   done rows (Tracker.waited): min over interleaved repeats, ns;
@@ -31,11 +31,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def load(rev: str, name: str):
+def load(rev: str, name: str, imports: dict | None = None):
+    """collectors/instrument/<name>.py at `rev`, None where it has no such file;
+    `imports`: modules it imports to take from `rev` too (name -> module)."""
     path = f"collectors/instrument/{name}.py"
-    src = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    shown = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, capture_output=True, text=True)
+    if shown.returncode:
+        return None
     mod = importlib.util.module_from_spec(importlib.util.spec_from_loader(f"before_{name}", loader=None))
-    exec(compile(src, path, "exec"), mod.__dict__)
+    saved = {k: sys.modules.get(k) for k in imports or {}}
+    sys.modules.update(imports or {})
+    try:
+        exec(compile(shown.stdout, path, "exec"), mod.__dict__)
+    finally:
+        for k, m in saved.items():
+            sys.modules.pop(k) if m is None else sys.modules.__setitem__(k, m)
     return mod
 
 
@@ -147,16 +157,18 @@ def main() -> None:
     ap.add_argument("--before", default="fa430ec")
     ap.add_argument("--runs", type=int, default=5, help="all_reduce comparisons (each 80 batches)")
     args = ap.parse_args()
-    from collectors.instrument import collective_events, collectives
+    from collectors.instrument import collective_events, collective_tracker, collectives
 
-    before = {
-        "collectives": load(args.before, "collectives"),
-        "collective_events": load(args.before, "collective_events"),
-    }
+    events = load(args.before, "collective_events")
+    # Tracker moved to collective_tracker.py (70f1aeb); before that it was in collectives.py
+    theirs = {"collectors.instrument.collective_events": events}
+    tracker = load(args.before, "collective_tracker", theirs)
+    theirs["collectors.instrument.collective_tracker"] = tracker or collective_tracker
+    before = {"collectives": load(args.before, "collectives", theirs), "collective_events": events}
     best = min_ns(
         {
-            "before": {**tracker_cases(before["collectives"]), **device_cases(before["collective_events"])},
-            "after": {**tracker_cases(collectives), **device_cases(collective_events)},
+            "before": {**tracker_cases(tracker or before["collectives"]), **device_cases(events)},
+            "after": {**tracker_cases(collective_tracker), **device_cases(collective_events)},
         }
     )
     print(f"before = {args.before}, after = the working tree\n")

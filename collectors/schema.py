@@ -10,6 +10,7 @@ and SCHEMA_VERSION: a bump is described there in the change that makes it).
 """
 
 from collections import namedtuple
+from operator import itemgetter
 
 import numpy as np
 import pyarrow as pa
@@ -66,13 +67,23 @@ EVENT_FIELDS = (
 EVENT_SCHEMA = pa.schema(EVENT_FIELDS)
 EVENT_COLUMNS = tuple(name for name, _ in EVENT_FIELDS)
 # One event row, its fields named after the columns (a field added anywhere moves
-# no reader: they read row.seq, never a position). A tuple subclass, written as
-# the plain tuples (EVENT_COLUMNS order) of the hot paths whose rows nothing reads
-# back: those stay plain, as building an EventRow costs more. EventRow(...) runs a
-# Python __new__; the hot path builds one as new_row(EventRow, (values in column
-# order)), one C call, half that (bench/results/2026-12-06-typed-event-records.md)
+# no reader: they read row.seq, or fields("seq")(row), never a position). Rows are
+# written as plain tuples in EVENT_COLUMNS order (orjson writes them natively); the
+# hot paths that read their own rows back read them with `fields`, code off the hot
+# path as an EventRow: new_row(EventRow, row), one C call (EventRow(...) runs a
+# Python __new__; bench/results/2026-12-06-typed-event-records.md).
 EventRow = namedtuple("EventRow", EVENT_COLUMNS)
 new_row = tuple.__new__
+COLUMN_INDEX = {name: i for i, name in enumerate(EVENT_COLUMNS)}
+
+
+def fields(*names):
+    """A getter of these fields, by name, of an event row (a plain tuple in
+    EVENT_COLUMNS order, or an EventRow): one itemgetter call. For the hot paths
+    that read back their own rows (a wait reads its call's), which then keep them
+    plain: an EventRow copy and named reads cost async work +0.45 us a call."""
+    return itemgetter(*(COLUMN_INDEX[name] for name in names))
+
 
 SAMPLE_FIELDS = (
     ("ts_ns", pa.int64()),

@@ -40,15 +40,15 @@ and asking one from any thread would invalidate it: graph_capture.py).
 
 import weakref
 
-from collectors.schema import EventRow, new_row
+from collectors.schema import fields
 
 
 class CollectiveEvents:
     """What collective_tracker.Tracker calls around each collective when CUDA is in use.
     Every event of a call is recorded on the current stream of its tensor's
     device (not the current device's: a rank may drive several GPUs). A call's
-    host row comes as Tracker.issued returns it: an EventRow for async work, the
-    plain tuple written for a synchronous call."""
+    host row comes as Tracker.issued returns it: the plain tuple written
+    (EVENT_COLUMNS order), read by field name (`fields`)."""
 
     def __init__(self, timer, ready, capturing, nccl_timing=False, stream_of=lambda tensor: None):
         self.timer = timer  # cuda_event_timer.CudaEventTimer
@@ -77,8 +77,8 @@ class CollectiveEvents:
         if arrival is None:
             return
         arrival, stream = arrival
-        if work is None:  # a synchronous call's row is the plain tuple written: named here
-            self._finish(arrival, new_row(EventRow, row), "gpu", stream)
+        if work is None:  # a synchronous call's row: the plain tuple written
+            self._finish(arrival, row, "gpu", stream)
             return
         # with NCCL's timing the work is kept until its events are read (its
         # tensors live up to one poll interval longer; an entry holding its own
@@ -156,7 +156,7 @@ class CollectiveEvents:
             except Exception:  # timing off for this group, or not NCCL's work
                 duration_ns = -1
             if duration_ns >= 0:
-                key = (row.group, row.peer)
+                key = _STREAM(row)
                 start_ns = max(arrival_ns, self.stream_end_ns.get(key, arrival_ns))
                 end_ns = min(bound_ns, start_ns + duration_ns)
                 self.stream_end_ns[key] = end_ns
@@ -169,49 +169,48 @@ class CollectiveEvents:
         self.timer.finish(arrival, row, rows_of=lambda t0, t1: device_rows(row, t0, t1, detail), stream=stream)
 
 
-def follow_up(row: EventRow, kind: str, start_ns: int, end_ns: int, callsite: str, detail: str) -> tuple:
-    """A "wait" or "done" row of an issued call (host or device): its op, step
-    and instance (group, seq, peer), no bytes. Read back by nothing, it is a
-    plain tuple in EVENT_COLUMNS order: cheaper than an EventRow to build and
-    to write (bench/results/2026-12-06-typed-event-records.md)."""
+_INSTANCE = fields("name", "step", "microbatch", "stage", "group", "group_ranks", "seq", "peer")
+_CALL = fields(
+    "kind", "name", "step", "microbatch", "stage", "group", "group_ranks", "seq", "peer", "bytes", "callsite"
+)
+_STREAM = fields("group", "peer")  # the call's NCCL stream: one per group, and per peer for p2p
+_DETAIL = fields("detail")
+
+
+def follow_up(row: tuple, kind: str, start_ns: int, end_ns: int, callsite: str, detail: str | None = None) -> tuple:
+    """A "wait" or "done" row of an issued call (host or device; `row` its event
+    row, EVENT_COLUMNS order): its op, step and instance (group, seq, peer), no
+    bytes; `detail` the call's unless given. Read back by nothing, it is a plain
+    tuple (bench/results/2026-12-06-typed-event-records.md)."""
+    name, step, microbatch, stage, group, group_ranks, seq, peer = _INSTANCE(row)
     return (
         kind,
-        row.name,
+        name,
         start_ns,
         end_ns,
-        row.step,
-        row.microbatch,
-        row.stage,
-        row.group,
-        row.group_ranks,
-        row.seq,
-        row.peer,
+        step,
+        microbatch,
+        stage,
+        group,
+        group_ranks,
+        seq,
+        peer,
         0,
         True,
         callsite,
-        detail,
+        _DETAIL(row) if detail is None else detail,
         -1,
     )
 
 
-def device_rows(host_row: EventRow, arrival_ns: int, end_ns: int, detail: str) -> list:
+def device_rows(host_row: tuple, arrival_ns: int, end_ns: int, detail: str) -> list:
     """The call's device rows from its host row: the call at its arrival, "done"
     at its end; plain tuples, as follow_up's, the host row's fields read once
     for both (the poller makes thousands at a time behind a slow device)."""
-    r = host_row
-    name, step, mb, stage, group, ranks, seq, peer = (
-        r.name,
-        r.step,
-        r.microbatch,
-        r.stage,
-        r.group,
-        r.group_ranks,
-        r.seq,
-        r.peer,
-    )
+    kind, name, step, mb, stage, group, ranks, seq, peer, nbytes, callsite = _CALL(host_row)
     return [
         (
-            r.kind,
+            kind,
             name,
             arrival_ns,
             arrival_ns,
@@ -222,9 +221,9 @@ def device_rows(host_row: EventRow, arrival_ns: int, end_ns: int, detail: str) -
             ranks,
             seq,
             peer,
-            r.bytes,
+            nbytes,
             True,
-            r.callsite,
+            callsite,
             detail,
             -1,
         ),
@@ -232,8 +231,26 @@ def device_rows(host_row: EventRow, arrival_ns: int, end_ns: int, detail: str) -
     ]
 
 
-def stall_row(host_row: EventRow, stream_at_wait_ns: int, end_ns: int, callsite: str) -> tuple:
+def stall_row(host_row: tuple, stream_at_wait_ns: int, end_ns: int, callsite: str) -> tuple:
     """The wait on the device: from where the current stream was when the host
     called Work.wait() to the work's end; its length is how long the stream
     stalled behind the wait (0 when the work was over by then)."""
-    return follow_up(host_row, "wait", stream_at_wait_ns, end_ns, callsite, "gpu:wait")
+    name, step, mb, stage, group, ranks, seq, peer = _INSTANCE(host_row)
+    return (
+        "wait",
+        name,
+        stream_at_wait_ns,
+        end_ns,
+        step,
+        mb,
+        stage,
+        group,
+        ranks,
+        seq,
+        peer,
+        0,
+        True,
+        callsite,
+        "gpu:wait",
+        -1,
+    )
