@@ -6,19 +6,14 @@ whole step (diagnose/analysis/findings/step_waterfall.py). One chart a team lead
 import plotly.graph_objects as go
 
 from dashboards.view_parts import LAYOUT, Section, esc
+from diagnose.analysis.detectors import finding_kinds
 
 MFU_COLOR, FINDING_COLOR, REST_COLOR, TOTAL_COLOR = "#41ab5d", "#d6604d", "#bdbdbd", "#636363"
 
 
 def _label(share: dict) -> str:
-    where = (
-        f" (rank {', '.join(map(str, share['ranks'][:4]))})"
-        if share["kind"] == "straggler" and share["ranks"]
-        else f" (stage {share['stage']})"
-        if share.get("stage") is not None
-        else ""
-    )
-    return f"{share['kind']}{where}"
+    where = finding_kinds.where(share, callsite=False)
+    return f"{share['kind']}" + (f" ({where})" if where else "")
 
 
 def figure(waterfall: dict) -> go.Figure | None:

@@ -12,13 +12,7 @@ MAX_FINDINGS = 12
 
 
 def _finding_label(f: dict) -> str:
-    where = (
-        f"rank {', '.join(str(r) for r in f['ranks'])}"
-        if f.get("kind") == "straggler" and f.get("ranks")
-        else f"stage {f['stage']}"
-        if f.get("stage") is not None
-        else f.get("callsite") or ""
-    )
+    where = finding_kinds.where(f)
     return f"{f.get('kind')}" + (f" ({where})" if where else "")
 
 

@@ -131,3 +131,29 @@ def pytest_collection_modifyitems(items):
     for item in items:
         shared = {"ddp_run", "straggler_run"} & set(getattr(item, "fixturenames", ()))
         item.add_marker(pytest.mark.xdist_group("ddp_runs" if shared else item.module.__name__))
+    # Groups go to the workers in collection order, each to the first free one: the
+    # longest first, so the last ones handed out are short (tests/trainer/test_trainer.py,
+    # 111 s, was collected near the end: one worker ran it while the other had run out)
+    first = {name: i for i, name in enumerate(LONGEST_GROUPS)}
+    group = {id(item): item.get_closest_marker("xdist_group").args[0] for item in items}
+    items.sort(key=lambda item: first.get(group[id(item)], len(first)))
+
+
+# By their test time on 2026-12-06 (`--durations=0`, summed per group), longest first;
+# the other groups follow in collection order
+LONGEST_GROUPS = (
+    "ddp_runs",
+    "tests.trainer.test_trainer",
+    "tests.cli.test_user_script",
+    "tests.interop.test_titan_style",
+    "tests.cli.test_failures",
+    "tests.analysis.test_analysis_engines",
+    "tests.interop.test_modern_stacks",
+    "tests.live.test_flight_recorder_live",
+    "tests.collectors.test_recording",
+    "tests.cli.test_launchers",
+    "tests.trainer.test_scenarios",
+    "tests.collectors.test_job_safety",
+    "tests.trainer.test_trainer_real_trace_mode",
+    "tests.analysis.test_scaling",
+)

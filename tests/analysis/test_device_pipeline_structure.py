@@ -14,10 +14,10 @@ import pytest
 from diagnose.analysis.findings.run_detectors import detect
 from diagnose.importers import kineto_scan
 from diagnose.importers.kineto import import_kineto
-from tests.interop.test_kineto_p2p import _tables as scan_path_tables
 from tests.support import kineto_perturb
 from tests.support import megatron_stream_model as model
 from tests.support.jobs import load_run
+from tests.support.kineto_scan_paths import scan_path_tables
 
 FWD_MS = 3.0  # a micro-batch's forward on the device (model default); backward twice that
 DEVICE_PASSES = "device passes inferred from the trace"

@@ -75,6 +75,13 @@ def test_the_registry_is_every_detector_once():
     assert modules == {k.module.rpartition(".")[2] for k in finding_kinds.KINDS}
 
 
+def test_the_readmes_table_of_kinds_is_the_registry():
+    """The README names every kind the registry has, and no other (its table is
+    prose, written by hand: this keeps it whole)."""
+    rows = re.findall(r"^\| `([a-z_0-9]+)` \|", (REPO / "README.md").read_text(encoding="utf-8"), re.M)
+    assert sorted(rows) == sorted(finding_kinds.names())
+
+
 # -- a kind added here ---------------------------------------------------------
 TEST_KIND = finding_kinds.FindingKind(
     "test_cause", "Test cause", "docs/analysis.md#detectors", detector="test_cause_detector"

@@ -228,6 +228,14 @@ def test_tests_sit_in_package_folders_and_helpers_in_support():
             assert module.startswith("test_") == (folder != "support"), f"tests/{folder}/{module}"
             by_name[module].append(folder)
     assert {n: f for n, f in by_name.items() if len(f) > 1} == {}
+    # what tests share lives in support/: no test module is imported by another
+    importing = [
+        f"{p.relative_to(REPO)} imports {module}"
+        for p in sorted(tests.rglob("*.py"))
+        for module in _imports(_module_name(p), p)
+        if any(_under(module, f"tests.{folder}") for folder in TEST_FOLDERS)
+    ]
+    assert importing == []
 
 
 def test_bench_runs_as_modules_and_patches_no_path():

@@ -1,4 +1,4 @@
-"""The fake GPU's `traced` recorder (tests/collectors/test_collective_events.py),
-shared with the tests of more calls."""
+"""The fake GPU's `traced` recorder (tests/support/fake_cuda_collectives.py) for
+the tests of collectives on CUDA."""
 
-from tests.collectors.test_collective_events import traced  # noqa: F401 (a fixture, found by name)
+from tests.support.fake_cuda_collectives import traced  # noqa: F401 (a fixture, found by name)

@@ -3,140 +3,29 @@ built from CUDA event times through the GPU-to-host anchor, re-anchored with
 its residual and drift recorded, skipped during graph capture and on gloo,
 and preferred by the matching to the host row of the same call.
 
-No GPU here: CUDA events are faked as torch.cuda.Event behaves, name for name
-(record(stream=None), query(), elapsed_time(end_event), synchronize()), over a
-device clock and one stream's queue; the torch.distributed calls and Work are
-stand-ins with the real signatures the wrappers read."""
+No GPU here: CUDA events are faked as torch.cuda.Event behaves, name for name,
+over a device clock and one stream's queue (tests/support/fake_cuda_collectives.py,
+with the `traced` fixture, tests/collectors/conftest.py); the torch.distributed
+calls and Work are stand-ins with the real signatures the wrappers read."""
 
 import pytest
 
 from collectors.instrument import collectives
-from collectors.instrument.collective_events import CollectiveEvents
-from collectors.instrument.collective_tracker import Tracker
-from collectors.instrument.cuda_event_timer import REANCHOR_S, CudaEventTimer
-from collectors.recorder import Recorder
+from collectors.instrument.cuda_event_timer import REANCHOR_S
 from collectors.schema import event_row
 from diagnose.analysis.findings.run_detectors import detect
 from diagnose.importers.run_writer import RunDirWriter, clock_meta
+from tests.support.fake_cuda_collectives import MS, FakeGPU, Tensor, Work, device_rows, queue
 from tests.support.jobs import load_run
-
-MS = 1_000_000
-
-
-class FakeGPU:
-    """The device clock (now_ms), the current stream's queue (queue_end_ms) and
-    the NCCL stream's, where async collectives run (nccl_end_ms)."""
-
-    now_ms, queue_end_ms, nccl_end_ms, capturing = 0.0, 0.0, 0.0, False
-
-
-class Event:
-    def __init__(self, enable_timing=False, blocking=False, interprocess=False):
-        self.enable_timing, self.t_ms, self.side = enable_timing, None, False
-
-    def record(self, stream=None):
-        self.side = stream == "side"  # the idle side stream runs it at once
-        self.t_ms = FakeGPU.now_ms if self.side else max(FakeGPU.queue_end_ms, FakeGPU.now_ms)
-
-    def query(self):
-        return self.t_ms is not None and FakeGPU.now_ms >= self.t_ms
-
-    def synchronize(self):
-        assert self.side, "only the anchor on the idle side stream may be waited for"
-
-    def elapsed_time(self, end_event):
-        if not (self.query() and end_event.query()):
-            raise RuntimeError("Both events must be completed before calculating elapsed time.")
-        return end_event.t_ms - self.t_ms
-
-
-class Tensor:
-    is_cuda = True
-
-    def element_size(self):
-        return 4
-
-    def numel(self):
-        return 1024
-
-    def mul_(self, factor):
-        self.scaled_by = factor
-        return self
-
-
-class Work:
-    timing = False  # TORCH_NCCL_ENABLE_TIMING in the process group
-
-    def __init__(self, kernel_ms):
-        self.kernel_ms, self.end_ms = kernel_ms, FakeGPU.nccl_end_ms
-
-    def _get_duration(self):  # ms between NCCL's own start and end events of the kernel
-        if not self.timing:
-            raise RuntimeError("getDuration only works if timing was enabled")
-        if FakeGPU.now_ms < self.end_ms:  # cudaEventElapsedTime on an unfinished event
-            raise RuntimeError("CUDA error: device not ready")
-        return self.kernel_ms
-
-    def wait(self, timeout=None):  # the current stream now waits for the NCCL stream
-        FakeGPU.queue_end_ms = max(FakeGPU.queue_end_ms, FakeGPU.nccl_end_ms)
-        return True
-
-    def is_completed(self):
-        return False
-
-
-def _queue(ms):
-    FakeGPU.queue_end_ms = max(FakeGPU.queue_end_ms, FakeGPU.now_ms) + ms
-
-
-@pytest.fixture
-def traced(monkeypatch):
-    FakeGPU.now_ms, FakeGPU.queue_end_ms, FakeGPU.nccl_end_ms, FakeGPU.capturing = 100.0, 100.0, 0.0, False
-    host = [10_000 * MS]
-    anchors = []
-    rec = Recorder(None)
-    rec.max_buffered = 10_000
-    tracker = Tracker(rec, dist=None)
-    groups = {"dp": ("pg", "0", "0,1", False), "gloo": ("pg2", "1", "0,1", True)}
-    monkeypatch.setattr(tracker, "group_info", lambda group, tensor=None: groups[group or "dp"])
-    timer = CudaEventTimer(
-        lambda: Event(enable_timing=True),
-        side_stream="side",
-        clock=lambda: host[0],
-        on_anchor=lambda *a: anchors.append(a),
-    )
-    tracker.device = CollectiveEvents(timer, ready=lambda: True, capturing=lambda: FakeGPU.capturing)
-
-    def all_reduce(tensor, op=None, group=None, async_op=False):
-        if not async_op:  # torch >= 2.8: on the current stream, after what it holds
-            _queue(3.0)
-            return None
-        # on the NCCL stream, once the current stream has reached the call
-        FakeGPU.nccl_end_ms = max(FakeGPU.nccl_end_ms, FakeGPU.queue_end_ms, FakeGPU.now_ms) + 3.0
-        return Work(3.0)
-
-    monkeypatch.setattr(Work, "wait", collectives._wrap_wait(tracker, Work.wait))
-    return dict(
-        rec=rec,
-        timer=timer,
-        host=host,
-        anchors=anchors,
-        tracker=tracker,
-        all_reduce=collectives._wrap_collective(tracker, "all_reduce", all_reduce),
-    )
-
-
-def _device_rows(rec):
-    return [r for r in rec.events if r[14] in ("gpu", "gpu:wait", "gpu:nccl")]
 
 
 def test_device_rows_come_from_event_times_through_the_anchor(traced):
     rec, timer, all_reduce = traced["rec"], traced["timer"], traced["all_reduce"]
     timer.set_anchor()  # anchor: GPU 100 ms <-> host 10 s
-    _queue(5.0)  # a forward still queued: the device is ready at 105 ms
+    queue(5.0)  # a forward still queued: the device is ready at 105 ms
     all_reduce(Tensor())  # synchronous: ends at 108 ms on the device
     work = all_reduce(Tensor(), async_op=True)  # arrives at 108, its kernel runs 108-111 on NCCL's stream
-    _queue(4.0)  # compute queued before the host waits: the stream is at 112
+    queue(4.0)  # compute queued before the host waits: the stream is at 112
     work.wait()  # no stall: the all-reduce was over by then
     work = all_reduce(Tensor(), async_op=True)  # arrives at 112, runs 112-115
     work.wait()  # waited at once: the stream stalls 3 ms
@@ -144,13 +33,13 @@ def test_device_rows_come_from_event_times_through_the_anchor(traced):
     all_reduce(Tensor())
     FakeGPU.capturing = False
     all_reduce(Tensor(), group="gloo")  # gloo's work is the host's: no device rows
-    assert timer.poll() == [] and _device_rows(rec) == []  # nothing has run: nothing waited for
+    assert timer.poll() == [] and device_rows(rec) == []  # nothing has run: nothing waited for
     FakeGPU.now_ms = 200.0
     for row in timer.poll():
         rec.add(row)
     hosts = [r for r in rec.events if r[0] == "collective" and r[14] == ""]
     assert [r[9] for r in hosts] == [0, 1, 2, 3, 0]  # the host rows, all five calls
-    rows = [(r[0], r[9], r[2] // MS - 10_000, r[3] // MS - 10_000, r[14]) for r in _device_rows(rec)]
+    rows = [(r[0], r[9], r[2] // MS - 10_000, r[3] // MS - 10_000, r[14]) for r in device_rows(rec)]
     assert rows == [
         ("collective", 0, 5, 5, "gpu"),
         ("done", 0, 8, 8, "gpu"),
@@ -161,7 +50,7 @@ def test_device_rows_come_from_event_times_through_the_anchor(traced):
         ("done", 2, 15, 15, "gpu:wait"),
         ("wait", 2, 12, 15, "gpu:wait"),
     ]  # it stalled 3 ms behind the wait
-    device = _device_rows(rec)
+    device = device_rows(rec)
     assert all(r[7] == "0" and r[8] == "0,1" and r[12] for r in device)  # group, ranks, async
     assert device[0][11] == 4096 and device[1][11] == 0
 
@@ -178,13 +67,13 @@ def test_nccl_timing_narrows_an_async_end_to_its_kernel(traced, monkeypatch, gro
     monkeypatch.setattr(Work, "timing", group_timed)
     timer.set_anchor()
     works = [all_reduce(Tensor(), async_op=True) for _ in range(2)]
-    _queue(10.0)
+    queue(10.0)
     for work in works:
         work.wait()
     FakeGPU.now_ms = 200.0
     for row in timer.poll():
         rec.add(row)
-    ends = [(r[9], r[2] // MS - 10_000, r[14]) for r in _device_rows(rec) if r[0] == "done"]
+    ends = [(r[9], r[2] // MS - 10_000, r[14]) for r in device_rows(rec) if r[0] == "done"]
     stalls = [(r[2] // MS - 10_000, r[3] // MS - 10_000) for r in rec.events if r[0] == "wait" and r[14]]
     if group_timed:
         assert ends == [(0, 3, "gpu:nccl"), (1, 6, "gpu:nccl")]
@@ -265,10 +154,10 @@ def test_ddp_bucket_completion_comes_from_an_event_not_the_callback(traced, monk
     hook = ddp.bucket_timing_hook(all_reduce)
     state = ddp._HookState(type("Module", (), {"process_group": pg})())
     timer.set_anchor()  # anchor: GPU 100 ms <-> host 10 s
-    _queue(5.0)  # bucket 0's gradients: ready on the device at 105 ms
+    queue(5.0)  # bucket 0's gradients: ready on the device at 105 ms
     bucket = Tensor()
     assert hook(state, GradBucket(0, bucket)).value() is bucket  # DDP gets the reduced bucket back
-    _queue(5.0)  # the rest of the backward: bucket 1 ready at 110 ms
+    queue(5.0)  # the rest of the backward: bucket 1 ready at 110 ms
     hook(state, GradBucket(1, Tensor()))
     assert called == [(0.5, pg, True)] * 2  # scaled by 1/world, async, on the module's group
     FakeGPU.now_ms = 200.0
@@ -276,9 +165,9 @@ def test_ddp_bucket_completion_comes_from_an_event_not_the_callback(traced, monk
         rec.add(row)
     host_done = [r[2] // MS - 10_000 for r in rec.events if r[0] == "done" and r[14].startswith("ddp")]
     assert host_done == [0, 0]  # the callbacks: at the host time of queuing
-    rows = [(r[0], r[9], r[2] // MS - 10_000) for r in _device_rows(rec)]
+    rows = [(r[0], r[9], r[2] // MS - 10_000) for r in device_rows(rec)]
     assert rows == [("collective", 0, 5), ("done", 0, 8), ("collective", 1, 10), ("done", 1, 13)]
-    assert {r[14] for r in _device_rows(rec)} == {"gpu"}  # the end is the device's (exact)
+    assert {r[14] for r in device_rows(rec)} == {"gpu"}  # the end is the device's (exact)
     # the matching takes each bucket's call and completion from its device rows
     writer = RunDirWriter(str(tmp_path / "run"), "test", [])
     for rank in (0, 1):

@@ -1,7 +1,7 @@
 """Issue 44, device rows beyond c10d's own calls (O5) and across Works that die
 unwaited (W2), on the fake GPU and stand-ins of tests/collectors/test_collective_events.py."""
 
-from tests.collectors.test_collective_events import MS, FakeGPU, Tensor, _device_rows, _queue
+from tests.support.fake_cuda_collectives import MS, FakeGPU, Tensor, device_rows, queue
 
 
 def test_functional_collectives_get_device_rows_as_c10d_calls_do(traced, monkeypatch):
@@ -47,14 +47,14 @@ def test_functional_collectives_get_device_rows_as_c10d_calls_do(traced, monkeyp
     wrapped = functional_collectives._wrap(tracker, waits, funcol, c10d, "all_reduce", all_reduce, lambda: False)
     wait = functional_collectives._wrap_wait(tracker, waits, wait_tensor, lambda: False)
     timer.set_anchor()  # anchor: GPU 100 ms <-> host 10 s
-    _queue(5.0)  # the call arrives at 105 ms and runs 105-108
+    queue(5.0)  # the call arrives at 105 ms and runs 105-108
     result = wrapped(CudaTensor(), "sum", "tp")
-    _queue(1.0)  # 106: the stream is there when the result is used
+    queue(1.0)  # 106: the stream is there when the result is used
     wait(result.elem)
     FakeGPU.now_ms = 200.0
     for row in timer.poll():
         rec.add(row)
-    rows = [(r[0], r[2] // MS - 10_000, r[14]) for r in _device_rows(rec) if r[0] != "wait"]
+    rows = [(r[0], r[2] // MS - 10_000, r[14]) for r in device_rows(rec) if r[0] != "wait"]
     assert rows == [("collective", 5, "gpu:wait"), ("done", 8, "gpu:wait")]
     stalls = [(r[2] // MS - 10_000, r[3] // MS - 10_000) for r in rec.events if r[14] == "gpu:wait" and r[0] == "wait"]
     assert stalls == [(6, 8)]  # the stream stalled 2 ms behind the all-reduce
@@ -75,11 +75,11 @@ def test_a_dropped_works_device_events_never_attach_to_the_next_work_at_its_addr
     # their entries went with them (keyed by id they stayed, 50 of them, for the
     # next Work at one of those addresses to find)
     assert len(traced["tracker"].device.by_work) == 0
-    _queue(20.0)  # later: the next call arrives at 120 ms
+    queue(20.0)  # later: the next call arrives at 120 ms
     work = all_reduce(Tensor(), async_op=True)
     work.wait()
     FakeGPU.now_ms = 300.0
     for row in timer.poll():
         rec.add(row)
-    arrivals = [r[2] // MS - 10_000 for r in _device_rows(rec) if r[0] == "collective"]
+    arrivals = [r[2] // MS - 10_000 for r in device_rows(rec) if r[0] == "collective"]
     assert arrivals == [20], arrivals

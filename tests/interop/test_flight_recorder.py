@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from diagnose.rundir.flight_recorder_reader import MAX_DUMP_BYTES, DumpError, read_dump
+from tests.support.flight_recorder_sets import import_dumps, nvrx_reference, plain_load
 from tests.support.jobs import fixture_path, run_diagnose
 
 
@@ -23,18 +24,6 @@ def _truth(folder):
     ranks = [int(r) for r in re.search(r"Fault ranks: \[([\d, ]+)\]", text).group(1).split(",")]
     kinds = dict((int(r), k) for r, k in re.findall(r"Rank (\d+), fault_type: (\w+)", text))
     return ranks, kinds
-
-
-def _nvrx(folder):
-    row = (folder / "nvrx_reference.txt").read_text().strip().splitlines()[-1]
-    pgid, desc, op, size, dtype, missing = [c.strip() for c in row.split("|")]
-    return {"desc": desc.split(",")[0], "op": op, "size": size, "missing": [int(r) for r in missing.split(",")]}
-
-
-def _import(folder, out):
-    proc = run_diagnose(["import", "flight-recorder", folder, "--out", out])
-    findings = json.loads((out / "analysis" / "findings.json").read_text())
-    return proc, findings
 
 
 # fault type -> the role its dumps show: a GPU error stops the device completing
@@ -46,8 +35,8 @@ ROLE_OF_FAULT = {"GPU_ERROR": "device stopped", "LOCK_GIL": "missing"}
 def test_real_dump_sets_name_exactly_the_faulted_ranks(dump_set, tmp_path):
     folder = fixture_path("flight_recorder", dump_set)
     truth, kinds = _truth(folder)
-    nvrx = _nvrx(folder)
-    proc, findings = _import(folder, tmp_path / "run")
+    nvrx = nvrx_reference(folder)
+    proc, findings = import_dumps(folder, tmp_path / "run")
     top = findings[0]
     assert top["kind"] == "hang" and top["severity"] == "critical", findings
     assert [f for f in findings if f["kind"] == "hang"] == [top]
@@ -83,7 +72,7 @@ def test_real_dump_sets_name_exactly_the_faulted_ranks(dump_set, tmp_path):
 
 def test_pickle_and_json_of_one_dump_read_alike(tmp_path):
     """The JSON form's quirks (0 timestamps, string pg_status values, lists for tuples)."""
-    raw = _plain_load(fixture_path("flight_recorder", "gpu_error_1st", "_dump_13"))
+    raw = plain_load(fixture_path("flight_recorder", "gpu_error_1st", "_dump_13"))
     as_json = dict(
         raw,
         pg_status={k: {f: str(v) for f, v in s.items()} for k, s in raw["pg_status"].items()},
@@ -101,17 +90,6 @@ def test_pickle_and_json_of_one_dump_read_alike(tmp_path):
     assert a["pg_status"] == b["pg_status"] and a["entries"] == b["entries"] and a["groups"] == b["groups"]
 
 
-def _plain_load(path):
-    """The fixtures hold plain data only (SOURCE.txt): a data-only unpickler reads them."""
-
-    class DataOnly(pickle.Unpickler):
-        def find_class(self, module, name):
-            raise AssertionError(f"fixture names a global {module}.{name}")
-
-    with open(path, "rb") as f:
-        return DataOnly(f).load()
-
-
 class _Payload:
     """Unpickled by pickle.load, this runs a shell command (that is the danger)."""
 
@@ -125,7 +103,7 @@ class _Payload:
 def _hostile(tmp_path):
     good = fixture_path("flight_recorder", "gpu_error_1st", "_dump_0").read_bytes()
     marker = tmp_path / "EXECUTED"
-    raw = _plain_load(fixture_path("flight_recorder", "gpu_error_1st", "_dump_0"))
+    raw = plain_load(fixture_path("flight_recorder", "gpu_error_1st", "_dump_0"))
     evil_ranks = dict(
         raw, pg_config={"0": {"name": "0", "desc": "default_pg", "ranks": f"__import__('os').system('touch {marker}')"}}
     )

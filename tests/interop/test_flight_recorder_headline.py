@@ -10,7 +10,7 @@ import hashlib
 import json
 import pickle
 
-from tests.interop.test_flight_recorder import _import, _nvrx, _plain_load
+from tests.support.flight_recorder_sets import import_dumps, nvrx_reference, plain_load
 from tests.support.jobs import fixture_path
 
 LOCK_GIL = fixture_path("flight_recorder", "lock_gil_1st")
@@ -18,7 +18,7 @@ RANKS = range(16)
 
 
 def _raw_set():
-    return {r: _plain_load(LOCK_GIL / f"_dump_{r}") for r in RANKS}
+    return {r: plain_load(LOCK_GIL / f"_dump_{r}") for r in RANKS}
 
 
 def _write_set(raw, folder):
@@ -50,11 +50,11 @@ def test_the_stalled_op_is_the_waiters_earliest_pending_one_not_a_later_op_of_a_
     config = raw[8]["pg_config"]
     assert len(_config_ranks(config["72"])) == 8 > len(_config_ranks(config["37"])) == 4
 
-    _, findings = _import(_write_set(raw, tmp_path / "one_gil"), tmp_path / "run")
+    _, findings = import_dumps(_write_set(raw, tmp_path / "one_gil"), tmp_path / "run")
     top = findings[0]
     assert top["kind"] == "hang" and top["ranks"] == [9], top
     m = top["metrics"]
-    nvrx = _nvrx(LOCK_GIL)  # the op nvidia-resiliency-ext names on the untouched set
+    nvrx = nvrx_reference(LOCK_GIL)  # the op nvidia-resiliency-ext names on the untouched set
     assert (m["group"], m["group_desc"], m["op"], m["sizes"], m["seq"]) == (
         "72",
         nvrx["desc"],
@@ -82,7 +82,7 @@ def test_an_empty_buffer_culprit_is_told_by_its_pg_status(tmp_path):
             "last_started_collective": -1,
             "last_completed_collective": 45264,
         } in raw[rank]["pg_status"].values()
-    _, findings = _import(LOCK_GIL, tmp_path / "run")
+    _, findings = import_dumps(LOCK_GIL, tmp_path / "run")
     top = findings[0]
     assert top["ranks"] == [9, 14] and top["metrics"]["seq"] == 45265, top
     for rank in (9, 14):
@@ -101,7 +101,7 @@ def test_an_empty_buffer_culprit_whose_counters_cannot_be_placed_is_said_unknown
         dump["pg_config"] = {_hashed(k): dict(c, name=_hashed(c["name"])) for k, c in dump["pg_config"].items()}
         for e in dump["entries"]:
             e["process_group"] = (_hashed(e["process_group"][0]), e["process_group"][1])
-    _, findings = _import(_write_set(raw, tmp_path / "hashed"), tmp_path / "run")
+    _, findings = import_dumps(_write_set(raw, tmp_path / "hashed"), tmp_path / "run")
     top = findings[0]
     assert top["ranks"] == [9, 14] and top["metrics"]["op"] == "nccl:all_to_all", top
     for rank in (9, 14):

@@ -14,9 +14,9 @@ import pytest
 
 from diagnose.importers import kineto, kineto_scan
 from diagnose.importers.kineto import import_kineto
-from diagnose.importers.kineto_columns import table_and_facts
 from tests.support import kineto_perturb
 from tests.support.jobs import load_run
+from tests.support.kineto_scan_paths import scan_path_tables
 
 LATE_US = 30  # how much later rank 1's recv kernels start than rank 0's sends
 MESSAGES = 3
@@ -136,18 +136,6 @@ def test_without_a_peer_sends_and_recvs_stay_collectives():
     assert [r["name"] for r in rows if r["kind"] == "collective"] == ["all_reduce"] + ["send"] * MESSAGES
 
 
-def _tables(trace: dict) -> list:
-    """The table of every scan path: dict (kineto._scan_events), msgspec, C."""
-    raw = json.dumps(trace).encode()
-    tables = [kineto.trace_table(trace)[0]]
-    scanned = [kineto_scan._scan(kineto_scan._TRACE.decode(raw), False, kineto._classify)]
-    if kineto_scan._kineto_c is not None:
-        scanned.append(kineto_scan.native_scan(raw, False, kineto._classify))
-    for facts, *rest in scanned:
-        tables.append(table_and_facts(facts["baseTimeNanoseconds"], facts["distributedInfo"], *rest)[0])
-    return tables
-
-
 def test_every_scan_path_reads_the_peer_alike():
     """Peer as a number, as a string, on a kernel whose op comes only from the
     nccl:send range around its launch (no "Collective name": the C scan must
@@ -163,7 +151,7 @@ def test_every_scan_path_reads_the_peer_alike():
     second["ts"], second["args"]["correlation"] = events[4]["ts"] + events[4]["dur"] + 1, 99
     events.append(second)
     events.append(_launch(second["ts"] - 30, 99))
-    tables = _tables(trace)
+    tables = scan_path_tables(trace)
     assert len(tables) == 3 or kineto_scan._kineto_c is None
     assert all(t.equals(tables[0]) for t in tables[1:])
     rows = tables[0].to_pylist()

@@ -166,6 +166,17 @@ def label(kind) -> str:
     return entry.label if entry else str(kind)
 
 
+def where(finding: dict, callsite: bool = True) -> str:
+    """Where a finding is, as a label says it: the ranks to blame (a kind with
+    culprits), else its pipeline stage, else (`callsite`) its line; "" when none."""
+    entry, ranks = of(finding.get("kind")), finding.get("ranks") or []
+    if entry and entry.culprits and ranks:
+        return "rank " + ", ".join(map(str, ranks[:4])) + (", ..." if len(ranks) > 4 else "")
+    if finding.get("stage") is not None:
+        return f"stage {finding['stage']}"
+    return (finding.get("callsite") or "") if callsite else ""
+
+
 def job_stopped(kind) -> bool:
     entry = of(kind)
     return bool(entry and entry.job_stopped)
