@@ -45,7 +45,10 @@ def load(rev: str, name: str, imports: dict | None = None):
         exec(compile(shown.stdout, path, "exec"), mod.__dict__)
     finally:
         for k, m in saved.items():
-            sys.modules.pop(k) if m is None else sys.modules.__setitem__(k, m)
+            if m is None:
+                del sys.modules[k]
+            else:
+                sys.modules[k] = m
     return mod
 
 

@@ -235,22 +235,4 @@ def stall_row(host_row: tuple, stream_at_wait_ns: int, end_ns: int, callsite: st
     """The wait on the device: from where the current stream was when the host
     called Work.wait() to the work's end; its length is how long the stream
     stalled behind the wait (0 when the work was over by then)."""
-    name, step, mb, stage, group, ranks, seq, peer = _INSTANCE(host_row)
-    return (
-        "wait",
-        name,
-        stream_at_wait_ns,
-        end_ns,
-        step,
-        mb,
-        stage,
-        group,
-        ranks,
-        seq,
-        peer,
-        0,
-        True,
-        callsite,
-        "gpu:wait",
-        -1,
-    )
+    return follow_up(host_row, "wait", stream_at_wait_ns, end_ns, callsite, "gpu:wait")
