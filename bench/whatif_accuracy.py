@@ -16,6 +16,13 @@ actually saved. Prints one row per scenario and writes
 bench/results/<date>-whatif-accuracy.md. Both runs of a pair share the box's
 load of the moment.
 
+`--plain` also runs each pair without diagnose (step ends from the trainer's own
+`--debug-dir` rows, over the faulty run's steady steps) and takes the measured
+saving from those: what the fix saves the job as it runs without the tool. The
+saving under diagnose is kept beside it. They differ where the hooks' own time
+changes what the fault costs: blocking_p2p on gloo, whose receives stall more
+often the later their send is posted (bench/results/2026-12-06-whatif-blocking-p2p.md).
+
 Layouts: one rank per core where the scenario allows: the data-parallel ones
 (`straggler`, `slow_input`, `hidden_sync`) run as dp2 (the straggler is rank 1).
 On an oversubscribed box a rank that sleeps or blocks hands its core to another
@@ -78,13 +85,8 @@ def _without_faults(argv: list) -> list:
     return out
 
 
-def _run(argv: list, nproc: int, out: str) -> dict:
-    command = [
-        *DIAGNOSE,
-        "run",
-        "--out",
-        out,
-        "--",
+def _torchrun(argv: list, nproc: int) -> list:
+    return [
         sys.executable,
         "-m",
         "torch.distributed.run",
@@ -95,25 +97,57 @@ def _run(argv: list, nproc: int, out: str) -> dict:
         "reference_trainer",
         *argv,
     ]
+
+
+def _env() -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("MLFLOW_TRACKING_URI", None)
-    subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, timeout=900)
+    return env
+
+
+def _run(argv: list, nproc: int, out: str) -> dict:
+    command = [*DIAGNOSE, "run", "--out", out, "--", *_torchrun(argv, nproc)]
+    subprocess.run(command, cwd=REPO, env=_env(), check=True, capture_output=True, timeout=900)
     with open(os.path.join(out, "analysis", "findings.json")) as f:
         findings = json.load(f)
     with open(os.path.join(out, "analysis", "step_figures.json")) as f:
         figures = json.load(f)
-    return {"findings": findings, "figures": figures, "job_step_ms": mean_job_step_ms(out)}
+    run = Run(out)
+    return {
+        "findings": findings,
+        "figures": figures,
+        "job_step_ms": mean_job_step_ms(run),
+        "steady": run.steady_steps(),
+    }
 
 
-def mean_job_step_ms(out: str) -> float:
+def mean_job_step_ms(run: Run) -> float:
     """The recorded steady steps' mean, each from the previous step's last end (all
     ranks) to its own: the wall time a step costs the job, the quantity the what-if's
     saving is a mean of (a median would misread steps whose work varies: varlen)."""
-    run = Run(out)
     steps = run.steps()
     ends = {r: dict(zip(g["step"], g["end_ns"])) for r, g in steps.groupby("rank")}
     per_step = job_step_ms(ends, run.steady_steps())
     return statistics.mean(per_step.values())
+
+
+def plain_job_step_ms(argv: list, nproc: int, out: str, steps: list[int]) -> float:
+    """The same job without diagnose (--plain): the mean of `steps`' job step
+    times from the trainer's own per-rank step ends (--debug-dir rows)."""
+    subprocess.run(
+        _torchrun([*argv, "--debug-dir", out], nproc),
+        cwd=REPO,
+        env=_env(),
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
+    ends = {}
+    for name in os.listdir(out):
+        with open(os.path.join(out, name)) as f:
+            rows = [json.loads(line) for line in f]
+        ends[name] = {r["step"]: r["end_unix_s"] * 1e9 for r in rows}
+    return statistics.mean(job_step_ms(ends, steps).values())
 
 
 # scenario -> argument rewrites when run as dp2 on this 2-core box
@@ -176,36 +210,50 @@ def pair_of(name: str, emulate_all: bool = False):
     return nproc, faulty, fixed, lambda f: f["impact_ms_per_step"]
 
 
-def measure(name: str, pairs: int, work: str, emulate_all: bool = False) -> dict:
+def _mean_ci(savings: list) -> tuple[float, float]:
+    half = (
+        T95.get(len(savings) - 1, 2.0) * statistics.stdev(savings) / len(savings) ** 0.5
+        if len(savings) > 1
+        else float("nan")
+    )
+    return statistics.mean(savings), half
+
+
+def measure(name: str, pairs: int, work: str, emulate_all: bool = False, plain: bool = False) -> dict:
     spec = SCENARIOS[scenario_of(name)]
     nproc, faulty_argv, fixed_argv, predict = pair_of(name, emulate_all)
     faulty_ms, clean_ms, predicted, estimates, fidelity, sources = [], [], [], [], [], []
+    plain_faulty_ms, plain_clean_ms = [], []
     for i in range(pairs):
         faulty = _run(faulty_argv, nproc, os.path.join(work, f"{name}-{i}-fault"))
         clean = _run(fixed_argv, nproc, os.path.join(work, f"{name}-{i}-clean"))
         faulty_ms.append(faulty["job_step_ms"])
         clean_ms.append(clean["job_step_ms"])
+        if plain:  # the same pair without diagnose, over the faulty run's steady steps
+            for argv, into, tag in ((faulty_argv, plain_faulty_ms, "fault"), (fixed_argv, plain_clean_ms, "clean")):
+                out = os.path.join(work, f"{name}-{i}-plain-{tag}")
+                into.append(plain_job_step_ms(argv, nproc, out, faulty["steady"]))
         fidelity.append(faulty["figures"].get("replay_max_step_error_frac"))
         planted = [f for f in faulty["findings"] if f["kind"] == spec.expected_kind]
         if planted:
             predicted.append(predict(planted[0]))
             sources.append(planted[0].get("impact_source", "?").split(":")[0])
             estimates.append(planted[0]["metrics"].get("estimate_ms_per_step", planted[0]["impact_ms_per_step"]))
-    savings = [f - c for f, c in zip(faulty_ms, clean_ms)]
-    mean = statistics.mean(savings)
-    half = (
-        T95.get(len(savings) - 1, 2.0) * statistics.stdev(savings) / len(savings) ** 0.5
-        if len(savings) > 1
-        else float("nan")
-    )
+    traced_savings = [f - c for f, c in zip(faulty_ms, clean_ms)]
+    # --plain: the target is the saving of the job as it runs without diagnose
+    savings = [f - c for f, c in zip(plain_faulty_ms, plain_clean_ms)] if plain else traced_savings
+    mean, half = _mean_ci(savings)
     pred = statistics.mean(predicted) if predicted else float("nan")
     return {
+        "measured_on": "plain" if plain else "diagnose run",
+        "traced_saving_ms": _mean_ci(traced_savings),
         "scenario": name + (" (emulated device)" if emulate_all or scenario_of(name) in EMULATED_DEVICE else ""),
         "kind": spec.expected_kind,
         "pairs": pairs,
         "nproc": nproc,
-        "faulty_step_ms": statistics.mean(faulty_ms),
-        "clean_step_ms": statistics.mean(clean_ms),
+        "faulty_step_ms": statistics.mean(plain_faulty_ms if plain else faulty_ms),
+        "clean_step_ms": statistics.mean(plain_clean_ms if plain else clean_ms),
+        "traced_faulty_step_ms": statistics.mean(faulty_ms),
         "measured_saving_ms": mean,
         "ci95_ms": half,
         "whatif_saving_ms": pred,
@@ -241,6 +289,11 @@ def main():
     )
     parser.add_argument("--keep", help="keep every run dir under this folder")
     parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="also run each pair without diagnose and take the measured saving from those runs",
+    )
+    parser.add_argument(
         "--emulate-all",
         action="store_true",
         help="every scenario with the emulated per-rank device, not only the pipelined ones",
@@ -251,10 +304,11 @@ def main():
         work = args.keep or scratch
         os.makedirs(work, exist_ok=True)
         for name in args.scenarios.split(","):
-            rows.append(measure(name, args.pairs, work, args.emulate_all))
+            rows.append(measure(name, args.pairs, work, args.emulate_all, args.plain))
             r = rows[-1]
             print(
-                f"{r['scenario']:12s} {r['kind']:17s} measured {r['measured_saving_ms']:7.1f} +- {r['ci95_ms']:5.1f} ms  "
+                f"{r['scenario']:12s} {r['kind']:17s} measured ({r['measured_on']}) {r['measured_saving_ms']:7.1f} +- {r['ci95_ms']:5.1f} ms  "
+                f"(under diagnose {r['traced_saving_ms'][0]:.1f} +- {r['traced_saving_ms'][1]:.1f})  "
                 f"what-if {r['whatif_saving_ms']:7.1f}  old estimate {r['old_estimate_ms']:7.1f}  "
                 f"error {r['error_frac']:+.0%} ({r['verdict']}, {r['impact_source']})  found {r['found_in']}  pairs {r['pair_savings_ms']} "
                 f"what-if {r['pair_whatif_ms']}",
@@ -265,19 +319,22 @@ def main():
     with open(path, "w") as f:
         f.write(
             f"# What-if saving vs measured saving ({date})\n\n`python -m bench.whatif_accuracy --pairs "
-            f"{args.pairs} --scenarios {args.scenarios}{' --emulate-all' if args.emulate_all else ''}` on the 2-core VM (layouts: the module's docstring).\n\n"
+            f"{args.pairs} --scenarios {args.scenarios}{' --emulate-all' if args.emulate_all else ''}"
+            f"{' --plain' if args.plain else ''}` on the 2-core VM (layouts: the module's docstring).\n\n"
         )
         f.write(
-            "| scenario | ranks | finding | faulty step ms | fault-free step ms | measured saving ms (95% CI) "
-            "| impact ms (source) | error | 25% target | detector estimate ms | replay max step error | per pair: measured / impact |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+            "| scenario | ranks | finding | measured on | faulty step ms | fault-free step ms | measured saving ms (95% CI) "
+            "| impact ms (source) | error | 25% target | detector estimate ms | replay max step error "
+            "| under diagnose: faulty step ms, saving ms (95% CI) | per pair: measured / impact |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
         )
         for r in rows:
             f.write(
-                f"| {r['scenario']} | {r['nproc']} | {r['kind']} ({r['found_in']}) | {r['faulty_step_ms']:.1f} | "
+                f"| {r['scenario']} | {r['nproc']} | {r['kind']} ({r['found_in']}) | {r['measured_on']} | {r['faulty_step_ms']:.1f} | "
                 f"{r['clean_step_ms']:.1f} | {r['measured_saving_ms']:.1f} (+-{r['ci95_ms']:.1f}) | "
                 f"{r['whatif_saving_ms']:.1f} ({r['impact_source']}) | {r['error_frac']:+.0%} | {r['verdict']} | {r['old_estimate_ms']:.1f} | "
-                f"{r['replay_max_error']:.3f} | {r['pair_savings_ms']} / {r['pair_whatif_ms']} |\n"
+                f"{r['replay_max_error']:.3f} | {r['traced_faulty_step_ms']:.1f}, {r['traced_saving_ms'][0]:.1f} "
+                f"(+-{r['traced_saving_ms'][1]:.1f}) | {r['pair_savings_ms']} / {r['pair_whatif_ms']} |\n"
             )
     print(f"wrote {path}")
 

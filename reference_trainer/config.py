@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="inject a fault (repeatable); see reference_trainer/faults.py",
     )
     g.add_argument("--log-jsonl", default=None, help="one JSON object per step, from the loss rank")
-    g.add_argument("--debug-dir", default=None, help="per-rank JSONL of schedule and memory stats")
+    g.add_argument("--debug-dir", default=None, help="per-rank JSONL of step ends, schedule and memory stats")
     g.add_argument(
         "--pg-timeout-s",
         type=float,

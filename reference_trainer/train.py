@@ -234,6 +234,7 @@ def main(argv: list[str] | None = None) -> None:
                 "optimizer_state_numel": optimizer_state_numel(optimizer),
                 "param_numel": sum(p.numel() for p in model.parameters()),
                 "step_time_s": round(step_time_s, 6),
+                "end_unix_s": round(time.time(), 6),  # a job's step ends on its last rank
                 "compute_s": round(runner.compute_s, 6),
                 "fault_compute_s": round(faults.take_added_compute_s(), 6),
                 "data_s": round(data_s, 6),

@@ -296,6 +296,15 @@ def test_zero1_shards_optimizer_state(launched):
         assert half <= row["optimizer_state_numel"] <= half + 64, (row, full)
 
 
+def test_debug_rows_carry_each_steps_end(launched):
+    # bench/whatif_accuracy.py --plain times a job without diagnose from these: a step
+    # starts after the one before it ended, so two ends are at least the later step's time apart
+    rows = launched("pp2_afab").debug(0)
+    assert len(rows) > 2
+    for before, row in zip(rows, rows[1:]):
+        assert row["end_unix_s"] - before["end_unix_s"] >= row["step_time_s"] - 1e-5, (before, row)
+
+
 def test_soft_faults_keep_the_math_and_hit_the_right_rank(launched):
     faulted = launched("dp2_pp2_faults")
     reference = launched("dp2_pp2_1f1b_zero1").losses
