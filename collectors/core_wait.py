@@ -5,8 +5,10 @@ not running, since it started).
 Why: on a host with more busy ranks than cores a phase's wall time is its
 work plus the time it queued for a core, and which rank queues changes with
 what its neighbours do (a peer asleep in data loading frees a core). A phase
-row carries the queued ns of its span so that the analysis can tell work
-that varies (sequence lengths) from a shared core (workload_imbalance).
+row, and the zero-code forward, backward and optimizer rows, carry the queued
+ns of their span so that the analysis can tell work that varies (sequence
+lengths) from a shared core (workload_imbalance), and a slow rank from one
+kept off a core (straggler's "cpu contention").
 
 Cost: one pread on a file kept open per thread (0.9 us measured here), no
 allocation beyond the small bytes read. -1 where the kernel has no schedstat
@@ -40,6 +42,13 @@ def queued_ns() -> int:
         return int(os.pread(fd, 64, 0).split()[1])
     except (OSError, ValueError, IndexError):
         return -1
+
+
+def queued_since(start: int) -> int:
+    """ns this thread queued for a core since queued_ns() returned `start`; -1
+    if either reading failed (or the span ended on another thread: they disagree)."""
+    end = queued_ns()
+    return end - start if start >= 0 and end >= start else -1
 
 
 def _forget_in_child():

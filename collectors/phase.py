@@ -16,7 +16,7 @@ import functools
 
 from collectors import nvtx_ranges
 from collectors.clock import now_ns
-from collectors.core_wait import queued_ns
+from collectors.core_wait import queued_ns, queued_since
 from collectors.recorder import get_recorder
 
 
@@ -54,9 +54,7 @@ class phase:
         if rec is None:
             return False
         t1 = now_ns()
-        q1 = queued_ns()
-        # unknown if a reading failed (or, ended on another thread, the two disagree)
-        queued = q1 - self._q0 if self._q0 >= 0 and q1 >= self._q0 else -1
+        queued = queued_since(self._q0)
         if nvtx_ranges.MIRRORING:
             nvtx_ranges.pop()
         st = rec.state

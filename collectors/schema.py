@@ -62,7 +62,7 @@ EVENT_FIELDS = (
     ("async_op", pa.bool_()),
     ("callsite", pa.string()),  # "path/to/file.py:LINE" of the first user frame
     ("detail", pa.string()),  # free-form: device of a sync, "ddp" for bucket hooks, error text
-    ("queued_ns", pa.int64()),  # phase: ns its thread waited for a core (collectors.core_wait)
+    ("queued_ns", pa.int64()),  # phase, forward, backward, optimizer: ns its thread waited for a core (core_wait)
 )
 EVENT_SCHEMA = pa.schema(EVENT_FIELDS)
 EVENT_COLUMNS = tuple(name for name, _ in EVENT_FIELDS)

@@ -37,6 +37,7 @@ from collectors import nvtx_ranges
 from collectors.after_import import after_import
 from collectors.callsite import user_callsite
 from collectors.clock import now_ns
+from collectors.core_wait import queued_ns, queued_since
 from collectors.instrument import InjectedFailure, injected_failure, records_compute_rows
 
 _CALLBACKS: list = []  # (start, end) pairs, called at the start and end of each outermost forward
@@ -65,6 +66,7 @@ def install(rec):
             if depth[0]:
                 return call(self, *args, **kwargs)
             depth[0] = 1
+            q0 = queued_ns() if rows else -1
             t0 = now_ns()
             if learning:
                 root_classes.add(type(self))
@@ -103,7 +105,7 @@ def install(rec):
                                 False,
                                 "",
                                 "",
-                                -1,
+                                queued_since(q0),
                             )
                         )
                 except Exception as exc:
@@ -143,6 +145,7 @@ def install(rec):
             if depth[1]:
                 return orig(*args, **kwargs)
             depth[1] = 1
+            q0 = queued_ns()
             t0 = now_ns()
             if st.step_start_ns is None:
                 st.step_start_ns = t0
@@ -173,7 +176,7 @@ def install(rec):
                         False,
                         user_callsite(2),
                         "",
-                        -1,
+                        queued_since(q0),
                     )
                 )
 

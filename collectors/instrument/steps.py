@@ -7,6 +7,7 @@ stepped defines the step; every optimizer's step is an "optimizer" span.
 
 from collectors import nvtx_ranges
 from collectors.clock import now_ns
+from collectors.core_wait import queued_ns, queued_since
 from collectors.instrument import InjectedFailure, injected_failure
 
 RECENT_STEPS = 64  # per-step history kept in progress.json for live metrics
@@ -17,15 +18,16 @@ def install(rec):
 
     st = rec.state
     primary = []  # id of the optimizer that defines the step
-    started: dict = {}  # id(optimizer) -> start_ns of its running step()
+    started: dict = {}  # id(optimizer) -> (start_ns, queued_ns) of its running step()
     fail = injected_failure("steps")
 
     def pre(optimizer, args, kwargs):
         try:
             if fail:
                 raise InjectedFailure("steps")
+            q = queued_ns()
             t = now_ns()
-            started[id(optimizer)] = t
+            started[id(optimizer)] = (t, q)
             if not primary:
                 primary.append(id(optimizer))
             if st.step_start_ns is None:
@@ -38,12 +40,15 @@ def install(rec):
     def post(optimizer, args, kwargs):
         try:
             t = now_ns()
-            t0 = started.pop(id(optimizer), None)
-            if t0 is None:
+            began = started.pop(id(optimizer), None)
+            if began is None:
                 return
+            t0, q0 = began
             if nvtx_ranges.MIRRORING:
                 nvtx_ranges.pop()
-            rec.add(("optimizer", "optimizer", t0, t, st.step, -1, -1, "", "", -1, -1, 0, False, "", "", -1))
+            rec.add(
+                ("optimizer", "optimizer", t0, t, st.step, -1, -1, "", "", -1, -1, 0, False, "", "", queued_since(q0))
+            )
             if id(optimizer) == primary[0]:
                 rec.add(("step", "step", st.step_start_ns, t, st.step, -1, -1, "", "", -1, -1, 0, False, "", "", -1))
                 prog = rec.progress

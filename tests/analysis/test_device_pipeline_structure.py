@@ -122,7 +122,7 @@ def test_uniform_jittered_runs_give_no_finding_above_info(tmp_path, shape):
     assert phase_findings == []
     # straggler named some rank of dp4 (seeds 6, 19) and of pp2 x dp2 (8 of 20 seeds)
     # before it asked whether the rank's kernels themselves run slower
-    # (straggler.kernels_slower): a few 20 ms late kernels are not a slow GPU
+    # (straggler_causes.kernels_slower): a few 20 ms late kernels are not a slow GPU
     assert above == []
 
 

@@ -69,6 +69,7 @@ def test_the_registry_is_every_detector_once():
         "__init__",
         "run_structure",
         "straggler_waits",
+        "straggler_causes",
         "finding_kinds",
         "finding_record",
     }  # helpers, the registry, its record

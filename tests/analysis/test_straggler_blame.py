@@ -72,3 +72,41 @@ def test_blame_goes_down_a_chain_and_stops_where_the_late_rank_worked():
         )
     )
     assert caused == {(2, 1): 13, (2, 0): 8, (1, 0): 2, (0, 2): 9}
+
+
+def _releases(rows):
+    """(rank, exit, waited there) of every call a rank was blocked in."""
+    return pd.DataFrame(rows, columns=["rank", "exit_ns", "waited"])
+
+
+def test_lateness_brought_out_of_an_earlier_wait_is_no_ones():
+    """The loaded dp2 x tp2 job (times in 0.1 ms): rank 3 waits for rank 1 in their
+    all-gather until 184 (both leave at 190); rank 2 left its own all-gather at 25,
+    works 55 and waits at its tensor-parallel all-reduce from 80 for rank 3, which
+    left at 190 and worked 60: rank 3 worked 5 longer, that is its own; the rest it
+    brought out of the all-gather. The part while rank 3 still waited is rank 1's."""
+    waits = _waits(
+        [
+            ("ag13", 3, 0, 184, 1, 0.0),
+            ("ag13", 1, 184, 184, 1, 184.0),
+            ("tp23", 2, 80, 250, 3, 80.0),
+            ("tp23", 3, 250, 250, 3, 250.0),
+        ]
+    )
+    releases = _releases(
+        [(3, 190, True), (1, 190, False), (0, 25, False), (2, 25, True), (2, 255, True), (3, 255, False)]
+    )
+    assert _caused(pass_blame(waits, releases=releases)) == {(1, 3): 184, (1, 2): 104, (3, 2): 5}
+    # without the releases, rank 3 held the 66 after its wait ended
+    assert _caused(pass_blame(waits)) == {(1, 3): 184, (1, 2): 104, (3, 2): 66}
+
+
+def test_a_straggler_keeps_the_waits_its_own_work_makes():
+    """One group: rank 1 is last into all-reduce k-1 and both leave it at 10; rank 0
+    arrives at k at 15, the slow rank 1 at 40: all 25 are rank 1's, as when it left
+    later (30: the transfer reached it late). Had it waited there for rank 0 (it
+    arrived first), it would keep only its 10 of work beyond rank 0's 5."""
+    waits = _waits([("dp", 0, 15, 40, 1, 15.0), ("dp", 1, 40, 40, 1, 40.0)])
+    assert _caused(pass_blame(waits, releases=_releases([(0, 10, True), (1, 10, False)]))) == {(1, 0): 25}
+    assert _caused(pass_blame(waits, releases=_releases([(0, 10, True), (1, 30, False)]))) == {(1, 0): 25}
+    assert _caused(pass_blame(waits, releases=_releases([(0, 10, False), (1, 30, True)]))) == {(1, 0): 5}

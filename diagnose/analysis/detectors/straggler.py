@@ -27,7 +27,15 @@ over the judged steps, not the median step minus the median waits, which mixes
 steps: 1.47x for ddp-clean-jitter's rank 0, whose median busy step is 1.27x)
 must be >= 1.4x the median of its pipeline-stage peers' (clean 4-rank runs sharing 2 cores have
 shown up to 1.31x: the scheduler favours some ranks; a 30 ms slowdown of a
-~50 ms step is ~1.7x); of the ranks that pass, the one with the most busy time
+~50 ms step is ~1.7x); on host time busy is net of the time its training thread
+waited for a CPU core (the run delay of its compute rows, tables/run_delay.py):
+a rank kept off a core works no longer. It is late all the same, and named for
+that, cause "cpu contention", when its busy time with the wait counted passes
+1.4x and its wait beyond its peers' is at least half of that excess
+(straggler_causes.cpu_contention): the suite's clean 2-rank run beside another
+test's 4-rank job came out 1.70x busy on rank 1, both ranks at 41% of a core;
+on a real job the same says "another process, or this rank's own threads, take
+its cores". Of the ranks that pass, the one with the most busy time
 beyond its peers' is reported (a pipeline neighbour of the straggler also arrives
 last at its own stage's collectives), and it must cost >= 3% of the step to be a warning (severity
 from impact). Evidence: busy and compute (forward+backward+optimizer) ratios to
@@ -54,9 +62,17 @@ steps, which passed the 1.1x gate on the median step in 8 of 20 jittered pp2 x
 dp2 runs.
 """
 
-import numpy as np
-
 from diagnose.analysis.detectors.finding_record import Finding
+from diagnose.analysis.detectors.straggler_causes import (
+    BUSY_RATIO,
+    DEVICE_BUSY_RATIO,
+    LAUNCH_BOUND_NS,
+    busy_ratio,
+    busy_rows,
+    cpu_contention,
+    kernels_slower,
+    launch_bound,
+)
 from diagnose.analysis.detectors.straggler_waits import members_seen, waiting_caused
 from diagnose.analysis.detectors.workload_imbalance import explains_slowness
 
@@ -66,51 +82,9 @@ PERSISTENT_FRAC = 0.5
 INTERMITTENT_FRAC = 0.2
 MIN_INTERMITTENT_STEPS = 4
 ALPHA = 0.01
-BUSY_RATIO = 1.4
-DEVICE_BUSY_RATIO = 1.1
-LAUNCH_BOUND_NS = 20_000
 
 
-def _busy_rows(ctx, rank, stages, steps):
-    """(breakdown rows per rank and step of the ranks doing the same work as `rank`
-    (its pipeline stage) over the given steps, their busy ms): busy is the step minus
-    waiting on others; on a device trace the device compute."""
-    breakdown = ctx.breakdown
-    # device time when the collectives are seen on the device: the compute
-    # kernels on the steps they cover, else (a live CUDA run) the CUDA-event
-    # spans of forward and backward; host time otherwise
-    device = ()
-    if ctx.kernel_steady and set(steps) & set(ctx.kernel_steady):
-        device = ctx.run.device_compute()
-        steps = [s for s in steps if s in set(ctx.kernel_steady)]
-    elif ctx.on_device:
-        device = ctx.run.device_compute_spans()
-    if len(device):
-        breakdown = breakdown.merge(device, on=["rank", "step"], how="left").fillna({"device_compute_ms": 0.0})
-    if len(steps):
-        breakdown = breakdown[breakdown["step"].isin(steps)]
-    if stages:
-        breakdown = breakdown[breakdown["rank"].map(lambda r: stages.get(r) == stages.get(rank))]
-    if "device_compute_ms" in breakdown.columns:
-        busy = breakdown["device_compute_ms"]
-    else:
-        busy = breakdown["step_ms"] - breakdown["exposed_comm_ms"] - breakdown["pipeline_wait_ms"]
-    return breakdown, busy
-
-
-def _busy_ratio(ctx, rank, stages, steps):
-    """(ratio, excess ms, breakdown): the rank's busy time over, and beyond, the
-    median of its stage peers', medians over the given steps."""
-    rows, busy = _busy_rows(ctx, rank, stages, steps)
-    breakdown = rows.groupby("rank").median(numeric_only=True)
-    busy = busy.groupby(rows["rank"]).median()
-    if rank not in breakdown.index or len(breakdown) < 2:
-        return None, 0.0, breakdown
-    baseline = float(busy.drop(rank).median())
-    return (float(busy[rank] / baseline) if baseline > 0 else None), float(busy[rank] - baseline), breakdown
-
-
-def _slow_when_last(ctx, rank, stages, straggling) -> bool:
+def _slow_when_last(ctx, rank, stages, straggling, net_of_core_wait) -> bool:
     """An intermittent straggler is judged on the steps it was last in, a choice
     that favours noise: with n peers anyone is last in ~1/n of the steps, and on
     the steps it was last its busy time was, by that choice, its highest. So the
@@ -126,7 +100,7 @@ def _slow_when_last(ctx, rank, stages, straggling) -> bool:
         return False
     if binomtest(len(judged), len(straggling), 1 / n_peers, alternative="greater").pvalue > ALPHA:
         return False
-    rows, busy = _busy_rows(ctx, rank, stages, list(straggling.index))
+    rows, busy = busy_rows(ctx, rank, stages, list(straggling.index), net_of_core_wait)
     per_step = busy.groupby([rows["step"], rows["rank"]]).median().unstack("rank")
     if rank not in per_step.columns or per_step.shape[1] < 2:
         return False
@@ -135,74 +109,6 @@ def _slow_when_last(ctx, rank, stages, straggling) -> bool:
     if len(slow) < MIN_INTERMITTENT_STEPS or len(other) < MIN_INTERMITTENT_STEPS:
         return False
     return mannwhitneyu(slow, other, alternative="greater").pvalue <= ALPHA
-
-
-def kernels_slower(ctx, rank, stages, steps) -> bool:
-    """On a trace with kernels: do the rank's compute kernels themselves run
-    slower than its stage peers' same kernels (the median over its kernels of
-    duration / the peers' median duration of that kernel name >= DEVICE_BUSY_RATIO)?
-    A slow GPU (clocks, thermals, a noisy neighbour) slows every kernel; jitter
-    (a kernel 20 ms late now and then) adds time in a few, which moves a small
-    group's busy time on a few steps but not the typical kernel: 2 ranks over 4
-    steps, one late kernel in most of one rank's steps, made a persistent
-    "straggler" of it in 8 of 20 seeds. Asked only where the ranks run one
-    program (as many compute kernels per step): where their work differs (HTA's
-    sampled DLRM ranks, 547 and 572 kernels a step), it says nothing."""
-    kernels = ctx.run.kernels()
-    peers = [r for r in ctx.run.ranks if not stages or stages.get(r) == stages.get(rank)]
-    k = kernels[(kernels["kind"] == "compute") & kernels["step"].isin(list(steps)) & kernels["rank"].isin(peers)]
-    # the same kernel: same step, same name, same place among that name's launches
-    # (ranks of one stage run one program; one name can run several shapes)
-    k = k.assign(nth=k.groupby(["rank", "step", "name"], observed=True).cumcount())
-    keys = ["step", "name", "nth"]
-    typical = k[k["rank"] != rank].groupby(keys, observed=True)["dur_ms"].median().rename("typical_ms")
-    counts = k.groupby(["rank", "step"]).size().unstack("rank")
-    if counts.nunique(axis=1).max() > 1:
-        return True  # not one program (data-dependent work): kernel against kernel says nothing
-    mine = k[k["rank"] == rank].join(typical, on=keys, how="inner")
-    ratio = mine["dur_ms"] / mine["typical_ms"]
-    ratio = ratio[ratio.notna() & (mine["typical_ms"] > 0)]
-    return ratio.empty or float(ratio.median()) >= DEVICE_BUSY_RATIO
-
-
-def launch_bound(ctx, rank, steps, caused_ms, breakdown) -> dict | None:
-    """A rank whose GPU waited for its host. On a device trace, per collective it
-    was last into (in `steps`), its lateness is the median member's wait; the
-    host made it late where, in that window before its arrival, its GPU sat idle
-    until a kernel that started within LAUNCH_BOUND_NS of its launch (the queue
-    was empty: the kernel ran as soon as the host launched it). Host-bound when
-    that idle is at least half the lateness in at least half of those
-    collectives. Not when its own data loading explains at least half of the
-    waits it caused (input_stall's cause). {"last_in", "launch_bound"} or None."""
-    kernels = ctx.run.kernels()
-    if kernels.empty or (kernels["queued_ns"] < 0).all():
-        return None
-    arrivals = ctx.run.arrivals()
-    arrivals = arrivals[(arrivals["last_rank"] == rank) & arrivals["step"].isin(steps) & (arrivals["members"] > 1)]
-    late = arrivals[arrivals["rank"] != rank].groupby(["group", "seq"])["wait_ms"].median()
-    mine = arrivals[arrivals["rank"] == rank].set_index(["group", "seq"])["arrival_ns"]
-    late = late[late.index.isin(mine.index)]
-    if late.empty:
-        return None
-    k = kernels[kernels["rank"] == rank].sort_values("start_ns", kind="stable")
-    # the idle before each kernel the host launched onto an empty queue: from the
-    # device's furthest end so far (before the first kernel: any time) to its start
-    start, queued = k["start_ns"].to_numpy(), k["queued_ns"].to_numpy()
-    idle_from = np.append(np.iinfo(np.int64).min, np.maximum.accumulate(k["end_ns"].to_numpy())[:-1])
-    bound = (queued >= 0) & (queued <= LAUNCH_BOUND_NS)
-    start, idle_from = start[bound], idle_from[bound]
-    n_bound = 0
-    for key, late_ms in late.items():
-        arrival, late_ns = mine[key], late_ms * 1e6
-        idle_ns = np.clip(np.minimum(start, arrival) - np.maximum(idle_from, arrival - late_ns), 0, None).sum()
-        n_bound += bool(idle_ns >= late_ns / 2)
-    if n_bound < len(late) / 2:
-        return None
-    data = breakdown["data_wait_ms"] if "data_wait_ms" in breakdown else None
-    if data is not None and rank in data.index and len(data) > 1:
-        if float(data[rank] - data.drop(rank).median()) >= caused_ms / 2:
-            return None
-    return {"last_in": len(late), "launch_bound": n_bound}
 
 
 def detect(ctx):
@@ -237,16 +143,21 @@ def detect(ctx):
             (straggling[straggling].index, False)
         ]
         for judged, persistent in judgements:
-            busy_ratio, excess_busy_ms, breakdown = _busy_ratio(ctx, top, stages, judged)
+            ratio, excess_busy_ms, breakdown = busy_ratio(ctx, top, stages, judged)
             gate = DEVICE_BUSY_RATIO if "device_compute_ms" in breakdown.columns else BUSY_RATIO
-            host_bound = None
-            if busy_ratio is not None and busy_ratio < gate and gate == DEVICE_BUSY_RATIO:
-                host_bound = launch_bound(ctx, top, judged, top_ms, breakdown)
-            if busy_ratio is None or (busy_ratio < gate and host_bound is None):
+            cause = None  # slower work; else (name, evidence): late, but not by its own work
+            if ratio is not None and ratio < gate:
+                if gate == DEVICE_BUSY_RATIO:
+                    found = launch_bound(ctx, top, judged, top_ms, breakdown)
+                    cause = ("host-bound", found) if found else None
+                else:
+                    found = cpu_contention(ctx, top, stages, judged)
+                    cause = ("cpu contention", found) if found else None
+            if ratio is None or (ratio < gate and cause is None):
                 continue
             if (
                 persistent
-                and host_bound is None
+                and cause is None
                 and ctx.kernel_steady
                 and gate == DEVICE_BUSY_RATIO
                 and not kernels_slower(ctx, top, stages, judged)
@@ -255,26 +166,18 @@ def detect(ctx):
             # slow by its own micro-batches' work in a run whose lengths vary
             # (workload_imbalance), persistent or not: the rank that drew the long
             # batches, not a slow rank
-            if explains_slowness(ctx, top) or (not persistent and not _slow_when_last(ctx, top, stages, straggling)):
+            net = cause is None or cause[0] != "cpu contention"
+            if explains_slowness(ctx, top) or (
+                not persistent and not _slow_when_last(ctx, top, stages, straggling, net)
+            ):
                 break
-            # a host-bound rank works no longer on the device: rank it by the waits it causes
-            passed.append(
-                (
-                    top_ms if host_bound else excess_busy_ms,
-                    top,
-                    baseline_ms,
-                    top_ms,
-                    top_in_steps,
-                    busy_ratio,
-                    breakdown,
-                    persistent,
-                    host_bound,
-                )
-            )
+            # a rank late for another cause works no longer: rank it by the waits it causes
+            rank_by = top_ms if cause else excess_busy_ms
+            passed.append((rank_by, top, baseline_ms, top_ms, top_in_steps, ratio, breakdown, persistent, cause))
             break
     if not passed:
         return []
-    _, top, baseline_ms, top_ms, top_in_steps, busy_ratio, breakdown, persistent, host_bound = max(
+    _, top, baseline_ms, top_ms, top_in_steps, ratio, breakdown, persistent, cause = max(
         passed, key=lambda c: (c[8] is None, c[0])
     )
     seen, group_size = members_seen(ctx)
@@ -292,25 +195,33 @@ def detect(ctx):
     where = "device compute" if on_device else slow_part.removesuffix("_ms").replace("_", " ")
     extra_ms = float(compute[top] - compute.drop(top).median()) if on_device else excess[slow_part]
     clock = "on the GPUs' clocks" if on_device else "on the hosts' clocks"
+    kind = "a persistent" if persistent else "an intermittent"
     title = (
-        f"rank {top} is {'a persistent' if persistent else 'an intermittent'} straggler: it works "
-        f"{busy_ratio:.2f}x as long per step as the median rank (most in {where}, "
-        f"+{extra_ms:.1f} ms); the others wait {top_ms:.1f} ms/step for it in collectives ({clock})"
+        f"rank {top} is {kind} straggler: it works {ratio:.2f}x as long per step as the median rank "
+        f"(most in {where}, +{extra_ms:.1f} ms); the others wait {top_ms:.1f} ms/step for it in collectives ({clock})"
     )
-    if host_bound:
+    evidence = cause[1] if cause else {}
+    if cause and cause[0] == "host-bound":
         title = (
-            f"rank {top} is {'a persistent' if persistent else 'an intermittent'} straggler, host-bound: it "
-            f"launches late; its GPU sat idle until kernels it had just launched (started within "
-            f"{LAUNCH_BOUND_NS // 1000} us) before {host_bound['launch_bound']} of the "
-            f"{host_bound['last_in']} collectives it was last into, while its device compute is "
+            f"rank {top} is {kind} straggler, host-bound: it launches late; its GPU sat idle until kernels it "
+            f"had just launched (started within {LAUNCH_BOUND_NS // 1000} us) before {evidence['launch_bound']} "
+            f"of the {evidence['last_in']} collectives it was last into, while its device compute is "
             f"{compute_ratio:.2f}x the median rank's; the others wait {top_ms:.1f} ms/step for it ({clock})"
         )
         where = "its host (launches late)"
+    elif cause:
+        title = (
+            f"rank {top} is {kind} straggler from CPU contention: its training thread waited "
+            f"{evidence['core_wait_excess_ms']:.1f} ms/step longer than the median rank's for a CPU core "
+            f"(runnable, not running: Linux's run delay), which makes its step {evidence['wall_ratio']:.2f}x as "
+            f"long, while its own work is {ratio:.2f}x; the others wait {top_ms:.1f} ms/step for it ({clock})"
+        )
+        where = "waiting for a CPU core"
     partial = seen < group_size
     if partial:
         title = (
             f"rank {top} is the later of the {seen} ranks seen (of the group's {group_size}): it works "
-            f"{busy_ratio:.2f}x as long per step (most in {where}, +{extra_ms:.1f} ms) and the other "
+            f"{ratio:.2f}x as long per step (most in {where}, +{extra_ms:.1f} ms) and the other "
             f"ranks seen wait {top_ms:.1f} ms/step for it ({clock}); only {seen}/{group_size} members "
             "were traced, so this wait is a lower bound and an unseen rank may be the cause"
         )
@@ -319,6 +230,9 @@ def detect(ctx):
         "its host (launches late)": "its CPU side falls behind its GPU: profile its host (the profiler's "
         "CPU ops, py-spy) for extra Python work, logging, garbage collection, "
         "or CPU contention and affinity (fewer or busier cores than its peers)",
+        "waiting for a CPU core": "its host runs more busy threads than it has cores for this rank: check "
+        "what else runs there (another job, data-loader workers, OMP_NUM_THREADS/MKL threads of each rank) "
+        "and pin each rank to cores of its own (taskset, numactl, the launcher's affinity options)",
         "other": "it spends more time outside the recorded phases: check for extra work "
         "(logging, checkpointing, Python overhead) on that rank",
     }.get(
@@ -339,7 +253,7 @@ def detect(ctx):
                 "waiting_caused_ms_per_step": top_ms,
                 "others_caused_median_ms": baseline_ms,
                 "compute_ratio_x": compute_ratio,
-                "busy_ratio_x": busy_ratio,
+                "busy_ratio_x": ratio,
                 "last_in_steps_frac": top_in_steps,
                 "persistent": float(persistent),
                 "ranks_seen": seen,
@@ -347,8 +261,13 @@ def detect(ctx):
                 "members_seen_frac": seen / group_size,
                 "wait_is_lower_bound": float(partial),
                 "device_time": float(on_device),
-                "cause": "host-bound" if host_bound else "slower work",
-                **({"launch_bound_frac": host_bound["launch_bound"] / host_bound["last_in"]} if host_bound else {}),
+                "cause": cause[0] if cause else "slower work",
+                **(
+                    {"launch_bound_frac": evidence["launch_bound"] / evidence["last_in"]}
+                    if "last_in" in evidence
+                    else {}
+                ),
+                **({"core_wait_excess_ms": evidence["core_wait_excess_ms"]} if "core_wait_ms" in evidence else {}),
                 # (rank 0's clock is the reference: its own error is nil)
                 **(
                     {

@@ -40,6 +40,12 @@ class DerivedTables:
 
         return arrivals_table(self.collectives())
 
+    @per_run
+    def core_wait(self) -> pd.DataFrame:
+        from diagnose.analysis.tables.run_delay import core_wait_per_step
+
+        return core_wait_per_step(self._events)
+
     # GPU tables (imported Kineto / Nsight traces): definitions in diagnose/analysis/tables/gpu_tables.py
     # and device_idle.py
     @per_run

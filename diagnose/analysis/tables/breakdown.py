@@ -114,15 +114,20 @@ def _is_ddp(events: pd.DataFrame) -> np.ndarray:
 def ddp_tail_intervals(events: pd.DataFrame) -> pd.DataFrame:
     """[last bucket issue, min(last bucket done, end of backward)] per backward with buckets.
     A DDP row's end is when its issuing ended: the return of a bucket's async
-    all-reduce (timing hook), or the last gradient computed (DDP's timer)."""
+    all-reduce (timing hook), or the last gradient computed (DDP's timer). A rank
+    without backward rows (DIAGNOSE_COMPUTE_ROWS=0, or a trace stripped of them)
+    uses its steps instead: DDP's backward returns only once its last bucket is
+    done, so the step's last issue to that bucket's end is the wait all the same."""
     kind_codes, kinds = _codes(events["kind"])
     ddp = _is_ddp(events)
     bucket = _lookup(kind_codes, kinds, lambda k: k == "collective") & ddp
     backward = _lookup(kind_codes, kinds, lambda k: k == "backward")
+    rank = events["rank"].to_numpy(np.int64)
+    steps = _lookup(kind_codes, kinds, lambda k: k == "step")
+    backward |= steps & ~np.isin(rank, np.unique(rank[backward]))
     if not bucket.any() or not backward.any():
         return pd.DataFrame({"rank": [], "start_ns": [], "end_ns": []})
     done = _lookup(kind_codes, kinds, lambda k: k == "done") & ddp
-    rank = events["rank"].to_numpy(np.int64)
     start, end = events["start_ns"].to_numpy(np.int64), events["end_ns"].to_numpy(np.int64)
     # each kind's rows sorted by (rank, time): a rank's rows are then one slice
     bwd_rank, bwd_start, bwd_end = sorted_by_rank(rank[backward], start[backward], end[backward])
