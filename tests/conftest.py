@@ -123,11 +123,14 @@ def straggler_run(ddp_run) -> dict:
     return {"dir": out, "stdout": stdout, "stderr": stderr, "polls": polls, "run_id": run_id}
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     """Under pytest-xdist (`--dist loadgroup`) a fixture is made once per worker that
     uses it: every test that reads the shared DDP runs goes to one worker, and the
     other tests go with their module (whose module-scoped launches are then made
-    once). Serially this is a no-op."""
+    once). Serially this is a no-op. First among the hooks: xdist's worker reads
+    the marks in its own hook (it suffixes each test id with its group), and a mark
+    added after it groups nothing (tests/test_suite_grouping.py)."""
     for item in items:
         shared = {"ddp_run", "straggler_run"} & set(getattr(item, "fixturenames", ()))
         item.add_marker(pytest.mark.xdist_group("ddp_runs" if shared else item.module.__name__))
