@@ -70,6 +70,7 @@ def test_the_registry_is_every_detector_once():
         "run_structure",
         "straggler_waits",
         "straggler_causes",
+        "significance",
         "finding_kinds",
         "finding_record",
     }  # helpers, the registry, its record

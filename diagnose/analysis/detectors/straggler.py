@@ -63,6 +63,7 @@ dp2 runs.
 """
 
 from diagnose.analysis.detectors.finding_record import Finding
+from diagnose.analysis.detectors.significance import binomial_greater, mann_whitney_greater
 from diagnose.analysis.detectors.straggler_causes import (
     BUSY_RATIO,
     DEVICE_BUSY_RATIO,
@@ -92,13 +93,11 @@ def _slow_when_last(ctx, rank, stages, straggling, net_of_core_wait) -> bool:
     least MIN_INTERMITTENT_STEPS, and on those steps work more beyond its peers
     than on its own other steps (Mann-Whitney, one-sided, p <= ALPHA): a periodic
     stall on its host does both; a scheduler's hiccup on a clean run does neither."""
-    from scipy.stats import binomtest, mannwhitneyu
-
     judged = set(straggling[straggling].index)
     n_peers = straggling.attrs["peers"]
     if len(judged) < MIN_INTERMITTENT_STEPS or n_peers < 2:
         return False
-    if binomtest(len(judged), len(straggling), 1 / n_peers, alternative="greater").pvalue > ALPHA:
+    if binomial_greater(len(judged), len(straggling), 1 / n_peers) > ALPHA:
         return False
     rows, busy = busy_rows(ctx, rank, stages, list(straggling.index), net_of_core_wait)
     per_step = busy.groupby([rows["step"], rows["rank"]]).median().unstack("rank")
@@ -108,7 +107,7 @@ def _slow_when_last(ctx, rank, stages, straggling, net_of_core_wait) -> bool:
     slow, other = excess[excess.index.isin(judged)], excess[~excess.index.isin(judged)]
     if len(slow) < MIN_INTERMITTENT_STEPS or len(other) < MIN_INTERMITTENT_STEPS:
         return False
-    return mannwhitneyu(slow, other, alternative="greater").pvalue <= ALPHA
+    return mann_whitney_greater(slow, other) <= ALPHA
 
 
 def detect(ctx):

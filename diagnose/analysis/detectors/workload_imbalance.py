@@ -65,6 +65,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analysis.detectors.finding_record import WARNING_FRAC, Finding
+from diagnose.analysis.detectors.significance import spearman_greater
 from diagnose.analysis.tables.inferred_compute import DEVICE_SOURCE, phase_source
 
 ALPHA = 0.01
@@ -116,8 +117,6 @@ def phase_comovement(per_mb: pd.DataFrame) -> tuple[float, float, int]:
     log-time deviations from their rank-step mean (the rank's own mean over
     steps when each step has one micro-batch), one micro-batch per rank-step
     left out when centred on the step."""
-    from scipy.stats import spearmanr
-
     logs = np.log(per_mb[["forward_ms", "backward_ms"]].clip(lower=1e-6))
     by_step = per_mb.groupby(["rank", "stage", "step"]).ngroup()
     per_step = by_step.map(by_step.value_counts())
@@ -129,8 +128,8 @@ def phase_comovement(per_mb: pd.DataFrame) -> tuple[float, float, int]:
         dev = dev[keep.to_numpy()]
     if len(dev) < 3 or dev["forward_ms"].nunique() < 2 or dev["backward_ms"].nunique() < 2:
         return 0.0, 1.0, len(dev)  # nothing varies: no evidence of work
-    rho, p = spearmanr(dev["forward_ms"], dev["backward_ms"], alternative="greater")
-    return float(rho), float(p), len(dev)
+    rho, p = spearman_greater(dev["forward_ms"], dev["backward_ms"])
+    return rho, p, len(dev)
 
 
 def work_ms(per_mb: pd.DataFrame) -> pd.Series:
