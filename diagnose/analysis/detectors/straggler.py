@@ -12,8 +12,10 @@ not a straggler.
 
 Threshold: the rank must cause >= 2x the median of what its stage peers cause
 plus 0.5 ms per step (jitter makes everyone last sometimes), be the top
-waiter-maker among its peers in >= 50% of steady steps and slow on the median
-step ("persistent"), or in >= 20% and slow on the steps it was last in
+waiter-maker among its peers in >= 50% of steady steps, or busier than the busy
+gate below in >= 50% of them, each step on its own (on a loaded box the others'
+waits for a core made them last in 7 of 12 steps of a dp2 x tp2 job whose
+straggler worked 5.1x as long), and slow on the median step ("persistent"), or in >= 20% and slow on the steps it was last in
 ("intermittent": last in at least 4 steps and more often than chance among its n
 peers gives, binomial p <= 0.01, and busier beyond its peers on those steps than
 on its own other steps, Mann-Whitney p <= 0.01: the steps it was last in are by
@@ -110,6 +112,18 @@ def _slow_when_last(ctx, rank, stages, straggling, net_of_core_wait) -> bool:
     return mann_whitney_greater(slow, other) <= ALPHA
 
 
+def _slow_most_steps(ctx, rank, stages, steps) -> bool:
+    """Its busy time (own work) at least the busy gate times its stage peers' median
+    in at least PERSISTENT_FRAC of the steps, each step judged on its own."""
+    rows, busy = busy_rows(ctx, rank, stages, list(steps))
+    per_step = busy.groupby([rows["step"], rows["rank"]]).median().unstack("rank")
+    if rank not in per_step.columns or per_step.shape[1] < 2:
+        return False
+    gate = DEVICE_BUSY_RATIO if "device_compute_ms" in rows.columns else BUSY_RATIO
+    peers = per_step.drop(columns=rank).median(axis=1)
+    return bool(((per_step[rank] >= gate * peers) & (peers > 0)).mean() >= PERSISTENT_FRAC)
+
+
 def detect(ctx):
     caused = waiting_caused(ctx)
     if caused is None or caused.empty or len(caused) < 2:
@@ -138,9 +152,11 @@ def detect(ctx):
         # the steps it straggled in (its median over all steps is a normal step).
         # Last in most steps yet normal on the median step is intermittent too: slow
         # in a third of the steps, with 3 peers it is also last in a quarter of the rest
-        judgements = ([(straggling.index, True)] if top_in_steps >= PERSISTENT_FRAC else []) + [
-            (straggling[straggling].index, False)
-        ]
+        # Last in fewer than half the steps yet slower in its own work in most: persistent
+        # all the same (a loaded box: the others' waits for a core made them last in 7 of
+        # 12 steps of the dp2 x tp2 job, whose straggler worked 5.1x as long)
+        persistent_too = top_in_steps >= PERSISTENT_FRAC or _slow_most_steps(ctx, top, stages, straggling.index)
+        judgements = ([(straggling.index, True)] if persistent_too else []) + [(straggling[straggling].index, False)]
         for judged, persistent in judgements:
             ratio, excess_busy_ms, breakdown = busy_ratio(ctx, top, stages, judged)
             gate = DEVICE_BUSY_RATIO if "device_compute_ms" in breakdown.columns else BUSY_RATIO
