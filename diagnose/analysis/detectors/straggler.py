@@ -87,6 +87,14 @@ MIN_INTERMITTENT_STEPS = 4
 ALPHA = 0.01
 
 
+def _per_step_busy(ctx, rank, stages, steps, net_of_core_wait=True):
+    """(busy ms per step x stage peer, None without the rank or a peer; its busy gate)."""
+    rows, busy = busy_rows(ctx, rank, stages, list(steps), net_of_core_wait)
+    per_step = busy.groupby([rows["step"], rows["rank"]]).median().unstack("rank")
+    gate = DEVICE_BUSY_RATIO if "device_compute_ms" in rows.columns else BUSY_RATIO
+    return (per_step if rank in per_step.columns and per_step.shape[1] >= 2 else None), gate
+
+
 def _slow_when_last(ctx, rank, stages, straggling, net_of_core_wait) -> bool:
     """An intermittent straggler is judged on the steps it was last in, a choice
     that favours noise: with n peers anyone is last in ~1/n of the steps, and on
@@ -101,9 +109,8 @@ def _slow_when_last(ctx, rank, stages, straggling, net_of_core_wait) -> bool:
         return False
     if binomial_greater(len(judged), len(straggling), 1 / n_peers) > ALPHA:
         return False
-    rows, busy = busy_rows(ctx, rank, stages, list(straggling.index), net_of_core_wait)
-    per_step = busy.groupby([rows["step"], rows["rank"]]).median().unstack("rank")
-    if rank not in per_step.columns or per_step.shape[1] < 2:
+    per_step, _ = _per_step_busy(ctx, rank, stages, straggling.index, net_of_core_wait)
+    if per_step is None:
         return False
     excess = (per_step[rank] - per_step.drop(columns=rank).median(axis=1)).dropna()
     slow, other = excess[excess.index.isin(judged)], excess[~excess.index.isin(judged)]
@@ -115,11 +122,9 @@ def _slow_when_last(ctx, rank, stages, straggling, net_of_core_wait) -> bool:
 def _slow_most_steps(ctx, rank, stages, steps) -> bool:
     """Its busy time (own work) at least the busy gate times its stage peers' median
     in at least PERSISTENT_FRAC of the steps, each step judged on its own."""
-    rows, busy = busy_rows(ctx, rank, stages, list(steps))
-    per_step = busy.groupby([rows["step"], rows["rank"]]).median().unstack("rank")
-    if rank not in per_step.columns or per_step.shape[1] < 2:
+    per_step, gate = _per_step_busy(ctx, rank, stages, steps)
+    if per_step is None:
         return False
-    gate = DEVICE_BUSY_RATIO if "device_compute_ms" in rows.columns else BUSY_RATIO
     peers = per_step.drop(columns=rank).median(axis=1)
     return bool(((per_step[rank] >= gate * peers) & (peers > 0)).mean() >= PERSISTENT_FRAC)
 
