@@ -6,7 +6,8 @@ pipeline rank's own sends and receives (diagnose/analysis/tables/inferred_comput
 The trainer posts its pipeline traffic as Megatron does (--p2p-mode batched:
 one batch_isend_irecv with both neighbours; preposted: each receive alone,
 posted a compute early): the slow stage must still be named, and every mode
-must train the same model. Two launches (pp4, 4 ranks), shared by the tests."""
+must train the same model. Each pass waits for an emulated device, as on a GPU.
+Two launches (pp4, 4 ranks), shared by the tests."""
 
 import json
 import threading
@@ -25,10 +26,18 @@ SLOW_STAGE = SCENARIOS["slow_stage"]  # pp4, 1F1B, 8 micro-batches, stage 2 thre
 STEPS = 10
 
 
+# Each pass waits for an emulated device (4 ms a forward, 8 a backward; stage 2's 3x
+# that), as a GPU's kernels would: on 2 shared cores a rank's host compute alone was
+# once 4x slower in a loaded suite (5 -> 20 ms a micro-batch, beside an 8-rank job),
+# which made stage 3 the slowest in wall time (stage 2: 11 ms). The device's time
+# does not depend on the host's cores; the host's is what this box's load makes it.
+EMULATED_DEVICE = ["--emulated-device-ms-per-sample", "2"]
+
+
 def _argv(mode: str, log_path) -> list:
     argv = list(SLOW_STAGE.argv)
     argv[argv.index("--steps") + 1] = str(STEPS)
-    return argv + ["--p2p-mode", mode, "--log-jsonl", log_path]
+    return argv + EMULATED_DEVICE + ["--p2p-mode", mode, "--log-jsonl", log_path]
 
 
 @pytest.fixture(scope="module")
