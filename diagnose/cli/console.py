@@ -81,10 +81,14 @@ def print_step_figures(figures: dict | None, out: Console | None = None) -> None
         return
     out = out or console()
     window = figures.get("window")  # --every-step: the last window's figures
+    recorded = figures.get("recorded_step_ms")
+    against = "" if recorded is None else f", as recorded {recorded:.1f} ms"
+    if figures.get("replay_lanes") == "device":
+        against += " on the GPUs"
     out.print(
         ("" if not window else f"steps {window[0]}-{window[1]}: ")
         + f"step: measured {figures['measured_step_ms']:.1f} ms (median rank), replayed "
-        f"{figures['replay_step_ms']:.1f} ms (job), ideal {figures['ideal_step_ms']:.1f} ms "
+        f"{figures['replay_step_ms']:.1f} ms (job{against}), ideal {figures['ideal_step_ms']:.1f} ms "
         "(every rank's compute at most its stage's median); impacts are what-if savings"
         + ("" if figures.get("impact_from_replay") else " where the replay holds: here it does not"),
         markup=False,

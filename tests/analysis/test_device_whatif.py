@@ -117,11 +117,14 @@ def test_the_graph_replays_the_longest_path_with_delays_and_floors():
     assert list(graph.replay(dur_ns=[1, 20, 3, 1])) == [1, 23, 13, 24]
 
 
-@pytest.mark.parametrize("trace", ["trace_filter", "nccl_parser_config"])
+@pytest.mark.parametrize("trace", ["trace_filter", "nccl_parser_config", "negative_queue_length_values_check"])
 def test_real_nccl_traces_are_given_back_by_the_replay(tmp_path, trace):
-    """HTA's two-rank NCCL traces (tests/data/kineto/hta, real jobs: compute and
+    """HTA's NCCL traces (tests/data/kineto/hta, real jobs: compute and
     communication overlapped, no wait records): the graph, with the waits it
-    infers, replays every steady step as recorded within the 5% gate."""
+    infers, replays every steady step as recorded within the 5% gate. The third
+    has 75 cudaStreamSynchronize calls whose stream the trace does not say, on a
+    rank with six streams: taken as the compute stream's, a 5 us sync "waited"
+    for a kernel that ended 184 ms later, and the graph had a cycle."""
     import glob
 
     from tests.support.jobs import DATA

@@ -45,6 +45,8 @@ def test_a_rank_whose_host_launches_late_is_a_host_bound_straggler_on_one_step(t
     # the others wait ~1.25 ms at each of the 5 all-reduces: the evidence, and the saving
     assert f["metrics"]["waiting_caused_ms_per_step"] == pytest.approx(5 * 1.25, rel=0.05)
     assert f["impact_ms_per_step"] == pytest.approx(f["metrics"]["waiting_caused_ms_per_step"], rel=0.01)
+    # the one step, with no step before it, is replayed from its recorded start
+    assert f["impact_source"] == "replay" and run.step_figures["replay_max_step_error_frac"] <= 0.05
     assert "profile its host" in f["recommendation"]
 
 

@@ -90,6 +90,33 @@ def test_compare_of_the_nsys_pair_gives_the_authors_kernel_time_and_exposed_comm
     assert "GPU kernel time" in text and "535.2" in text and "488.8" in text
 
 
+def test_the_nsys_pairs_windows_are_replayed_on_the_gpus(pair):
+    """One window per device, no step before it: the what-if replay measures it from
+    its recorded start and gives it back within the 5% gate. Before: "what-if replay
+    failed" (a launch that ran two kernels on one stream broke the stream-wait
+    index), and with that fixed, no replay ("deadlocked": a step was measured only
+    from the step before it)."""
+    from diagnose.analysis.findings.run_detectors import detect
+    from diagnose.cli.console import print_step_figures
+
+    for name in AUTHORS:
+        run = load_run(pair[name])
+        kernels = run.kernels()
+        assert kernels.duplicated(["rank", "stream", "correlation"]).any()  # what broke the index
+        warnings = []
+        run.warn = warnings.append
+        detect(run)
+        figures = run.step_figures
+        assert warnings == [] and figures["impact_from_replay"], (warnings, figures)
+        assert figures["replay_max_step_error_frac"] <= 0.05 and figures["replay_lanes"] == "device"
+        # the GPUs' window: the later device's span, first kernel to last
+        spans = kernels.groupby("rank").agg(first=("start_ns", "min"), last=("end_ns", "max"))
+        assert figures["recorded_step_ms"] == pytest.approx((spans["last"].max() - spans["first"].min()) / 1e6)
+        text = io.StringIO()
+        print_step_figures(figures, Console(file=text, width=400))
+        assert f"as recorded {figures['recorded_step_ms']:.1f} ms on the GPUs" in text.getvalue()
+
+
 def _shares(findings: list) -> dict:
     return {
         f"{f['kind']}.{k}": v

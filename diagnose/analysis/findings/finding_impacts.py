@@ -50,11 +50,18 @@ def _one(w: WhatIf, ctx, finding):
     return None
 
 
-def fidelity(w: WhatIf) -> float | None:
-    """The largest per-step error of the replay (recorded durations) against the record."""
+def fidelity(w: WhatIf) -> tuple[float | None, float | None]:
+    """(the largest per-step error of the replay, recorded durations, against the
+    record; the recorded step it is checked against, ms). On device lanes that is
+    the GPUs' step (one step's last kernel end to the next's), which a short
+    profiled window can show longer than the host's steps (a host running ahead
+    of its GPU): the measured step is the host's."""
     recorded = w._step_ms(w.model.recorded_end_ns)
-    errors = [abs(w.base[s] - recorded[s]) / recorded[s] for s in recorded if s in w.base and recorded[s] > 0]
-    return max(errors) if errors else None
+    steps = [s for s in recorded if s in w.base and recorded[s] > 0]
+    if not steps:
+        return None, None
+    errors = [abs(w.base[s] - recorded[s]) / recorded[s] for s in steps]
+    return max(errors), sum(recorded[s] for s in steps) / len(steps)
 
 
 def apply(ctx, findings) -> dict | None:
@@ -65,9 +72,11 @@ def apply(ctx, findings) -> dict | None:
     summary, w = _replay(ctx)
     why = summary.get("why") if summary else "no steady steps to replay"
     if w is not None:
-        error = fidelity(w)
+        error, recorded_ms = fidelity(w)
         summary.update(
             replay_step_ms=w.step_ms(),
+            recorded_step_ms=recorded_ms,
+            replay_lanes="device" if w.device else "host",
             replay_max_step_error_frac=None if error is None else float(error),
             ideal_step_ms=w.ideal_step_ms(),
         )
@@ -139,6 +148,6 @@ def _replay(ctx):
         return {
             "measured_step_ms": ctx.step_ms,
             "impact_from_replay": False,
-            "why": w.model.why or "the replay deadlocked: a dependency the trace does not show",
+            "why": w.why,
         }, None
     return {"measured_step_ms": ctx.step_ms}, w

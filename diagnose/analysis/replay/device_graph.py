@@ -9,21 +9,17 @@ Nodes and edges, per rank:
   time) and host syncs (cudaDeviceSynchronize & co.), in time order. Between
   two the host works on its own: the recorded gap is its work, kept. A sync
   waits for the last kernel launched before it on each stream it syncs
-  (cudaDeviceSynchronize: every stream; the others: the compute stream, the
-  one `.item()` and logging sync), so a host blocked behind a slow device
-  launches late in the replay too;
+  (cudaDeviceSynchronize: every stream; a sync whose stream the trace does
+  not say: the stream whose kernel ended last before it returned), never a
+  kernel that ended after the sync returned, so a host blocked behind a slow
+  device launches late in the replay too;
 - each stream: its kernels in order. A kernel starts at the latest of its
   stream's previous kernel's end, its launch and the kernels it waits for on
   other streams; then runs its own duration (its work, what a what-if
   scales). What the recorded start is later than all of those by is its
   delay, kept apart and added to it in every replay;
-- waits across streams: recorded ones (Kineto `Stream Wait Event`, as
-  `stream_wait` rows: diagnose/analysis/tables/stream_waits.py) and inferred ones: a
-  kernel that started later than its stream, launch and recorded waits
-  explain, within INFER_TOLERANCE_NS after a kernel of another stream of its
-  rank ended, waited for that kernel (NCCL's stream waits on the compute
-  stream, the compute on the p2p stream's receive, through events a trace
-  without sync records does not show). Each inferred edge is counted;
+- waits across streams: recorded ones and inferred ones
+  (diagnose/analysis/replay/cross_stream_waits.py), each kind counted;
 - NCCL: a collective kernel arrives when its stream gets to it; each instance
   (group, seq: a collective, or a message of a p2p batch) starts when its last
   member arrived and lasts its recorded transfer; a kernel ends when the last
@@ -35,8 +31,9 @@ replay for the same data, and stops waiting when the data comes sooner.
 
 Where it is wrong: a dependency neither recorded nor inferred (a kernel held by
 something other than another stream's kernel end) stays a fixed delay; which
-stream a host sync waits for is guessed as above; a rank's launching threads
-are one lane (the autograd thread's launches interleave with the main
+stream a host sync waits for is read from its return as above (a sync that
+returned before any kernel it could wait for ended waits for none); a rank's
+launching threads are one lane (the autograd thread's launches interleave with the main
 thread's in time order); a negative delay (a kernel recorded as starting
 before what it waited for ended: the trace's clock error) becomes 0.
 """
@@ -46,16 +43,12 @@ import re
 import numpy as np
 import pandas as pd
 
+from diagnose.analysis.replay.cross_stream_waits import INFER_TOLERANCE_NS, inferred_waits, recorded_waits
 from diagnose.analysis.replay.instance_table import InstanceTable
 from diagnose.analysis.replay.op_graph import NEG_INF, Cycle, OpGraph
 from diagnose.analysis.tables.device_collectives import timed_on_device
 from diagnose.analysis.tables.gpu_tables import COMMUNICATION, COMPUTE
 
-# a kernel gated by another stream starts a few microseconds after the kernel it
-# waits for ends (the event's signal and the scheduler): within this, the end
-# that freed it is taken as its dependency. Above the launch latency of current
-# GPUs (~2-10 us), far below a kernel's typical gap to an unrelated end
-INFER_TOLERANCE_NS = 20_000
 DEVICE_WIDE_SYNCS = ("cudaDeviceSynchronize",)
 SYNC_RECORDS = ("Stream Sync", "Event Sync", "Context Sync")
 _NCCL_OP = re.compile(r"Kernel_([A-Za-z]+?)(?:_|\(|$)")
@@ -191,30 +184,10 @@ class DeviceModel:
 
     def _waits(self, events):
         """Cross-stream edges (src kernel, dst kernel): recorded, then inferred."""
-        src, dst = [], []
-        if "stream_wait" in set(events["kind"].unique()):
-            from diagnose.analysis.tables.stream_waits import stream_waits, waited_kernels
-
-            kernels = pd.DataFrame(
-                {
-                    "rank": self.k_rank,
-                    "stream": self.k_stream,
-                    "correlation": self.k_corr,
-                    "_kernel": np.arange(len(self.k_rank)),
-                }
-            )
-            edges = waited_kernels(kernels, stream_waits(events))
-            index = kernels.set_index(["rank", "stream", "correlation"])["_kernel"]
-            s = index.reindex(pd.MultiIndex.from_arrays([edges["rank"], edges["src_stream"], edges["src_corr"]]))
-            d = index.reindex(pd.MultiIndex.from_arrays([edges["rank"], edges["dst_stream"], edges["dst_corr"]]))
-            ok = s.notna().to_numpy() & d.notna().to_numpy()
-            src.append(s.to_numpy()[ok].astype(np.int64))
-            dst.append(d.to_numpy()[ok].astype(np.int64))
-        self.recorded_waits = int(sum(len(x) for x in src))
-        rec_src = np.concatenate(src) if src else np.empty(0, np.int64)
-        rec_dst = np.concatenate(dst) if dst else np.empty(0, np.int64)
+        rec_src, rec_dst = recorded_waits(events, self.k_rank, self.k_stream, self.k_corr, self.k_start, self.k_end)
+        self.recorded_waits = len(rec_src)
         explained = self._explained(rec_src, rec_dst)
-        inf_src, inf_dst = self._inferred(explained)
+        inf_src, inf_dst = inferred_waits(self.k_rank, self.k_stream, self.k_start, self.k_end, explained)
         self.inferred_waits = len(inf_src)
         self.w_src = np.concatenate([rec_src, inf_src])
         self.w_dst = np.concatenate([rec_dst, inf_dst])
@@ -226,30 +199,6 @@ class DeviceModel:
         if len(w_src):
             np.maximum.at(out, w_dst, self.k_end[w_src])
         return out
-
-    def _inferred(self, explained):
-        """A kernel that started > INFER_TOLERANCE_NS after what explains it, within
-        INFER_TOLERANCE_NS of another stream's kernel end on its rank, waited for it."""
-        late = np.flatnonzero(self.k_start - explained > INFER_TOLERANCE_NS)
-        if not len(late):
-            return np.empty(0, np.int64), np.empty(0, np.int64)
-        src, dst = [], []
-        for (rank, stream), rows in pd.DataFrame(
-            {"rank": self.k_rank[late], "stream": self.k_stream[late], "k": late}
-        ).groupby(["rank", "stream"]):
-            others = np.flatnonzero((self.k_rank == rank) & (self.k_stream != stream))
-            if not len(others):
-                continue
-            others = others[np.argsort(self.k_end[others], kind="stable")]
-            ends = self.k_end[others]
-            k = rows["k"].to_numpy()
-            i = np.searchsorted(ends, self.k_start[k], side="right") - 1
-            hit = (i >= 0) & (self.k_start[k] - ends[np.maximum(i, 0)] <= INFER_TOLERANCE_NS)
-            src.append(others[i[hit]])
-            dst.append(k[hit])
-        if not src:
-            return np.empty(0, np.int64), np.empty(0, np.int64)
-        return np.concatenate(src), np.concatenate(dst)
 
     def _graph(self):
         nk, ni = len(self.k_rank), len(self.length_ns)
@@ -326,8 +275,12 @@ class DeviceModel:
         return t[order], end[order], kind[order], rank[order], ref[order]
 
     def _sync_waits(self, host_t, host_kind, host_rank, host_ref):
-        """(host point index, kernel) pairs: each sync waits for the last kernel
-        launched before it on each stream it syncs."""
+        """(host point index, kernel) pairs: what each sync waited for. Of each stream,
+        the last kernel launched before the call, if it ended before the sync returned
+        (a sync cannot return before the work it waits for: one that ended later was
+        not waited for, whatever the guess). cudaDeviceSynchronize waits for every such
+        kernel; a sync whose stream the trace does not say (cudaStreamSynchronize
+        without a stream) for the one that ended last: the sync returned after it."""
         pts, kernels = [], []
         sync_at = np.flatnonzero(host_kind == 1)
         if not len(sync_at):
@@ -337,15 +290,23 @@ class DeviceModel:
             mine = known[self.k_rank[known] == rank]
             if not len(mine):
                 continue
-            compute = self.k_stream[mine][~self.k_comm[mine]]
-            main = np.bincount(compute - compute.min()).argmax() + compute.min() if len(compute) else -1
-            for stream in np.unique(self.k_stream[mine]):
+            at = sync_at[host_rank[sync_at] == rank]
+            streams = np.unique(self.k_stream[mine])
+            # per (sync, stream): the stream's last kernel launched before the call
+            waited = np.full((len(at), len(streams)), -1)
+            for j, stream in enumerate(streams):
                 on = mine[self.k_stream[mine] == stream]
                 on = on[np.argsort(self.k_launch[on], kind="stable")]
-                at = sync_at[host_rank[sync_at] == rank]
-                at = at[self.s_wide[host_ref[at]] | (stream == main)]
                 i = np.searchsorted(self.k_launch[on], host_t[at], side="right") - 1
-                pts.append(at[i >= 0]), kernels.append(on[i[i >= 0]])
+                waited[:, j] = np.where(i >= 0, on[np.maximum(i, 0)], -1)
+            ends = np.where(waited >= 0, self.k_end[np.maximum(waited, 0)], np.iinfo(np.int64).max)
+            returned = self.s_end[host_ref[at]][:, None]
+            waited[ends > returned + INFER_TOLERANCE_NS] = -1
+            wide = self.s_wide[host_ref[at]]
+            last = np.where(waited >= 0, ends, np.iinfo(np.int64).min).argmax(axis=1)
+            keep = (waited >= 0) & (wide[:, None] | (np.arange(len(streams)) == last[:, None]))
+            row, col = np.nonzero(keep)
+            pts.append(at[row]), kernels.append(waited[row, col])
         if not pts:
             return np.empty(0, np.int64), np.empty(0, np.int64)
         return np.concatenate(pts), np.concatenate(kernels)

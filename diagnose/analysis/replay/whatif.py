@@ -48,12 +48,18 @@ class WhatIf:
         """`device`: lanes of GPU streams, not host threads (diagnose/analysis/replay/device_graph.py)."""
         self.steady, self.stages, self.device = steady, stages, device
         self.model = DeviceModel(run) if device else StepModel(run.collectives(), run.in_window(run.steps()))
-        self.ok = self.model.ok
+        self.ok, self.why = self.model.ok, self.model.why
         if not self.ok:
             return
         m = self.model
+        # where a steady step has no step before it (one profiled step, a trace's
+        # window) it is measured from its recorded start, which no what-if moves
+        starts = run.in_window(run.steps())
+        self._origin_ns = starts[starts["step"].isin(steady)].groupby("step")["start_ns"].min()
         self.base = self._step_ms(m.replay_units())
         self.ok = bool(self.base)
+        if not self.ok:
+            self.why = "no steady step to measure: none has a step before it or a recorded start"
         events = run.events()
         self._events = events
         # per unit, the ns of work to scale: the compute phases where the job has them
@@ -72,11 +78,15 @@ class WhatIf:
         self._inst_steady = inst_step.isin(steady).to_numpy()
 
     def _step_ms(self, end_ns) -> dict[int, float]:
-        """step -> ms from the previous step's last end to this one's (all ranks)."""
+        """step -> ms from the previous step's last end (else the step's recorded
+        start) to this one's last end (all ranks)."""
         last = pd.Series(end_ns).groupby(self.model.end_step).max()
-        return {
-            int(s): float(last[s] - last[s - 1]) / 1e6 for s in self.steady if s in last.index and s - 1 in last.index
-        }
+        out = {}
+        for s in self.steady:
+            origin = last.get(s - 1, self._origin_ns.get(s))
+            if s in last.index and origin is not None:
+                out[int(s)] = float(last[s] - origin) / 1e6
+        return out
 
     def _overlaps(self, rows: pd.DataFrame) -> np.ndarray:
         """Per unit (a host gap), the ns of these event rows inside its window."""
