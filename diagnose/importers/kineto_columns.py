@@ -37,7 +37,7 @@ from diagnose.importers.kineto_scan import STREAM_WAIT, peer_rank
 from diagnose.importers.kineto_structure import SOURCE as STRUCTURE_SOURCE
 from diagnose.importers.kineto_structure import device_structure
 from diagnose.importers.process_groups import process_groups
-from diagnose.importers.run_writer import assign_steps
+from diagnose.importers.run_writer import assign_steps, launch_bound_ns
 
 _NUMPY_DTYPES = {pa.int32(): np.int32, pa.int64(): np.int64, pa.bool_(): np.bool_}
 # what a row holds where nothing is said: event_row's defaults, step to detail
@@ -246,6 +246,7 @@ def _kernel_block(gpu, launches, base_ns, step_starts, step_numbers) -> tuple:
     ts = np.array(ts, dtype=np.float64)
     starts = ns_from_us(ts, base_ns)
     launch_ns = _launch_ns(ts, correlations, launches, base_ns)
+    known = np.fromiter((c in launches for c in correlations), bool, n)
     name = Strings.of(names)
     classes = {COMMUNICATION: 0}  # code 0: NCCL kernels, and any activity with a "Collective name"
     class_of_name = np.array([classes.setdefault(kernel_class(v), len(classes)) for v in name.values], np.int32)
@@ -257,23 +258,17 @@ def _kernel_block(gpu, launches, base_ns, step_starts, step_numbers) -> tuple:
         name=name,
         start_ns=starts,
         end_ns=ns_from_us(ts + np.array(durs, dtype=np.float64), base_ns),
-        step=assign_steps(step_starts, step_numbers, launch_ns),
+        step=assign_steps(step_starts, step_numbers, launch_bound_ns(launch_ns, known, starts, streams)),
         group=Strings(stream_codes.astype(np.int32).ravel(), [str(s) for s in stream_ids.tolist()]),
         seq=[c if c in launches else -1 for c in correlations],  # -1: launched before the trace
         bytes=nbytes,
         detail=Strings(detail, list(classes)),
-        queued_ns=_queued_ns(starts, launch_ns, correlations, launches),
+        # how long it waited from its launch (the runtime call's start) to its start: ~0
+        # when the GPU's queue was empty; -1: launch not in the trace. Kineto maps GPU
+        # times to the host's clock, so a few us either way are its error: clamped at 0
+        queued_ns=np.where(known, np.maximum(starts - launch_ns, 0), -1),
     )
     return block, np.argsort(starts, kind="stable")
-
-
-def _queued_ns(starts: np.ndarray, launch_ns: np.ndarray, correlations, launches: dict) -> np.ndarray:
-    """Per kernel, how long it waited between its launch (the runtime call's
-    start) and its start: ~0 when the GPU's queue was empty (the device waited
-    for the host); -1 where the launch is not in the trace. Kineto maps GPU
-    times to the host's clock, so a few us either way are its error: clamped at 0."""
-    known = np.fromiter((c in launches for c in correlations), bool, len(starts))
-    return np.where(known, np.maximum(starts - launch_ns, 0), -1)
 
 
 def _collective_blocks(

@@ -72,7 +72,7 @@ from diagnose.importers.nsys_export import (
     pid_of,
     range_payload,
 )
-from diagnose.importers.run_writer import RunDirWriter, assign_steps, clock_meta
+from diagnose.importers.run_writer import RunDirWriter, assign_steps, clock_meta, launch_bound_ns
 
 _SYNC_CALLS = {
     "cudaDeviceSynchronize",
@@ -213,6 +213,9 @@ def _gpu_rows(export, pid, single, launches, calls, step_starts, step_numbers, w
     gpu.sort(key=lambda g: g.start)
     streams = list(dict.fromkeys(g.stream for g in gpu if kernel_class(g.name) == COMMUNICATION))
     launch = np.array([launches[g.corr][0] if g.corr in launches else g.start for g in gpu], dtype=np.int64)
+    known = np.array([g.corr in launches for g in gpu], bool)
+    starts = np.array([g.start for g in gpu], np.int64)
+    launch = launch_bound_ns(launch, known, starts, np.array([g.stream for g in gpu], np.int64))
     step_of = assign_steps(step_starts, step_numbers, launch).tolist()
     nccl = [i for i, g in enumerate(gpu) if kernel_class(g.name) == COMMUNICATION]
     # NCCL's innermost range around the launch, and PyTorch's around that:

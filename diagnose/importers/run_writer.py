@@ -12,6 +12,7 @@ import os
 import time
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -30,6 +31,26 @@ def assign_steps(step_starts_ns: np.ndarray, step_numbers: np.ndarray, t_ns: np.
     starts, numbers = step_starts_ns[order], step_numbers[order]
     idx = np.searchsorted(starts, t_ns, side="right") - 1
     return np.where(idx >= 0, numbers[np.clip(idx, 0, None)], -1)
+
+
+def launch_bound_ns(launch_ns: np.ndarray, known: np.ndarray, starts_ns: np.ndarray, streams) -> np.ndarray:
+    """Per GPU activity, when it was launched, to choose its step by: its launch where
+    the trace holds it (`known`), else the earlier of its own start and the launch of
+    the next activity on its stream whose launch the trace holds (a stream runs in
+    launch order). Where the GPU runs behind the host, an activity launched before
+    the trace began starts in a later host step than its launch (TraceLens's MI300
+    rank: NCCL kernels of the step before the first ran 2-30 ms into the trace; by
+    their start, half of them were counted in the second step, whose kernels'
+    span doubled)."""
+    launch_ns = np.asarray(launch_ns, np.int64)
+    if len(launch_ns) == 0 or np.all(known):
+        return launch_ns
+    order = np.lexsort((np.asarray(starts_ns), np.asarray(streams)))
+    later = np.where(known, launch_ns, np.iinfo(np.int64).max)[order][::-1]
+    by_stream = pd.Series(later).groupby(np.asarray(streams)[order][::-1]).cummin().to_numpy()[::-1]
+    bound = np.empty_like(launch_ns)
+    bound[order] = by_stream
+    return np.where(known, launch_ns, np.minimum(launch_ns, bound))
 
 
 def clock_meta(wall_anchor_ns: int = 0, mono_anchor_ns: int = 0) -> dict:

@@ -65,9 +65,13 @@ def device_calls(calls: pd.DataFrame) -> pd.DataFrame:
 
 def _kernel_family(name: str) -> str:
     """A comm kernel's op as _row_family names a row's: "p2p" for send/recv kernels,
-    "allreduce" for ncclDevKernel_AllReduce_..., "nccl" where the name says no op."""
+    "allreduce" for ncclDevKernel_AllReduce_..., "nccl" where the name says no op
+    (RCCL's and newer NCCL's ncclDevKernel_Generic runs any op: the MI300 trace's
+    all-reduces and broadcasts were left unmatched, their what-ifs saving 0)."""
     m = _NCCL_OP.search(name)
     op = m.group(1).lower() if m else "nccl"
+    if op == "generic":
+        return "nccl"
     return "p2p" if op in ("sendrecv", "send", "recv") else op
 
 
