@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from diagnose.analysis.findings.run_detectors import detect
+from diagnose.analysis.replay.device_graph import DeviceModel, device_calls
 from diagnose.analysis.replay.op_graph import Cycle, OpGraph
 from diagnose.importers.kineto import import_kineto
 from tests.support import kineto_perturb
@@ -138,6 +139,11 @@ def test_real_nccl_traces_are_given_back_by_the_replay(tmp_path, trace):
     figures = run.step_figures
     assert figures["impact_from_replay"] and figures["replay_max_step_error_frac"] <= 0.05, figures
     assert figures["inferred_waits"] > 0 and figures["recorded_waits"] == 0
+    # every collective matched across ranks is a rendezvous in the replay, whatever its
+    # kernel is named (trace_filter runs its all-reduces and all-gathers as
+    # ncclKernel_SendRecv: 0 of 8 were before, each a fixed span)
+    calls = device_calls(run.collectives())
+    assert len(DeviceModel(run).calls) == (calls["seq"] >= 0).sum() > 0
 
 
 def test_a_host_bound_stragglers_fix_is_its_launch_delay_gone(tmp_path):

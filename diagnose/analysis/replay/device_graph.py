@@ -137,8 +137,11 @@ class DeviceModel:
         return out
 
     def _instances(self, calls):
-        """Map each device collective row to its kernel (same rank, same start, the same
-        op: a p2p row to a send/recv kernel) and number the instances. An instance starts
+        """Map each device collective row to its kernel (same rank, same start; where
+        several start together, the one whose name says the row's op, else one whose
+        name says none) and number the instances. A kernel's name is no op (NCCL runs
+        all-reduces as SendRecv kernels: HTA's trace_filter trace), the row's op is
+        its launching call's, so the name only breaks ties. An instance starts
         when its last member arrives; each kernel then runs its recorded tail: from the
         latest start of its instances to its end (the transfer, and the wait for the
         fused batch's other messages, which the replay moves with their own partners)."""
@@ -150,11 +153,11 @@ class DeviceModel:
             _fam=[_row_family(k, n) for k, n in zip(calls["kind"].astype(str), calls["name"].astype(str))],
         )
         calls = calls.assign(_row=np.arange(len(calls)))
-        exact = calls.merge(at.drop_duplicates(["rank", "issue_ns", "_fam"]), on=["rank", "issue_ns", "_fam"])
-        # a kernel whose name does not say its op ("nccl"): by rank and start alone
-        rest = calls[~calls["_row"].isin(exact["_row"])]
-        unnamed = at[at["_fam"] == "nccl"].drop(columns="_fam").drop_duplicates(["rank", "issue_ns"])
-        calls = pd.concat([exact, rest.merge(unnamed, on=["rank", "issue_ns"])], ignore_index=True)
+        pairs = calls.merge(at.rename(columns={"_fam": "_kernel_fam"}), on=["rank", "issue_ns"])
+        same, unnamed = pairs["_fam"] == pairs["_kernel_fam"], pairs["_kernel_fam"] == "nccl"
+        pairs = pairs.assign(_pref=np.select([same, unnamed], [0, 1], 2))
+        calls = pairs.sort_values(["_row", "_pref"], kind="stable").drop_duplicates("_row")
+        calls = calls.drop(columns=["_kernel_fam", "_pref"]).reset_index(drop=True)
         t = InstanceTable(calls)
         self.calls, self.call_inst = t.calls, t.inst
         n_inst = len(t.length_ns)
