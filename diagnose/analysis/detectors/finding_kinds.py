@@ -138,6 +138,16 @@ KINDS = (
         device_whatif=True,
         evidence=("breakdown-ranks", "timeline"),
     ),
+    FindingKind(
+        "host_bound",
+        "GPUs wait for their hosts",
+        "docs/analysis.md#host_bound",
+        whatif="the host's own work between its launches gone, its data waits kept",
+        device_whatif=True,
+        evidence=("timeline", "breakdown-ranks"),
+        # the host's time goes to its own work: the passes and whatever it does between them
+        parts=("forward", "backward", "optimizer", "other"),
+    ),
     FindingKind("fp32_math", "Matrix math in fp32", "docs/analysis.md#fp32_math"),
     FindingKind("copy_stall", "Host-device copies on the critical path", "docs/analysis.md#copy_stall"),
     FindingKind("checkpoint_stall", "Checkpoint saves block training", "docs/analysis.md#checkpoint_stall"),

@@ -39,6 +39,8 @@ def _one(w: WhatIf, ctx, finding):
         return w.deferred_sends(lambda raw: ctx.relpath(raw) == finding.callsite)
     if kind == "exposed_comm":
         return w.exposed_comm()
+    if kind == "host_bound" and w.device:
+        return w.host_bound()
     if kind == "accumulation_sync":
         from diagnose.analysis.detectors.accumulation_sync import extra_rounds
 

@@ -246,6 +246,7 @@ class DeviceModel:
         point_step[host_kind == 0] = self.k_step[host_ref[host_kind == 0]]
         point_step[host_kind == 1] = self.s_step[host_ref[host_kind == 1]]
         self.host_gap_ns = gap[1:][chain]
+        self.host_gap_window = (host_end[:-1][chain], host_t[1:][chain])
         self.host_gap_rank, self.host_gap_step = host_rank[1:][chain], point_step[1:][chain]
         launch = host_kind == 0
         edges(hidx[launch], entry[host_ref[launch]], delay[host_ref[launch]])

@@ -13,6 +13,8 @@ Per finding kind, what "removed" means:
 - input_stall: the data waits removed;
 - hidden_sync: the callsite's collectives and host syncs removed;
 - exposed_comm: every collective takes no time (fully overlapped);
+- host_bound (device lanes): the host's own work between its launches gone,
+  its data waits kept;
 - accumulation_sync: the gradient reductions of every backward but each step's
   last removed;
 - pipeline_bubble: the bubble at the schedule's theoretical size for the
@@ -185,6 +187,22 @@ class WhatIf:
             (m.host_gap_rank == rank) & steady & (m.host_gap_ns > 0), m.host_gap_ns * ratio, m.host_gap_ns
         )
         return self._saving(host_gap_ns=scaled)
+
+    def host_bound(self):
+        """Device lanes: the host's own work between its launches and syncs gone in the
+        steady steps, the time it waited for data inside each gap kept (input_stall's):
+        a host that launches at once, what CUDA graphs approach."""
+        m = self.model
+        g0, g1 = m.host_gap_window
+        keep = np.zeros(len(g0))
+        data = self._events[self._events["kind"] == "data"]
+        for rank, rows in data.groupby("rank"):
+            mine = np.flatnonzero(m.host_gap_rank == rank)
+            keep[mine] = covered_ns(
+                rows["start_ns"].to_numpy(np.int64), rows["end_ns"].to_numpy(np.int64), g0[mine], g1[mine]
+            )
+        steady = np.isin(m.host_gap_step, self.steady)
+        return self._saving(host_gap_ns=np.where(steady, np.minimum(keep, m.host_gap_ns), m.host_gap_ns))
 
     def workload_imbalance(self):
         if self.device:
