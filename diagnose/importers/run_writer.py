@@ -12,7 +12,6 @@ import os
 import time
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -45,11 +44,13 @@ def launch_bound_ns(launch_ns: np.ndarray, known: np.ndarray, starts_ns: np.ndar
     launch_ns = np.asarray(launch_ns, np.int64)
     if len(launch_ns) == 0 or np.all(known):
         return launch_ns
-    order = np.lexsort((np.asarray(starts_ns), np.asarray(streams)))
-    later = np.where(known, launch_ns, np.iinfo(np.int64).max)[order][::-1]
-    by_stream = pd.Series(later).groupby(np.asarray(streams)[order][::-1]).cummin().to_numpy()[::-1]
-    bound = np.empty_like(launch_ns)
-    bound[order] = by_stream
+    streams, starts_ns, known = np.asarray(streams), np.asarray(starts_ns), np.asarray(known, bool)
+    bound = np.full_like(launch_ns, np.iinfo(np.int64).max)
+    for stream in np.unique(streams):  # a few streams a rank (the recorder's path has no pandas)
+        on = np.flatnonzero(streams == stream)
+        on = on[np.argsort(starts_ns[on], kind="stable")]
+        later = np.where(known[on], launch_ns[on], np.iinfo(np.int64).max)
+        bound[on] = np.minimum.accumulate(later[::-1])[::-1]
     return np.where(known, launch_ns, np.minimum(launch_ns, bound))
 
 
