@@ -1,6 +1,6 @@
 """The live monitor's view of a rank's own compute: per completed step, the
 step minus its waiting (data, exposed communication, pipeline wait, host
-syncs), read from the event parts the ranks have written so far, with the same
+syncs, and its compute's waits for a CPU core: diagnose.analysis.tables.run_delay), read from the event parts the ranks have written so far, with the same
 breakdown the analysis uses (diagnose.analysis.tables.breakdown). On the way, each
 rank's exposed-communication share of its newest step (for the Prometheus
 metrics) and the collectives' arrivals (diagnose.live.arrivals: who the others
@@ -22,7 +22,19 @@ class ComputeReader:
     """Per rank, compute ms (not waiting) of each completed step, read from the
     event part files the ranks write (parts are whole files, renamed into place)."""
 
-    COLUMNS = ["kind", "name", "start_ns", "end_ns", "step", "detail", "async_op", "group", "group_ranks", "seq"]
+    COLUMNS = [
+        "kind",
+        "name",
+        "start_ns",
+        "end_ns",
+        "step",
+        "detail",
+        "async_op",
+        "group",
+        "group_ranks",
+        "seq",
+        "queued_ns",
+    ]
     STRINGS = ("kind", "name", "detail", "group", "group_ranks")
 
     def __init__(self, run_dir: str, warn=lambda message: None):
@@ -62,6 +74,7 @@ class ComputeReader:
         import pandas as pd
 
         from diagnose.analysis.tables.breakdown import busy_ms, step_breakdown
+        from diagnose.analysis.tables.run_delay import core_wait_per_step
 
         new = self._new_parts(ranks)
         if new is None or new.num_rows == 0:
@@ -87,7 +100,13 @@ class ComputeReader:
             self.pending = events
             return {}
         table = step_breakdown(events, steps[["rank", "step", "start_ns", "end_ns"]])
-        table["compute_ms"] = busy_ms(table)
+        # its own work: less the time its compute waited for a CPU core (run delay, as
+        # the straggler detector judges it: a rank kept off a core by its neighbours
+        # did not slow down; one alerted at 106 ms of "compute" against a 104 ms limit
+        # in a loaded suite, beside the slowed rank)
+        core_wait = core_wait_per_step(events).set_index(["rank", "step"])["core_wait_ms"]
+        waited = core_wait.reindex(pd.MultiIndex.from_frame(table[["rank", "step"]])).fillna(0.0).to_numpy()
+        table["compute_ms"] = (busy_ms(table) - waited).clip(lower=0.0)
         newest = table.sort_values("step").groupby("rank").tail(1)
         self.exposed_comm_frac.update(
             {

@@ -252,7 +252,10 @@ def test_compare_shows_straggler_gained_and_step_time_change(ddp_run, straggler_
     # straggler of its own once) kept and at least twice as dear
     worse = [p["b"] for p in findings["changed"] if p["b"]["impact_ms_per_step"] >= 2 * p["a"]["impact_ms_per_step"]]
     assert any(f["kind"] == "straggler" and f["ranks"] == [1] for f in findings["gained"] + worse), findings
-    assert not any(f["kind"] == "straggler" for f in findings["lost"])
+    # a straggler the clean run lost: only one its cores made (its neighbours' jobs kept
+    # a rank off a core: "cpu contention", as the suite's clean-run test allows)
+    lost = [f for f in findings["lost"] if f["kind"] == "straggler"]
+    assert all(f["metrics"].get("cause") == "cpu contention" for f in lost), lost
     assert result["step_time"]["ratio"] > 1.5, result["step_time"]
     # the slow rank's extra time is its own (uninstrumented sleep: "other"), the other waits
     parts = {p["part"]: p for p in result["parts"]}

@@ -228,3 +228,28 @@ def test_baseline_is_robust_and_floored():
     for v in [10.0] * 10:
         flat.update(v)
     assert flat.threshold()[1] == 10.0 + 5 * 5.0  # the floor, not MAD = 0
+
+
+def test_the_compute_read_from_parts_is_net_of_the_ranks_waits_for_a_core(tmp_path):
+    """A rank's compute is its own work: in step 1 its forward waited 60 ms of its 80
+    for a core (runnable, not running: queued_ns, Linux's run delay). Kept off a core
+    by its neighbours it did not slow down: the step's 100 ms less 60, not 100 (the
+    live alert once named a rank beside the slowed one at 106 ms of such "compute"
+    in a loaded suite)."""
+    import pyarrow.parquet as pq
+
+    from collectors.schema import event_row, events_table
+    from diagnose.live.compute_reader import ComputeReader
+
+    ms = 1_000_000
+    rank_dir = tmp_path / "traces" / "rank-00000"
+    rank_dir.mkdir(parents=True)
+    rows = []
+    for step in range(3):
+        t0 = step * 100 * ms
+        rows.append(event_row("step", "step", t0, t0 + 100 * ms, step=step))
+        rows.append(event_row("forward", "forward", t0, t0 + 80 * ms, step=step, queued_ns=60 * ms if step == 1 else 0))
+    pq.write_table(events_table(rows), rank_dir / "events-000001.parquet")
+    computed = {step: compute for step, compute, _ in ComputeReader(str(tmp_path)).poll([0])[0]}
+    # (the newest step is held back until the next one)
+    assert computed == {0: pytest.approx(100.0), 1: pytest.approx(40.0)}
