@@ -219,3 +219,22 @@ def test_the_terminal_breakdown_of_a_windowed_trace_says_window_not_step(tmp_pat
     printed = text.getvalue()
     assert "Breakdown per window" in printed and "ms/step" not in printed
     assert "rank 0: the trace marks no steps; analysed as one window" in printed
+
+
+def test_a_profilers_stop_step_is_not_a_steady_step(tmp_path):
+    """HTA's MI250 trace (tests/data/kineto/hta/amd_trace): ProfilerStep#1 holds every
+    kernel (9.3 ms), ProfilerStep#2 is the profiler's exit, 0.05 ms with none; it was
+    the only steady step, and the analysis read nothing. A live run's profiler window
+    (kernels in a few steps of many) keeps every step."""
+    from diagnose.analysis.tables.step_tables import without_profiler_stop_step
+
+    out = import_kineto(
+        [str(fixture_path("kineto", "hta", "amd_trace", "mi250_minitoy_train_ROCm6_2_kineto.json.gz"))],
+        str(tmp_path / "run"),
+    )[0]
+    run = load_run(out)
+    assert sorted(run.steps()["step"]) == [1, 2] and run.steady_steps() == [1]
+    assert run.breakdown().set_index("step").loc[1, "step_ms"] > 9
+    steps = pd.DataFrame({"rank": 0, "step": range(40), "start_ns": range(40), "end_ns": range(1, 41)})
+    window = pd.DataFrame({"step": [10, 11, 12]})
+    assert len(without_profiler_stop_step(steps, window)) == 40

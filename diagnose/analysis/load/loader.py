@@ -25,7 +25,12 @@ from diagnose.analysis.load.rank_pass_engines import InProcess
 from diagnose.analysis.tables import device_collectives, pipeline_topology, trace_windows
 from diagnose.analysis.tables.breakdown import step_breakdown
 from diagnose.analysis.tables.mfu import without_counted_step
-from diagnose.analysis.tables.step_tables import steady_state_steps, steps_table, window_shift
+from diagnose.analysis.tables.step_tables import (
+    steady_state_steps,
+    steps_table,
+    window_shift,
+    without_profiler_stop_step,
+)
 from diagnose.errors import UserError
 from diagnose.rundir import storage
 
@@ -229,10 +234,9 @@ class Run(DerivedTables):
     @per_run
     def steady_steps(self) -> list[int]:
         # less the step each rank counted FLOPs in (several times slower: diagnose/analysis/tables/mfu.py)
+        steps = without_profiler_stop_step(self.in_window(self.steps()), self.kernels())
         return without_counted_step(
-            steady_state_steps(
-                self.in_window(self.steps()), warmup=self.window is None or self.window.get("warmup", False)
-            ),
+            steady_state_steps(steps, warmup=self.window is None or self.window.get("warmup", False)),
             self.rank_meta,
         )
 

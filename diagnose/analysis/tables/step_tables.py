@@ -46,6 +46,22 @@ def steady_state_steps(steps: pd.DataFrame, warmup: bool = True) -> list[int]:
     return complete[skip:]
 
 
+def without_profiler_stop_step(steps: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFrame:
+    """The steps less a profiler trace's stop artifact: a last step in which no kernel
+    was launched, in a trace whose kernels were launched in every other step. A
+    profiler used as a context manager, `prof.step()` at the end of each iteration,
+    opens one more ProfilerStep that the exit closes at once (HTA's MI250 trace: a
+    9.3 ms step, then a 0.05 ms one with no kernel, which was its only steady step).
+    A live run's profiler window covers a few steps of many: nothing is dropped."""
+    if steps.empty or kernels.empty:
+        return steps
+    last = int(steps["step"].max())
+    launched = set(kernels.loc[kernels["step"] >= 0, "step"].astype(int))
+    if last in launched or not launched or launched != set(steps["step"].astype(int)) - {last}:
+        return steps
+    return steps[steps["step"] != last]
+
+
 WINDOW_SHIFT_FRAC = 0.10  # a job's step time drifts a few % over a run; 10% is a change of regime
 
 
