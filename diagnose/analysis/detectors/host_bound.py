@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analysis.detectors.finding_record import WARNING_FRAC, Finding
-from diagnose.analysis.detectors.straggler_causes import LAUNCH_BOUND_NS
+from diagnose.analysis.tables.device_idle import idle_before_launches
 
 
 def launch_bound_idle(kernels: pd.DataFrame, steps: list) -> pd.DataFrame:
@@ -41,16 +41,12 @@ def launch_bound_idle(kernels: pd.DataFrame, steps: list) -> pd.DataFrame:
     rows = []
     k = kernels[kernels["step"].isin(steps)]
     for rank, part in k.groupby("rank"):
-        part = part.sort_values("start_ns", kind="stable")
-        start, end = part["start_ns"].to_numpy(np.int64), part["end_ns"].to_numpy(np.int64)
-        queued = part["queued_ns"].to_numpy(np.int64)
-        # idle before each kernel: from the furthest end of the rank's kernels so far
-        idle_from = np.append(start[0], np.maximum.accumulate(end)[:-1])
-        gap = np.clip(start - idle_from, 0, None)
-        bound = (queued >= 0) & (queued <= LAUNCH_BOUND_NS)
-        table = pd.DataFrame({"step": part["step"].to_numpy(), "idle": np.where(bound, gap, 0), "n": bound})
-        for step, r in table.groupby("step").sum().iterrows():
-            rows.append((int(rank), int(step), float(r["idle"]) / 1e6, int(r["n"])))
+        start, idle_from, step = idle_before_launches(part)
+        # (before the rank's first kernel nothing is idle time of these steps)
+        idle = np.clip(start - np.maximum(idle_from, part["start_ns"].min()), 0, None)
+        table = pd.DataFrame({"step": step, "idle": idle, "n": 1})
+        for s, r in table.groupby("step").sum().iterrows():
+            rows.append((int(rank), int(s), float(r["idle"]) / 1e6, int(r["n"])))
     return pd.DataFrame(rows, columns=["rank", "step", "idle_ms", "launches"])
 
 

@@ -67,9 +67,8 @@ dp2 runs.
 from diagnose.analysis.detectors.finding_record import Finding
 from diagnose.analysis.detectors.significance import binomial_greater, mann_whitney_greater
 from diagnose.analysis.detectors.straggler_causes import (
-    BUSY_RATIO,
     DEVICE_BUSY_RATIO,
-    LAUNCH_BOUND_NS,
+    busy_gate,
     busy_ratio,
     busy_rows,
     cpu_contention,
@@ -78,6 +77,7 @@ from diagnose.analysis.detectors.straggler_causes import (
 )
 from diagnose.analysis.detectors.straggler_waits import members_seen, waiting_caused
 from diagnose.analysis.detectors.workload_imbalance import explains_slowness
+from diagnose.analysis.tables.device_idle import LAUNCH_BOUND_NS
 
 CAUSED_RATIO = 2.0
 FLOOR_MS = 0.5
@@ -91,7 +91,7 @@ def _per_step_busy(ctx, rank, stages, steps, net_of_core_wait=True):
     """(busy ms per step x stage peer, None without the rank or a peer; its busy gate)."""
     rows, busy = busy_rows(ctx, rank, stages, list(steps), net_of_core_wait)
     per_step = busy.groupby([rows["step"], rows["rank"]]).median().unstack("rank")
-    gate = DEVICE_BUSY_RATIO if "device_compute_ms" in rows.columns else BUSY_RATIO
+    gate = busy_gate(rows.columns)
     return (per_step if rank in per_step.columns and per_step.shape[1] >= 2 else None), gate
 
 
@@ -164,7 +164,7 @@ def detect(ctx):
         judgements = ([(straggling.index, True)] if persistent_too else []) + [(straggling[straggling].index, False)]
         for judged, persistent in judgements:
             ratio, excess_busy_ms, breakdown = busy_ratio(ctx, top, stages, judged)
-            gate = DEVICE_BUSY_RATIO if "device_compute_ms" in breakdown.columns else BUSY_RATIO
+            gate = busy_gate(breakdown.columns)
             cause = None  # slower work; else (name, evidence): late, but not by its own work
             if ratio is not None and ratio < gate:
                 if gate == DEVICE_BUSY_RATIO:

@@ -14,9 +14,18 @@ three causes beside slower work of its own.
 
 import numpy as np
 
+from diagnose.analysis.tables.device_idle import idle_before_launches
+
 BUSY_RATIO = 1.4
 DEVICE_BUSY_RATIO = 1.1
-LAUNCH_BOUND_NS = 20_000
+
+
+def busy_gate(columns) -> float:
+    """The busy ratio a straggler's own work must reach: on the device where its
+    busy rows are device compute (device_compute_ms), else on the host."""
+    return DEVICE_BUSY_RATIO if "device_compute_ms" in columns else BUSY_RATIO
+
+
 CONTENTION_SHARE = 0.5  # of the rank's wall busy excess, waiting for a core
 
 
@@ -127,13 +136,7 @@ def launch_bound(ctx, rank, steps, caused_ms, breakdown) -> dict | None:
     late = late[late.index.isin(mine.index)]
     if late.empty:
         return None
-    k = kernels[kernels["rank"] == rank].sort_values("start_ns", kind="stable")
-    # the idle before each kernel the host launched onto an empty queue: from the
-    # device's furthest end so far (before the first kernel: any time) to its start
-    start, queued = k["start_ns"].to_numpy(), k["queued_ns"].to_numpy()
-    idle_from = np.append(np.iinfo(np.int64).min, np.maximum.accumulate(k["end_ns"].to_numpy())[:-1])
-    bound = (queued >= 0) & (queued <= LAUNCH_BOUND_NS)
-    start, idle_from = start[bound], idle_from[bound]
+    start, idle_from, _ = idle_before_launches(kernels[kernels["rank"] == rank])
     n_bound = 0
     for key, late_ms in late.items():
         arrival, late_ns = mine[key], late_ms * 1e6

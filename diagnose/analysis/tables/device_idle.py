@@ -38,6 +38,22 @@ from diagnose.analysis.tables.gpu_tables import busy_before, covered_ns, interse
 HOST_RANGE_KINDS = ("step", "phase", "forward", "backward", "optimizer", "data", "sync")
 
 
+# a kernel that started within this of its launch found its GPU's queue empty: it
+# ran as soon as the host launched it (launch latency is ~5-10 us on current GPUs)
+LAUNCH_BOUND_NS = 20_000
+
+
+def idle_before_launches(kernels: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One rank's kernels: (start, idle_from, step) of those launched onto an idle GPU
+    (queued_ns within LAUNCH_BOUND_NS), the device idle from idle_from (the furthest
+    end of the rank's kernels before it; the first kernel's: any time) to start."""
+    k = kernels.sort_values("start_ns", kind="stable")
+    start, queued = k["start_ns"].to_numpy(np.int64), k["queued_ns"].to_numpy(np.int64)
+    idle_from = np.append(np.iinfo(np.int64).min, np.maximum.accumulate(k["end_ns"].to_numpy(np.int64))[:-1])
+    bound = (queued >= 0) & (queued <= LAUNCH_BOUND_NS)
+    return start[bound], idle_from[bound], k["step"].to_numpy()[bound]
+
+
 def input_wait(
     breakdown: pd.DataFrame, steps: pd.DataFrame, kernels: pd.DataFrame, data_wait: pd.DataFrame
 ) -> pd.DataFrame:
