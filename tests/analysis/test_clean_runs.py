@@ -6,7 +6,7 @@ findings over repeated clean launches."""
 
 import json
 
-from diagnose.analysis.detectors import straggler
+from diagnose.analysis.detectors import straggler, straggler_causes
 from diagnose.analysis.detectors.straggler_waits import waiting_caused
 from diagnose.analysis.findings.run_detectors import Context
 from tests.support.jobs import fixture_path, load_run
@@ -37,7 +37,7 @@ def test_a_rank_that_shares_its_core_is_a_straggler_from_cpu_contention():
     assert [(f.ranks, f.metrics["cause"]) for f in findings] == [([1], "cpu contention")]
     (found,) = findings
     # its own work is its peer's; the wait for a core is the excess
-    assert found.metrics["busy_ratio_x"] < straggler.BUSY_RATIO
+    assert found.metrics["busy_ratio_x"] < straggler_causes.BUSY_RATIO
     assert found.metrics["core_wait_excess_ms"] > found.metrics["waiting_caused_ms_per_step"]
     assert "CPU core" in found.title and "pin each rank" in found.recommendation
 
@@ -49,4 +49,4 @@ def test_the_suites_clean_ddp_run_has_no_slower_rank(ddp_run):
     findings = json.loads((ddp_run / "analysis" / "findings.json").read_text())
     for found in _serious(findings, "straggler"):
         assert found["metrics"]["cause"] == "cpu contention", found
-        assert found["metrics"]["busy_ratio_x"] < straggler.BUSY_RATIO, found
+        assert found["metrics"]["busy_ratio_x"] < straggler_causes.BUSY_RATIO, found
